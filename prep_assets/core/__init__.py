@@ -1,0 +1,1 @@
+"""The data logic of prep_assets. Nothing under this package imports Dagster."""

@@ -1,0 +1,44 @@
+"""Vectorised helpers over flat token arrays with offsets (the columnar form of list columns)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+def ranges_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Flat indices of the ranges [start, start+length) concatenated in order, without a Python loop.
+
+    >>> ranges_index(np.array([5, 0]), np.array([2, 3])).tolist()
+    [5, 6, 0, 1, 2]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    out_starts = np.cumsum(lengths) - lengths
+    return np.arange(total, dtype=np.int64) - np.repeat(out_starts - np.asarray(starts, dtype=np.int64), lengths)
+
+
+def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def within_offsets(lengths: np.ndarray) -> np.ndarray:
+    """For each element of the concatenated ranges, its index within its own range."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return ranges_index(np.zeros(len(lengths), dtype=np.int64), lengths)
+
+
+def list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
+
+
+def flat_values(column: pa.ChunkedArray | pa.ListArray, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of a list column, zero-copy where Arrow allows."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    values = np.asarray(arr.values, dtype=dtype)[offsets[0] : offsets[-1]] if len(arr) else np.zeros(0, dtype=dtype)
+    return values, offsets - offsets[0]

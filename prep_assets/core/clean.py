@@ -1,0 +1,84 @@
+"""Silver transforms: normalization, length filters, exact dedup and the deterministic split.
+
+Each filter returns keep or a reason; the caller writes every dropped record to the rejects table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+from prep_assets.core.lake import canonical_json
+from prep_assets.core.records import content_texts, map_content_texts
+from prep_assets.core.spec import CleanSpec, NormalizeSpec, SplitSpec
+
+# C0 and C1 controls and DEL, except tab and newline (carriage return is kept only when line endings
+# are not normalized, so a record never silently changes its line structure).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f]")
+_CONTROL_NO_CR = re.compile(r"[\x00-\x08\x0b\x0c\x0d\x0e-\x1f\x7f-\x84\x86-\x9f]")
+_TRAILING_WS = re.compile(r"[ \t]+(?=\n)")
+
+
+def normalize_text(text: str, norm: NormalizeSpec) -> str:
+    if norm.newlines:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if norm.nfc:
+        text = unicodedata.normalize("NFC", text)
+    if norm.control_chars:
+        text = (_CONTROL_NO_CR if norm.newlines else _CONTROL).sub("", text)
+    if norm.trailing_whitespace:
+        text = _TRAILING_WS.sub("", text).rstrip()
+    return text
+
+
+def normalize_content(content: dict[str, Any], norm: NormalizeSpec) -> dict[str, Any]:
+    return map_content_texts(content, lambda s: normalize_text(s, norm))
+
+
+def content_sha256(content: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of every training-relevant field (not a prefix, not one field)."""
+    return hashlib.sha256(canonical_json(content).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reason: str
+    detail: str
+
+
+def quality_verdict(content: dict[str, Any], clean: CleanSpec) -> Verdict | None:
+    """None to keep the record, else why it goes to the rejects table."""
+    texts = content_texts(content)
+    num_chars = sum(len(t) for t in texts)
+    if "turns" in content:
+        empty = [i + 1 for i, t in enumerate(content["turns"]) if not t["completion"]]
+        if empty:
+            return Verdict("empty_completion", f"turn(s) {empty} have an empty completion after normalization")
+    if num_chars == 0:
+        return Verdict("empty", "no characters left after normalization")
+    if num_chars < clean.min_chars:
+        return Verdict("too_short", f"{num_chars} chars < min_chars {clean.min_chars}")
+    if clean.max_chars is not None and num_chars > clean.max_chars:
+        return Verdict("too_long", f"{num_chars} chars > max_chars {clean.max_chars}")
+    return None
+
+
+def num_chars(content: dict[str, Any]) -> int:
+    return sum(len(t) for t in content_texts(content))
+
+
+def assign_split(key: str, split: SplitSpec) -> str:
+    """A split from a hash of the record's content: stable across runs, batch sizes and drop orders.
+
+    Keying on content puts exact duplicates in one split, so dedup across splits is never needed.
+    """
+    digest = hashlib.sha256(f"{split.seed}:{key}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    if u < split.validation_ratio:
+        return "validation"
+    if u < split.validation_ratio + split.test_ratio:
+        return "test"
+    return "train"

@@ -1,0 +1,121 @@
+"""Drops: files in `raw/<dataset>/` that become partitions.
+
+A partition key is a safe slug of the file name plus a short content hash (`[a-z0-9_-]`, at most
+64 characters). The registry (`lake/<dataset>/drops/<key>.json`) maps a key back to its file and
+sha256, so the bronze layer reads exactly the bytes the key names.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prep_assets.core.errors import DropError
+from prep_assets.core.lake import DatasetPaths, read_json, sha256_file, write_json_atomic
+from prep_assets.core.spec import FORMAT_SUFFIXES
+
+SLUG_MAX = 48
+HASH_LEN = 10
+_IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".crdownload")
+
+
+@dataclass(frozen=True)
+class Drop:
+    partition: str
+    file: str  # name relative to the dataset's raw folder
+    sha256: str
+    size: int
+
+
+def slugify(name: str) -> str:
+    """A lower-case `[a-z0-9_-]` slug of a file name, bounded in length, never empty."""
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii").lower()
+    slug = re.sub(r"[^a-z0-9_-]+", "_", ascii_name).strip("_-")
+    slug = re.sub(r"_+", "_", slug)[:SLUG_MAX].strip("_-")
+    return slug or "drop"
+
+
+def partition_key(name: str, sha256: str) -> str:
+    return f"{slugify(name)}-{sha256[:HASH_LEN]}"
+
+
+def format_of(name: str) -> str | None:
+    """The input format a file name implies, or None when no reader takes it."""
+    lower = name.lower()
+    for fmt, suffixes in FORMAT_SUFFIXES.items():
+        if lower.endswith(suffixes):
+            return fmt
+    return None
+
+
+def is_candidate_name(name: str) -> bool:
+    """Hidden, underscore and temp names are never drops (writers use them while a file is incomplete)."""
+    return not (name.startswith((".", "_")) or name.lower().endswith(_IGNORED_SUFFIXES))
+
+
+def scan_raw_dir(raw_dir: Path) -> list[Path]:
+    """Regular files directly in the raw folder that could be drops, sorted by name.
+
+    Symlinks and anything resolving outside the folder are refused (not followed).
+    """
+    if not raw_dir.is_dir():
+        return []
+    root = raw_dir.resolve()
+    found: list[Path] = []
+    for entry in sorted(raw_dir.iterdir(), key=lambda p: p.name):
+        if not is_candidate_name(entry.name) or entry.is_symlink() or not entry.is_file():
+            continue
+        if entry.resolve().parent != root or format_of(entry.name) is None:
+            continue
+        found.append(entry)
+    return found
+
+
+def registered_drops(paths: DatasetPaths) -> dict[str, Drop]:
+    if not paths.drops_dir.is_dir():
+        return {}
+    drops = {}
+    for entry in sorted(paths.drops_dir.glob("*.json")):
+        drop = Drop(**read_json(entry))
+        drops[drop.partition] = drop
+    return drops
+
+
+def register_drops(paths: DatasetPaths) -> tuple[list[Drop], list[str]]:
+    """Register every new file of the raw folder; returns (new drops, notes on files skipped)."""
+    known = registered_drops(paths)
+    by_hash = {d.sha256: d for d in known.values()}
+    new: list[Drop] = []
+    notes: list[str] = []
+    for path in scan_raw_dir(paths.raw_dir):
+        digest = sha256_file(path)
+        twin = by_hash.get(digest)
+        if twin is not None:
+            if twin.file != path.name:
+                notes.append(f"{path.name}: same bytes as drop {twin.partition} ({twin.file}); not a new drop")
+            continue
+        drop = Drop(partition=partition_key(path.name, digest), file=path.name, sha256=digest, size=path.stat().st_size)
+        write_json_atomic(paths.drops_dir / f"{drop.partition}.json", asdict(drop))
+        by_hash[digest] = drop
+        new.append(drop)
+    return new, notes
+
+
+def resolve_drop(paths: DatasetPaths, partition: str) -> tuple[Drop, Path]:
+    """The registered drop of a partition and its file, checked to still hold the registered bytes."""
+    entry = paths.drops_dir / f"{partition}.json"
+    if not entry.is_file():
+        raise DropError(f"partition {partition!r} is not a registered drop of {paths.raw_dir} (run `prep-assets run`)")
+    drop = Drop(**read_json(entry))
+    path = paths.raw_dir / drop.file
+    if path.is_symlink() or not path.is_file():
+        raise DropError(f"drop {partition}: file {path} is missing (or a symlink); its outputs stay as they are")
+    digest = sha256_file(path)
+    if digest != drop.sha256:
+        raise DropError(
+            f"drop {partition}: {path} changed since it was registered (sha256 {digest[:12]} != {drop.sha256[:12]}); "
+            "the changed file is a new drop: run `prep-assets run` to register it"
+        )
+    return drop, path

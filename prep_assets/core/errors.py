@@ -1,0 +1,17 @@
+"""Error classes by scope (dolma style): what a failure stops, and what it tells the user to do."""
+
+
+class PrepAssetsError(Exception):
+    """An error a user can act on; its message is printed without a traceback."""
+
+
+class SpecError(PrepAssetsError):
+    """A dataset spec is invalid: nothing of that dataset can run until it is fixed."""
+
+
+class DropError(PrepAssetsError):
+    """One drop (partition) cannot be processed; other drops go on."""
+
+
+class TokenizerError(PrepAssetsError):
+    """The tokenizer cannot be resolved, loaded or trained."""

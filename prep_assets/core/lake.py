@@ -1,0 +1,184 @@
+"""Where every layer's files live, and how they are published atomically.
+
+Layout under the data dir (`<data-dir>/lake/<dataset>/`):
+    drops/<partition>.json              the registered drop: original file name, sha256, size
+    tokenizer/                          the pinned tokenizer files + fingerprint.json
+    bronze/<partition>/                 records.parquet, rejects.parquet, accounting.json
+    silver/<partition>/                 records.parquet, rejects.parquet, stats.json
+    gold/<partition>/                   examples.parquet, rejects.parquet, stats.json
+    shards/<partition>/<split>/         part-00000.parquet ... ; shards/<partition>/stats.json
+    manifest.json                       what a trainer points at
+
+A layer writes its partition into a staging directory beside the final one and publishes it with one
+atomic directory exchange, so readers see the previous complete output or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_TMP_MARK = ".tmp-"
+_OLD_MARK = ".old-"
+
+
+@dataclass(frozen=True)
+class DatasetPaths:
+    root: Path  # <data-dir>/lake/<dataset>
+    raw_dir: Path  # <data-dir>/raw/<dataset>
+
+    @property
+    def drops_dir(self) -> Path:
+        return self.root / "drops"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.json"
+
+    def layer_dir(self, layer: str) -> Path:
+        return self.root / layer
+
+    def partition_dir(self, layer: str, partition: str) -> Path:
+        return self.root / layer / partition
+
+
+def dataset_paths(data_dir: Path, dataset: str) -> DatasetPaths:
+    return DatasetPaths(root=data_dir / "lake" / dataset, raw_dir=data_dir / "raw" / dataset)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """Key-sorted, compact, UTF-8 JSON: the one serialisation used for hashing and comparison."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    """Write JSON (indented, key-sorted) to a temp file and rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            json.dump(value, f, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_json(path: Path) -> Any:
+    with path.open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically with renameat2(RENAME_EXCHANGE); False where the OS lacks it."""
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    return rc == 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_staging(final: Path) -> list[Path]:
+    """Remove staging/old directories beside `final` left by processes that no longer run."""
+    removed: list[Path] = []
+    parent = final.parent
+    if not parent.is_dir():
+        return removed
+    prefixes = (f".{final.name}{_TMP_MARK}", f".{final.name}{_OLD_MARK}")
+    for entry in sorted(parent.iterdir()):
+        name = entry.name
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is None:
+            continue
+        pid_text = name[len(prefix) :].split("-", 1)[0]
+        if pid_text.isdigit() and _pid_alive(int(pid_text)) and int(pid_text) != os.getpid():
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+@contextmanager
+def staged_dir(final: Path) -> Iterator[Path]:
+    """Yield an empty staging directory; on success it atomically replaces `final`.
+
+    On an exception the staging directory is removed and `final` is untouched.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_staging(final)
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging = final.with_name(f".{final.name}{_TMP_MARK}{tag}")
+    staging.mkdir()
+    try:
+        yield staging
+        _fsync_tree(staging)
+        publish_dir(staging, final, tag=tag)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def publish_dir(staging: Path, final: Path, *, tag: str) -> None:
+    if not final.exists():
+        os.rename(staging, final)
+        return
+    if _exchange(staging, final):
+        shutil.rmtree(staging, ignore_errors=True)  # now holds the previous output
+        return
+    # Fallback without renameat2: a short window where `final` is absent; recovered by the next run.
+    old = final.with_name(f".{final.name}{_OLD_MARK}{tag}")
+    os.rename(final, old)
+    os.rename(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

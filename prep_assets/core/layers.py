@@ -1,0 +1,453 @@
+"""One function per layer: read the upstream output in batches, transform, publish atomically, return stats.
+
+These are what the Dagster assets call (and what tests and the benchmark call directly). Each writes
+its whole partition into a staging directory that replaces the previous output in one atomic step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from prep_assets.core.arrays import flat_values, list_array
+from prep_assets.core.clean import assign_split, content_sha256, normalize_content, num_chars, quality_verdict
+from prep_assets.core.drops import Drop, format_of
+from prep_assets.core.errors import DropError
+from prep_assets.core.lake import DatasetPaths, canonical_json, read_json, sha256_file, staged_dir, write_json_atomic
+from prep_assets.core.masking import tokenize_batch
+from prep_assets.core.packing import PackedRows, materialize_rows, plan_packs
+from prep_assets.core.parquet_io import ParquetSink, iter_batches
+from prep_assets.core.readers import Accounting, RawReject, read_drop
+from prep_assets.core.records import (
+    BRONZE_REJECT_SCHEMA,
+    BRONZE_SCHEMA,
+    EXTRACTORS,
+    GOLD_REJECT_SCHEMA,
+    GOLD_SCHEMA,
+    SHARD_SCHEMA,
+    SILVER_REJECT_SCHEMA,
+    SILVER_SCHEMA,
+    SPLITS,
+    TYPE_PROMPT,
+    Invalid,
+)
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.tokenizer import load_pinned, pin_tokenizer
+
+DEFAULT_BATCH = 4096
+RECORDS, REJECTS, EXAMPLES, STATS, ACCOUNTING = (
+    "records.parquet",
+    "rejects.parquet",
+    "examples.parquet",
+    "stats.json",
+    "accounting.json",
+)
+
+
+def _columns(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[str, list[Any]]:
+    return {name: [r[name] for r in rows] for name in schema.names}
+
+
+class _RowBuffer:
+    """Collects dict rows and hands them to a sink in batches."""
+
+    def __init__(self, sink: ParquetSink, batch: int) -> None:
+        self.sink, self.batch, self.rows = sink, batch, []  # type: ignore[var-annotated]
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.sink.write_rows(_columns(self.rows, self.sink.schema))
+            self.rows = []
+
+
+def _compression(spec: DatasetSpec) -> str:
+    return spec.output.compression
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def build_tokenizer(spec: DatasetSpec, paths: DatasetPaths, data_dir: Path) -> dict[str, Any]:
+    with staged_dir(paths.tokenizer_dir) as stage:
+        record = pin_tokenizer(spec.tokenizer, base=data_dir, dest=stage)
+    return record
+
+
+# ---------------------------------------------------------------- bronze
+
+
+def drop_format(spec: DatasetSpec, drop: Drop) -> str:
+    fmt = spec.input.format if spec.input.format != "auto" else format_of(drop.file)
+    if fmt is None:
+        raise DropError(f"{drop.file}: no reader for this file name; set input.format in the spec")
+    return fmt
+
+
+def build_raw_records(
+    spec: DatasetSpec, drop: Drop, source: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
+) -> dict[str, Any]:
+    """Bronze: every parseable record with provenance; every other line a reject with its reason."""
+    fmt = drop_format(spec, drop)
+    extract = EXTRACTORS[spec.input.type]
+    acct = Accounting()
+    reasons: Counter[str] = Counter()
+    element_no: Counter[int] = Counter()
+    with staged_dir(out_dir) as stage:
+        comp = _compression(spec)
+        with (
+            ParquetSink(stage / RECORDS, BRONZE_SCHEMA, compression=comp) as rec_sink,
+            ParquetSink(stage / REJECTS, BRONZE_REJECT_SCHEMA, compression=comp) as rej_sink,
+        ):
+            records, rejects = _RowBuffer(rec_sink, batch_size), _RowBuffer(rej_sink, batch_size)
+            where = {"drop": drop.partition, "source_file": drop.file}
+            for item in read_drop(source, fmt, max_line_bytes=spec.input.max_line_bytes, acct=acct):
+                if isinstance(item, RawReject):
+                    reasons[item.reason] += 1
+                    rejects.add({**where, "source_line": item.line, "byte_offset": item.byte_offset,
+                                 "reason": item.reason, "detail": item.detail, "excerpt": item.excerpt})
+                    continue
+                content = extract(item.value, spec.input)
+                if isinstance(content, Invalid):
+                    reasons[content.reason] += 1
+                    rejects.add({**where, "source_line": item.line, "byte_offset": item.byte_offset,
+                                 "reason": content.reason, "detail": content.detail, "excerpt": item.text[:160]})
+                    continue
+                record_id = f"{drop.partition}:{item.line}"
+                if acct.unit == "element":  # several array elements may share a line
+                    record_id += f".{element_no[item.line]}"
+                    element_no[item.line] += 1
+                records.add({**where, "record_id": record_id, "source_line": item.line,
+                             "byte_offset": item.byte_offset, "record_sha256": item.sha256,
+                             "record": item.text, "content": canonical_json(content)})
+            records.flush()
+            rejects.flush()
+        stats = {
+            "drop": drop.partition,
+            "file": drop.file,
+            "sha256": drop.sha256,
+            "format": fmt,
+            "unit": acct.unit,
+            "lines_in": acct.lines_in,
+            "blank_lines": acct.blank_lines,
+            "records": rec_sink.rows,
+            "rejects": rej_sink.rows,
+            "rejects_by_reason": dict(sorted(reasons.items())),
+        }
+        write_json_atomic(stage / ACCOUNTING, stats)
+    return stats
+
+
+# ---------------------------------------------------------------- silver
+
+
+def build_clean_records(
+    spec: DatasetSpec, bronze_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
+) -> dict[str, Any]:
+    """Silver: normalized, filtered, exact-deduplicated records with a deterministic split."""
+    norm = spec.clean.normalization
+    kept_by_hash: dict[str, str] = {}
+    reasons: Counter[str] = Counter()
+    splits: Counter[str] = Counter()
+    chars = 0
+    records_in = 0
+    with staged_dir(out_dir) as stage:
+        comp = _compression(spec)
+        with (
+            ParquetSink(stage / RECORDS, SILVER_SCHEMA, compression=comp) as keep_sink,
+            ParquetSink(stage / REJECTS, SILVER_REJECT_SCHEMA, compression=comp) as rej_sink,
+        ):
+            kept, rejected = _RowBuffer(keep_sink, batch_size), _RowBuffer(rej_sink, batch_size)
+            cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "content"]
+            for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
+                for row in batch.to_pylist():
+                    records_in += 1
+                    prov = {k: row[k] for k in cols[:-1]}
+                    content = normalize_content(json.loads(row["content"]), norm)
+                    verdict = quality_verdict(content, spec.clean)
+                    if verdict is not None:
+                        reasons[verdict.reason] += 1
+                        rejected.add({**prov, "reason": verdict.reason, "detail": verdict.detail, "duplicate_of": None})
+                        continue
+                    digest = content_sha256(content)
+                    if spec.clean.dedup == "exact" and digest in kept_by_hash:
+                        reasons["duplicate"] += 1
+                        first = kept_by_hash[digest]
+                        rejected.add({**prov, "reason": "duplicate", "detail": f"same content as {first}",
+                                      "duplicate_of": first})
+                        continue
+                    kept_by_hash.setdefault(digest, row["record_id"])
+                    split = assign_split(digest, spec.split)
+                    splits[split] += 1
+                    n = num_chars(content)
+                    chars += n
+                    kept.add({**prov, "content": canonical_json(content), "content_sha256": digest,
+                              "num_chars": n, "split": split})
+            kept.flush()
+            rejected.flush()
+        stats = {
+            "records_in": records_in,
+            "records": keep_sink.rows,
+            "rejects": rej_sink.rows,
+            "rejects_by_reason": dict(sorted(reasons.items())),
+            "records_by_split": {s: splits[s] for s in SPLITS},
+            "chars": chars,
+        }
+        write_json_atomic(stage / STATS, stats)
+    return stats
+
+
+# ---------------------------------------------------------------- gold
+
+
+def _percentiles(values: np.ndarray) -> dict[str, int]:
+    if len(values) == 0:
+        return {"min": 0, "p50": 0, "p90": 0, "p99": 0, "max": 0}
+    q = np.percentile(values, [50, 90, 99], method="lower")
+    return {"min": int(values.min()), "p50": int(q[0]), "p90": int(q[1]), "p99": int(q[2]), "max": int(values.max())}
+
+
+def build_tokenized_examples(
+    spec: DatasetSpec, silver_dir: Path, tokenizer_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
+) -> dict[str, Any]:
+    """Gold: one example per record with token ids, loss mask and token types (DESIGN §4)."""
+    pt = load_pinned(tokenizer_dir)
+    reasons: Counter[str] = Counter()
+    totals: Counter[str] = Counter()
+    lengths_all: list[np.ndarray] = []
+    with staged_dir(out_dir) as stage:
+        comp = _compression(spec)
+        with (
+            ParquetSink(stage / EXAMPLES, GOLD_SCHEMA, compression=comp, row_group_size=4096) as ex_sink,
+            ParquetSink(stage / REJECTS, GOLD_REJECT_SCHEMA, compression=comp) as rej_sink,
+        ):
+            cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "split", "content"]
+            for batch in iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols):
+                contents = [json.loads(c) for c in batch.column("content").to_pylist()]
+                tb = tokenize_batch(contents, spec, pt)
+                totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
+                if tb.rejects:
+                    idx = pa.array([r[0] for r in tb.rejects], type=pa.int64())
+                    rej = batch.select(cols[:-1]).take(idx)
+                    for r in tb.rejects:
+                        reasons[r[1]] += 1
+                    rej_sink.write(
+                        pa.Table.from_batches([rej]).append_column("reason", pa.array([r[1] for r in tb.rejects]))
+                        .append_column("detail", pa.array([r[2] for r in tb.rejects]))
+                        .append_column("num_tokens", pa.array([r[3] for r in tb.rejects], type=pa.int32()))
+                    )
+                if len(tb.kept) == 0:
+                    continue
+                lengths = np.diff(tb.offsets)
+                cum_loss = np.concatenate([[0], np.cumsum(tb.loss_mask, dtype=np.int64)])
+                cum_prompt = np.concatenate([[0], np.cumsum(tb.token_type_ids == TYPE_PROMPT, dtype=np.int64)])
+                n_loss = cum_loss[tb.offsets[1:]] - cum_loss[tb.offsets[:-1]]
+                n_prompt = cum_prompt[tb.offsets[1:]] - cum_prompt[tb.offsets[:-1]]
+                kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(pa.array(tb.kept, type=pa.int64()))
+                ex_sink.write(
+                    pa.table(
+                        {
+                            "example_id": kept.column("record_id"),
+                            **{c: kept.column(c) for c in cols[:-1]},
+                            "token_ids": list_array(tb.token_ids, tb.offsets, pa.int32()),
+                            "loss_mask": list_array(tb.loss_mask, tb.offsets, pa.uint8()),
+                            "token_type_ids": list_array(tb.token_type_ids, tb.offsets, pa.uint8()),
+                            "num_tokens": pa.array(lengths.astype(np.int32)),
+                            "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
+                            "num_prompt_tokens": pa.array(n_prompt.astype(np.int32)),
+                        }
+                    )
+                )
+                lengths_all.append(lengths)
+                totals["tokens"] += int(lengths.sum())
+                totals["loss_tokens"] += int(n_loss.sum())
+                totals["prompt_tokens"] += int(n_prompt.sum())
+        lengths_cat = np.concatenate(lengths_all) if lengths_all else np.zeros(0, dtype=np.int64)
+        stats = {
+            "examples": ex_sink.rows,
+            "rejects": rej_sink.rows,
+            "rejects_by_reason": dict(sorted(reasons.items())),
+            "tokens": totals["tokens"],
+            "loss_tokens": totals["loss_tokens"],
+            "prompt_tokens": totals["prompt_tokens"],
+            "tokens_dropped_by_overflow": totals["tokens_dropped_by_overflow"],
+            "example_length": _percentiles(lengths_cat),
+            "tokenizer_fingerprint": pt.info.fingerprint,
+            "vocab_size": pt.info.vocab_size,
+            "max_seq_len": spec.sequence.max_seq_len,
+        }
+        write_json_atomic(stage / STATS, stats)
+    return stats
+
+
+# ---------------------------------------------------------------- packed shards
+
+
+def _row_table(rows: PackedRows, example_ids: pa.Array, lo: int, hi: int) -> pa.Table:
+    """Rows [lo, hi) of packed output as a shard table."""
+    L = rows.row_len
+    n = hi - lo
+    tok = slice(lo * L, hi * L)
+    row_offsets = np.arange(n + 1, dtype=np.int64) * L
+    s0, s1 = int(rows.seg_offsets[lo]), int(rows.seg_offsets[hi])
+    seg_offsets = rows.seg_offsets[lo : hi + 1] - s0
+    return pa.table(
+        {
+            "input_ids": list_array(rows.input_ids[tok], row_offsets, pa.int32()),
+            "loss_mask": list_array(rows.loss_mask[tok], row_offsets, pa.uint8()),
+            "position_ids": list_array(rows.position_ids[tok], row_offsets, pa.int32()),
+            "segment_ids": list_array(rows.segment_ids[tok], row_offsets, pa.int32()),
+            "token_type_ids": list_array(rows.token_type_ids[tok], row_offsets, pa.uint8()),
+            "seq_lengths": list_array(rows.seg_lengths[s0:s1], seg_offsets, pa.int32()),
+            "example_ids": pa.ListArray.from_arrays(pa.array(seg_offsets.astype(np.int32)), example_ids[s0:s1]),
+            "num_loss_tokens": pa.array(rows.num_loss_tokens[lo:hi]),
+        },
+        schema=SHARD_SCHEMA,
+    )
+
+
+def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path) -> dict[str, Any]:
+    """Shards: fixed-length packed rows per split, in Parquet files of at most max_tokens_per_shard tokens."""
+    info = load_pinned(tokenizer_dir).info
+    gold_stats = read_json(gold_dir / STATS)
+    if gold_stats["tokenizer_fingerprint"] != info.fingerprint:
+        raise DropError(
+            "gold was tokenized with another tokenizer than the pinned one "
+            f"({gold_stats['tokenizer_fingerprint'][:12]} != {info.fingerprint[:12]}); rematerialize gold"
+        )
+    L = spec.sequence.max_seq_len
+    table = pq.read_table(
+        str(gold_dir / EXAMPLES), columns=["example_id", "split", "token_ids", "loss_mask", "token_type_ids"]
+    )
+    rows_per_shard = max(1, spec.output.max_tokens_per_shard // L)
+    split_stats: dict[str, Any] = {}
+    with staged_dir(out_dir) as stage:
+        for split_no, split in enumerate(SPLITS):
+            sub = table.filter(pc.equal(table.column("split"), split))
+            ids, offsets = flat_values(sub.column("token_ids"), np.int32)
+            mask, _ = flat_values(sub.column("loss_mask"), np.uint8)
+            types, _ = flat_values(sub.column("token_type_ids"), np.uint8)
+            lengths = np.diff(offsets)
+            seed = (spec.packing.seed, split_no) if spec.packing.shuffle else None
+            bins = plan_packs(
+                lengths,
+                capacity=L,
+                strategy=spec.packing.strategy,
+                max_per_bin=spec.packing.max_sequences_per_example,
+                shuffle_seed=seed,
+            )
+            rows = materialize_rows(
+                bins, token_ids=ids, loss_mask=mask, token_type_ids=types, offsets=offsets, row_len=L, pad_id=info.pad_id
+            )
+            example_ids = sub.column("example_id").combine_chunks().take(pa.array(rows.example_order, type=pa.int64()))
+            files = []
+            if rows.num_rows:
+                (stage / split).mkdir()
+            for k, lo in enumerate(range(0, rows.num_rows, rows_per_shard)):
+                hi = min(lo + rows_per_shard, rows.num_rows)
+                rel = f"{split}/part-{k:05d}.parquet"
+                with ParquetSink(stage / rel, SHARD_SCHEMA, compression=_compression(spec), row_group_size=1024) as sink:
+                    sink.write(_row_table(rows, example_ids, lo, hi))
+                files.append({"path": rel, "sha256": sha256_file(stage / rel), "sequences": hi - lo,
+                              "tokens": int(np.count_nonzero(rows.segment_ids[lo * L : hi * L])),
+                              "loss_tokens": int(rows.num_loss_tokens[lo:hi].sum())})
+            split_stats[split] = _split_metrics(rows, lengths, types, files)
+        stats = {
+            "tokenizer_fingerprint": info.fingerprint,
+            "max_seq_len": L,
+            "strategy": spec.packing.strategy,
+            "tokens_dropped_by_overflow": gold_stats["tokens_dropped_by_overflow"],
+            "splits": split_stats,
+            "totals": _totals(split_stats.values()),
+        }
+        write_json_atomic(stage / STATS, stats)
+    return stats
+
+
+def _split_metrics(rows: PackedRows, lengths: np.ndarray, types: np.ndarray, files: list[dict[str, Any]]) -> dict[str, Any]:
+    capacity = rows.num_rows * rows.row_len
+    tokens = int(np.count_nonzero(rows.segment_ids))
+    loss = int(rows.loss_mask.sum(dtype=np.int64))
+    return {
+        "examples": int(len(lengths)),
+        "sequences": rows.num_rows,
+        "input_tokens": int(lengths.sum()),
+        "tokens": tokens,
+        "loss_tokens": loss,
+        "prompt_tokens": int(np.count_nonzero(types == TYPE_PROMPT)),
+        "padding_tokens": capacity - tokens,
+        "tokens_dropped_by_packing": int(lengths.sum()) - tokens,
+        "data_utilization": round(tokens / int(lengths.sum()), 6) if len(lengths) else 1.0,
+        "sequence_utilization": round(tokens / capacity, 6) if capacity else 0.0,
+        "loss_token_utilization": round(loss / capacity, 6) if capacity else 0.0,
+        "max_batch_size": min((f["sequences"] for f in files), default=0),
+        "files": files,
+    }
+
+
+_SUMMED = ("examples", "sequences", "input_tokens", "tokens", "loss_tokens", "prompt_tokens", "padding_tokens",
+           "tokens_dropped_by_packing")
+
+
+def _totals(splits: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    splits = list(splits)
+    out: dict[str, Any] = {k: sum(s[k] for s in splits) for k in _SUMMED}
+    capacity = out["tokens"] + out["padding_tokens"]
+    out["sequence_utilization"] = round(out["tokens"] / capacity, 6) if capacity else 0.0
+    out["data_utilization"] = round(out["tokens"] / out["input_tokens"], 6) if out["input_tokens"] else 1.0
+    return out
+
+
+# ---------------------------------------------------------------- manifest
+
+
+def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> dict[str, Any]:
+    """The dataset manifest: every published shard of the given partitions, by split, with checksums."""
+    tok = read_json(paths.tokenizer_dir / "fingerprint.json")
+    by_split: dict[str, dict[str, Any]] = {
+        s: {"files": [], "sequences": 0, "tokens": 0, "loss_tokens": 0, "max_batch_size": 0} for s in SPLITS
+    }
+    parts: dict[str, Any] = {}
+    fingerprints = set()
+    for partition in sorted(partitions):
+        stats_path = paths.partition_dir("shards", partition) / STATS
+        if not stats_path.is_file():
+            continue
+        stats = read_json(stats_path)
+        fingerprints.add(stats["tokenizer_fingerprint"])
+        parts[partition] = {"tokenizer_fingerprint": stats["tokenizer_fingerprint"], **stats["totals"]}
+        for split, s in stats["splits"].items():
+            for f in s["files"]:
+                by_split[split]["files"].append({**f, "path": f"shards/{partition}/{f['path']}", "partition": partition})
+    for split, agg in by_split.items():
+        files = agg["files"]
+        agg["sequences"] = sum(f["sequences"] for f in files)
+        agg["tokens"] = sum(f["tokens"] for f in files)
+        agg["loss_tokens"] = sum(f["loss_tokens"] for f in files)
+        agg["max_batch_size"] = min((f["sequences"] for f in files), default=0)
+    manifest = {
+        "dataset": spec.name,
+        "max_seq_len": spec.sequence.max_seq_len,
+        "config_hash": spec.fingerprint(),
+        "tokenizer_fingerprint": tok["fingerprint"],
+        "tokenizer_vocab_size": tok["info"]["vocab_size"],
+        "pad_id": tok["info"]["pad_id"],
+        "shard_tokenizer_fingerprints": sorted(fingerprints),
+        "partitions": parts,
+        "splits": by_split,
+        "schema": {f.name: str(f.type) for f in SHARD_SCHEMA},
+    }
+    write_json_atomic(paths.manifest_path, manifest)
+    return manifest

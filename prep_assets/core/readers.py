@@ -1,0 +1,212 @@
+"""Readers: a drop's bytes to parsed values with provenance, and rejects for what does not parse.
+
+Every physical line is accounted for: it becomes a parsed item, a reject (with line, byte offset and
+reason) or a blank line. Byte offsets count from the start of the (decompressed) stream. Lines are
+split on `\\n` only, so U+2028/U+2029/NEL or a lone `\\r` inside a record never split it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from prep_assets.core.errors import DropError
+
+UTF8_BOM = b"\xef\xbb\xbf"
+EXCERPT_CHARS = 160
+
+
+@dataclass(frozen=True)
+class RawItem:
+    """One parsed input record: its value and where it came from."""
+
+    line: int  # 1-based line where the record starts
+    byte_offset: int
+    text: str  # the record as written (decoded, without line terminator)
+    value: Any
+    sha256: str  # of the record's bytes as written
+
+
+@dataclass(frozen=True)
+class RawReject:
+    line: int
+    byte_offset: int
+    reason: str
+    detail: str
+    excerpt: str
+
+
+@dataclass
+class Accounting:
+    """What a reader saw; `lines_in == parsed + rejected + blank_lines` for line formats."""
+
+    unit: str = "line"  # "line" for line formats, "element" for a JSON array
+    lines_in: int = 0
+    blank_lines: int = 0
+    parsed: int = 0
+    rejected: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _excerpt(data: bytes | str) -> str:
+    text = data.decode("utf-8", errors="backslashreplace") if isinstance(data, bytes) else data
+    return text[:EXCERPT_CHARS]
+
+
+def _parse_json(text: str) -> tuple[Any, str | None, str]:
+    try:
+        return _DECODER.decode(text), None, ""
+    except ValueError as exc:  # JSONDecodeError is a ValueError; so is a rejected NaN/Infinity
+        reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
+        return None, reason, str(exc)
+    except RecursionError:
+        return None, "malformed_json", "nesting too deep"
+
+
+def _open_stream(path: Path, fmt: str) -> IO[bytes]:
+    if fmt == "jsonl.gz":
+        return gzip.open(path, "rb")
+    return path.open("rb")
+
+
+def read_lines(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting) -> Iterator[RawItem | RawReject]:
+    """JSONL / JSONL.gz / TXT: one record per line."""
+    as_json = fmt != "txt"
+    offset = 0
+    line_no = 0
+    with _open_stream(path, fmt) as f:
+        while True:
+            try:
+                raw = f.readline(max_line_bytes + 1)
+            except (EOFError, OSError, zlib.error) as exc:
+                acct.lines_in += 1
+                acct.rejected += 1
+                yield RawReject(line_no + 1, offset, "truncated_gzip", f"stream ends early: {exc}", "")
+                return
+            if not raw:
+                return
+            line_no += 1
+            acct.lines_in += 1
+            start = offset
+            offset += len(raw)
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                excerpt = _excerpt(raw[:EXCERPT_CHARS])
+                size = len(raw)
+                while raw and not raw.endswith(b"\n"):  # skip the rest of the line in bounded chunks
+                    raw = f.readline(max_line_bytes)
+                    size += len(raw)
+                    offset += len(raw)
+                acct.rejected += 1
+                yield RawReject(line_no, start, "line_too_long", f"{size} bytes > max_line_bytes {max_line_bytes}", excerpt)
+                continue
+            body = raw[:-1] if raw.endswith(b"\n") else raw
+            if line_no == 1 and body.startswith(UTF8_BOM):
+                body = body[len(UTF8_BOM) :]
+            if body.endswith(b"\r"):
+                body = body[:-1]
+            if not body.strip():
+                acct.blank_lines += 1
+                continue
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                acct.rejected += 1
+                yield RawReject(line_no, start, "invalid_utf8", f"byte {exc.start} of the line: {exc.reason}", _excerpt(body))
+                continue
+            if as_json:
+                value, reason, detail = _parse_json(text)
+                if reason is not None:
+                    acct.rejected += 1
+                    yield RawReject(line_no, start, reason, detail, _excerpt(text))
+                    continue
+            else:
+                value = text
+            acct.parsed += 1
+            yield RawItem(line_no, start, text, value, hashlib.sha256(body).hexdigest())
+
+
+def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator[RawItem | RawReject]:
+    """A JSON file holding an array of records: each element keeps its own line and byte offset."""
+    acct.unit = "element"
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise DropError(f"{path}: JSON array file of {size} bytes exceeds {max_bytes}; convert it to JSONL to stream it")
+    data = path.read_bytes()
+    if data.startswith(UTF8_BOM):
+        data = data[len(UTF8_BOM) :]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        acct.rejected += 1
+        yield RawReject(line, exc.start, "invalid_utf8", f"{exc.reason}; the whole array is unreadable", "")
+        return
+    pos = _skip_ws(text, 0)
+    if pos >= len(text):
+        return  # an empty file holds no records
+    if text[pos] != "[":
+        acct.rejected += 1
+        yield RawReject(1, 0, "not_a_json_array", "format json expects a top-level array of records", _excerpt(text))
+        return
+    pos = _skip_ws(text, pos + 1)
+    line, byte_pos, char_pos = 1, 0, 0
+
+    def advance(to: int) -> None:
+        nonlocal line, byte_pos, char_pos
+        chunk = text[char_pos:to]
+        line += chunk.count("\n")
+        byte_pos += len(chunk.encode("utf-8"))
+        char_pos = to
+
+    if pos < len(text) and text[pos] == "]":
+        return
+    while pos < len(text):
+        advance(pos)
+        try:
+            value, end = _DECODER.raw_decode(text, pos)
+        except ValueError as exc:
+            acct.rejected += 1
+            reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
+            yield RawReject(line, byte_pos, reason, f"{exc}; the rest of the array is unreadable", _excerpt(text[pos:]))
+            return
+        element = text[pos:end]
+        acct.lines_in += 1
+        acct.parsed += 1
+        yield RawItem(line, byte_pos, element, value, hashlib.sha256(element.encode("utf-8")).hexdigest())
+        pos = _skip_ws(text, end)
+        if pos < len(text) and text[pos] == ",":
+            pos = _skip_ws(text, pos + 1)
+        elif pos < len(text) and text[pos] == "]":
+            return
+        else:
+            advance(min(pos, len(text)))
+            acct.rejected += 1
+            yield RawReject(line, byte_pos, "malformed_json", "expected ',' or ']' after an array element", _excerpt(text[pos:]))
+            return
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def read_drop(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting) -> Iterator[RawItem | RawReject]:
+    if fmt in ("jsonl", "jsonl.gz", "txt"):
+        return read_lines(path, fmt, max_line_bytes=max_line_bytes, acct=acct)
+    if fmt == "json":
+        return read_json_array(path, max_bytes=max(max_line_bytes, 1 << 30), acct=acct)
+    raise DropError(f"{path}: no reader for format {fmt!r}")

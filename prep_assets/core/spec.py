@@ -1,0 +1,288 @@
+"""Dataset specs: one YAML file per dataset, validated on load.
+
+A spec is declarative like a training config. Unknown keys, wrong types and missing required
+fields are errors that name the file, the key path and what is allowed there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from prep_assets.core.errors import SpecError
+
+DATASET_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+InputFormat = Literal["auto", "jsonl", "jsonl.gz", "json", "txt"]
+RecordType = Literal["text", "instruction"]
+MaskAction = Literal["train", "mask"]
+Overflow = Literal["drop", "truncate_right", "truncate_left"]
+PackingStrategy = Literal["bfd", "single"]
+Layer = Literal["bronze", "silver", "gold", "shards"]
+
+# Which file suffixes each concrete format reads; `auto` picks by suffix.
+FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "jsonl.gz": (".jsonl.gz", ".ndjson.gz"),
+    "jsonl": (".jsonl", ".ndjson"),
+    "json": (".json",),
+    "txt": (".txt",),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class InputSpec(_Strict):
+    format: InputFormat = "auto"
+    type: RecordType
+    text_key: str = "text"
+    prompt_key: str | list[str] = "prompt"
+    completion_key: str = "completion"
+    prompt_separator: str = "\n\n"
+    prompt_prefix: str = ""
+    prompt_postfix: str = ""
+    max_line_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> InputSpec:
+        if isinstance(self.prompt_key, list) and not self.prompt_key:
+            raise ValueError("prompt_key: give a key or a non-empty list of keys")
+        return self
+
+    @property
+    def prompt_keys(self) -> tuple[str, ...]:
+        return (self.prompt_key,) if isinstance(self.prompt_key, str) else tuple(self.prompt_key)
+
+
+class NormalizeSpec(_Strict):
+    nfc: bool = True
+    newlines: bool = True
+    control_chars: bool = True
+    trailing_whitespace: bool = True
+
+
+class CleanSpec(_Strict):
+    normalize: NormalizeSpec | bool = True
+    min_chars: int = Field(default=1, ge=0)
+    max_chars: int | None = Field(default=None, ge=1)
+    dedup: Literal["exact", "none"] = "exact"
+    dedup_scope: Literal["drop"] = "drop"
+
+    @property
+    def normalization(self) -> NormalizeSpec:
+        if isinstance(self.normalize, NormalizeSpec):
+            return self.normalize
+        if self.normalize:
+            return NormalizeSpec()
+        return NormalizeSpec(nfc=False, newlines=False, control_chars=False, trailing_whitespace=False)
+
+
+class TrainTokenizerSpec(_Strict):
+    files: list[str] = Field(min_length=1)
+    vocab_size: int = Field(default=4096, ge=300, le=1_000_000)
+    min_frequency: int = Field(default=2, ge=1)
+    special_tokens: list[str] = ["<|endoftext|>", "<|pad|>"]
+    eos_token: str = "<|endoftext|>"
+    pad_token: str | None = "<|pad|>"
+    bos_token: str | None = None
+
+    @model_validator(mode="after")
+    def _specials_listed(self) -> TrainTokenizerSpec:
+        for name in ("eos_token", "pad_token", "bos_token"):
+            value = getattr(self, name)
+            if value is not None and value not in self.special_tokens:
+                raise ValueError(f"{name} {value!r} must be one of special_tokens {self.special_tokens}")
+        return self
+
+
+class TokenizerSpec(_Strict):
+    path: str | None = None
+    hub_id: str | None = None
+    revision: str | None = None
+    train: TrainTokenizerSpec | None = None
+    add_bos: bool | None = None
+    add_eos: bool = True
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TokenizerSpec:
+        given = [k for k in ("path", "hub_id", "train") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of path, hub_id, train (got {given or 'none'})")
+        if self.hub_id is not None and not self.revision:
+            raise ValueError("hub_id needs a revision (a commit sha or tag) so the tokenizer is pinned")
+        return self
+
+
+class SequenceSpec(_Strict):
+    max_seq_len: int = Field(default=2048, ge=8, le=1_048_576)
+    overflow: Overflow = "drop"
+
+
+class PackingSpec(_Strict):
+    strategy: PackingStrategy = "bfd"
+    max_sequences_per_example: int | None = Field(default=None, ge=1)
+    seed: int = 0
+    shuffle: bool = True
+
+
+class SplitSpec(_Strict):
+    validation_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    test_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _sum(self) -> SplitSpec:
+        if self.validation_ratio + self.test_ratio >= 1.0:
+            raise ValueError("validation_ratio + test_ratio must be below 1 (something must train)")
+        return self
+
+
+class OutputSpec(_Strict):
+    formats: list[Literal["parquet"]] = ["parquet"]
+    max_tokens_per_shard: int = Field(default=50_000_000, ge=8)
+    compression: Literal["zstd", "snappy", "none"] = "zstd"
+
+
+class ChecksSpec(_Strict):
+    max_reject_rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    min_sequence_utilization: float = Field(default=0.5, ge=0.0, le=1.0)
+
+
+class DatasetSpec(_Strict):
+    name: str
+    description: str = ""
+    input: InputSpec
+    mask: dict[str, MaskAction] = {}
+    mask_default: MaskAction = "mask"
+    clean: CleanSpec = CleanSpec()
+    tokenizer: TokenizerSpec
+    sequence: SequenceSpec = SequenceSpec()
+    packing: PackingSpec = PackingSpec()
+    split: SplitSpec = SplitSpec()
+    output: OutputSpec = OutputSpec()
+    checks: ChecksSpec = ChecksSpec()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DatasetSpec:
+        if not DATASET_NAME_RE.match(self.name):
+            raise ValueError(f"name {self.name!r}: use lower-case letters, digits and _ (starting with a letter)")
+        if self.input.type == "instruction" and self.input.format == "txt":
+            raise ValueError("input.format txt holds one text per line; it cannot carry instruction records")
+        allowed = _MASK_KEYS[self.input.type]
+        unknown = sorted(set(self.mask) - set(allowed))
+        if unknown:
+            raise ValueError(f"mask: unknown key(s) {unknown} for type {self.input.type}; allowed: {list(allowed)}")
+        if self.output.max_tokens_per_shard < self.sequence.max_seq_len:
+            raise ValueError("output.max_tokens_per_shard must be at least sequence.max_seq_len")
+        return self
+
+    def mask_action(self, field: str) -> MaskAction:
+        """The action for a role/field: the spec's, else the type's default, else mask_default."""
+        if field in self.mask:
+            return self.mask[field]
+        return _MASK_KEYS[self.input.type].get(field) or self.mask_default
+
+    def fingerprint(self, *sections: str) -> str:
+        """A stable hash of the named sections (all when none): drives code versions and the manifest."""
+        data = self.model_dump(mode="json")
+        chosen = {k: data[k] for k in (sections or tuple(sorted(data)))}
+        blob = json.dumps(chosen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+# Per record type: the mask keys a spec may set, with their defaults (None = use mask_default).
+_MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
+    "text": {"text": "train"},
+    "instruction": {"prompt": "mask", "completion": "train"},
+}
+
+# Which spec sections shape each layer's output: a change to one makes that layer and those below stale.
+LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
+    "bronze": ("input",),
+    "silver": ("input", "clean", "split"),
+    "gold": ("input", "clean", "split", "mask", "mask_default", "tokenizer", "sequence"),
+    "shards": ("input", "clean", "split", "mask", "mask_default", "tokenizer", "sequence", "packing", "output"),
+}
+
+
+def _format_error(path: Path, err: dict[str, Any], model: type[BaseModel]) -> str:
+    loc = [str(p) for p in err.get("loc", ())]
+    where = ".".join(loc) or "(top level)"
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        parent = _model_at(model, loc[:-1])
+        allowed = ", ".join(parent.model_fields) if parent else "?"
+        return f"{path}: {where}: unknown key; allowed keys here: {allowed}"
+    if kind == "missing":
+        return f"{path}: {where}: required field is missing"
+    msg = err.get("msg", "invalid")
+    if kind.startswith("value_error"):
+        msg = msg.removeprefix("Value error, ")
+    return f"{path}: {where}: {msg}"
+
+
+def _model_at(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
+    current: type[BaseModel] = model
+    for part in loc:
+        field = current.model_fields.get(part)
+        if field is None:
+            return None
+        nested = [a for a in _model_args(field.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not nested:
+            return None
+        current = nested[0]
+    return current
+
+
+def _model_args(annotation: Any) -> list[Any]:
+    args = getattr(annotation, "__args__", None)
+    if not args:
+        return [annotation]
+    out: list[Any] = []
+    for a in args:
+        out.extend(_model_args(a))
+    return out
+
+
+def parse_spec(raw: Any, *, path: Path, default_name: str) -> DatasetSpec:
+    """Validate a parsed YAML document; errors name the file, the key and what is allowed."""
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: the spec must be a mapping of keys (got {type(raw).__name__})")
+    raw = dict(raw)
+    if raw.setdefault("name", default_name) != default_name:
+        raise SpecError(f"{path}: name: {raw['name']!r} must equal the file name {default_name!r}")
+    try:
+        return DatasetSpec.model_validate(raw)
+    except ValidationError as exc:
+        lines = [_format_error(path, e, DatasetSpec) for e in exc.errors()]
+        raise SpecError("\n".join(lines)) from None
+
+
+def load_spec(path: Path) -> DatasetSpec:
+    """Load and validate `data/datasets/<name>.yaml`."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    return parse_spec(raw, path=path, default_name=path.stem)
+
+
+def load_specs(datasets_dir: Path) -> list[DatasetSpec]:
+    """All specs under a `datasets/` folder, sorted by name; every invalid file is reported at once."""
+    specs: list[DatasetSpec] = []
+    errors: list[str] = []
+    for path in sorted(datasets_dir.glob("*.yaml")) + sorted(datasets_dir.glob("*.yml")):
+        try:
+            specs.append(load_spec(path))
+        except SpecError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise SpecError("\n".join(errors))
+    return specs

@@ -1,0 +1,203 @@
+"""The pinned tokenizer: resolved from a local path, the local hub cache, or trained; loaded offline.
+
+The tokenizer asset copies (or trains) the tokenizer files into the lake and records the sha256 of
+each file; the fingerprint (a hash over those) is its data version and goes into every manifest.
+Downstream layers load the lake's pinned copy only, never a worker's cache. Never `trust_remote_code`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase  # noqa: E402
+
+from prep_assets.core.errors import TokenizerError  # noqa: E402
+from prep_assets.core.lake import canonical_json, read_json, sha256_file, write_json_atomic  # noqa: E402
+from prep_assets.core.spec import TokenizerSpec, TrainTokenizerSpec  # noqa: E402
+
+FINGERPRINT_FILE = "fingerprint.json"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What the tokenize and pack steps need to know about a tokenizer."""
+
+    fingerprint: str
+    vocab_size: int
+    eos_id: int
+    pad_id: int
+    bos_id: int | None
+    add_bos: bool
+    add_eos: bool
+
+
+def _is_tokenizer_file(name: str) -> bool:
+    return name in TOKENIZER_FILES or fnmatch.fnmatch(name, "chat_template*.jinja")
+
+
+def _copy_tokenizer_files(src: Path, dest: Path) -> None:
+    names = sorted(p.name for p in src.iterdir() if p.is_file() and _is_tokenizer_file(p.name))
+    if not names:
+        raise TokenizerError(f"{src}: no tokenizer files found (looked for {', '.join(TOKENIZER_FILES[:3])}, ...)")
+    for name in names:
+        shutil.copyfile(src / name, dest / name)
+
+
+def _resolve_hub_snapshot(hub_id: str, revision: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=hub_id, revision=revision, local_files_only=True))
+    except Exception as exc:  # the hub client raises several types for "not in the cache"
+        raise TokenizerError(
+            f"tokenizer {hub_id}@{revision} is not in the local hub cache ({exc.__class__.__name__}); "
+            "there is no network at run time: download it beforehand or give `tokenizer.path`"
+        ) from None
+
+
+def iter_training_texts(patterns: list[str], base: Path) -> Iterator[str]:
+    """Lines of the configured files (globs relative to the data dir), in sorted path order."""
+    paths: list[Path] = []
+    for pattern in patterns:
+        full = pattern if os.path.isabs(pattern) else str(base / pattern)
+        matched = sorted(Path(p) for p in glob.glob(full, recursive=True))
+        if not matched:
+            raise TokenizerError(f"tokenizer.train.files: {pattern!r} matches no file under {base}")
+        paths.extend(matched)
+    for path in paths:
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield line
+
+
+def train_bpe(train: TrainTokenizerSpec, base: Path, dest: Path) -> None:
+    """Train a byte-level BPE tokenizer deterministically and save it as a transformers tokenizer."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=train.vocab_size,
+        min_frequency=train.min_frequency,
+        special_tokens=list(train.special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(iter_training_texts(train.files, base), trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=train.eos_token, pad_token=train.pad_token, bos_token=train.bos_token
+    )
+    wrapped.save_pretrained(str(dest))
+
+
+def resolve_path(value: str, base: Path) -> Path:
+    path = Path(value)
+    return path if path.is_absolute() else (base / path)
+
+
+def pin_tokenizer(spec: TokenizerSpec, *, base: Path, dest: Path) -> dict[str, Any]:
+    """Write the tokenizer's files into `dest` (an empty staging dir) and a fingerprint.json."""
+    if spec.train is not None:
+        train_bpe(spec.train, base, dest)
+        source = {"mode": "train", "files": spec.train.files}
+    elif spec.path is not None:
+        src = resolve_path(spec.path, base)
+        if not src.is_dir():
+            raise TokenizerError(f"tokenizer.path {spec.path!r} is not a directory (resolved to {src})")
+        _copy_tokenizer_files(src, dest)
+        source = {"mode": "path", "path": spec.path}
+    else:
+        assert spec.hub_id is not None and spec.revision is not None
+        _copy_tokenizer_files(_resolve_hub_snapshot(spec.hub_id, spec.revision), dest)
+        source = {"mode": "hub", "hub_id": spec.hub_id, "revision": spec.revision}
+    files = {p.name: sha256_file(p) for p in sorted(dest.iterdir()) if p.is_file()}
+    fingerprint = hashlib.sha256(canonical_json(files).encode("utf-8")).hexdigest()
+    tok = load_tokenizer(dest)
+    info = tokenizer_info(tok, spec, fingerprint)
+    record = {"fingerprint": fingerprint, "files": files, "source": source, "info": asdict(info)}
+    write_json_atomic(dest / FINGERPRINT_FILE, record)
+    return record
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:  # transformers raises OSError/ValueError/... for unloadable dirs
+        raise TokenizerError(f"{path}: cannot load a tokenizer offline: {exc}") from None
+    if not getattr(tok, "is_fast", False):
+        raise TokenizerError(f"{path}: only fast (Rust) tokenizers are supported; add a tokenizer.json")
+    return tok
+
+
+def tokenizer_info(tok: PreTrainedTokenizerBase, spec: TokenizerSpec, fingerprint: str) -> TokenizerInfo:
+    eos_id = tok.eos_token_id
+    if eos_id is None:
+        raise TokenizerError("the tokenizer has no eos_token; every example ends with one (set it in its config)")
+    bos_id = tok.bos_token_id
+    add_bos = spec.add_bos
+    if add_bos is None:
+        ids = tok("a", add_special_tokens=True)["input_ids"]
+        add_bos = bos_id is not None and bool(ids) and ids[0] == bos_id and bos_id != eos_id
+    if add_bos and bos_id is None:
+        raise TokenizerError("tokenizer.add_bos is true but the tokenizer has no bos_token")
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else eos_id
+    return TokenizerInfo(
+        fingerprint=fingerprint,
+        vocab_size=len(tok),
+        eos_id=int(eos_id),
+        pad_id=int(pad_id),
+        bos_id=None if bos_id is None else int(bos_id),
+        add_bos=bool(add_bos),
+        add_eos=spec.add_eos,
+    )
+
+
+@dataclass(frozen=True)
+class PinnedTokenizer:
+    info: TokenizerInfo
+    encoder: Tokenizer  # a private copy that encodes special-token strings as plain text
+    hf: PreTrainedTokenizerBase
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Batch-encode with the Rust tokenizer's parallelism, no special tokens added."""
+        return [e.ids for e in self.encoder.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def load_pinned(tokenizer_dir: Path) -> PinnedTokenizer:
+    """Load the lake's pinned tokenizer with the info recorded when it was pinned."""
+    fp_path = tokenizer_dir / FINGERPRINT_FILE
+    if not fp_path.is_file():
+        raise TokenizerError(f"{tokenizer_dir}: no pinned tokenizer; materialize the tokenizer asset first")
+    record = read_json(fp_path)
+    hf = load_tokenizer(tokenizer_dir)
+    encoder = Tokenizer.from_str(hf.backend_tokenizer.to_str())
+    encoder.no_padding()
+    encoder.no_truncation()
+    encoder.encode_special_tokens = True
+    return PinnedTokenizer(info=TokenizerInfo(**record["info"]), encoder=encoder, hf=hf)
