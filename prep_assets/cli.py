@@ -1,0 +1,126 @@
+"""`prep-assets`: the headless way in. It goes through Dagster, never around it.
+
+    prep-assets run [--dataset NAME] [--data-dir DIR] [--all]
+        register new drops as partitions and materialize every layer that is missing or out of date,
+        as Dagster runs recorded in the instance under $DAGSTER_HOME (visible in the UI afterwards).
+    prep-assets decode SHARD [--row N] [--format text|json]
+        print a packed row as text with masked spans, segments and padding marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from prep_assets.core.errors import PrepAssetsError
+from prep_assets.defs.resources import DATA_DIR_ENV
+
+DEFAULT_HOME = ".dagster_home"
+_DEFAULT_INSTANCE_YAML = """\
+telemetry:
+  enabled: false
+concurrency:
+  runs:
+    max_concurrent_runs: 2
+"""
+
+
+def ensure_dagster_home() -> Path:
+    """$DAGSTER_HOME, else ./.dagster_home; with the project's dagster.yaml and the UI's first-visit note."""
+    home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_HOME).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(home)
+    target = home / "dagster.yaml"
+    if not target.exists():
+        local = Path("dagster.yaml")
+        if local.is_file() and local.resolve() != target:
+            shutil.copyfile(local, target)
+        else:
+            target.write_text(_DEFAULT_INSTANCE_YAML, encoding="utf-8")
+    nux = home / ".nux" / "nux.yaml"
+    if not nux.exists():
+        nux.parent.mkdir(parents=True, exist_ok=True)
+        nux.write_text("seen: 1\n", encoding="utf-8")
+    return home
+
+
+def _resolve_data_dir(arg: str | None) -> Path:
+    data_dir = Path(arg or os.environ.get(DATA_DIR_ENV) or "data").resolve()
+    if not (data_dir / "datasets").is_dir():
+        raise PrepAssetsError(f"{data_dir}: no datasets/ folder here; pass --data-dir or set {DATA_DIR_ENV}")
+    os.environ[DATA_DIR_ENV] = str(data_dir)
+    return data_dir
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    data_dir = _resolve_data_dir(args.data_dir)
+    home = ensure_dagster_home()
+    from prep_assets.orchestrate import run_datasets
+
+    print(f"data dir: {data_dir}\nDAGSTER_HOME: {home}")
+    report = run_datasets(data_dir, dataset=args.dataset, rerun_all=args.all, log=print)
+    print()
+    print(format_summary(report["rows"]))
+    failed = [r for r in report["runs"] if not r["success"]]
+    for r in failed:
+        print(f"FAILED {r['job']} {r.get('partition') or ''}: {r['error']}", file=sys.stderr)
+    print(f"\n{len(report['runs'])} run(s), {len(failed)} failed; open the UI: "
+          f"DAGSTER_HOME={home} dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000")
+    return 1 if failed else 0
+
+
+_SUMMARY_COLUMNS = ("dataset", "partition", "lines", "rejects", "kept", "examples", "tokens", "loss_tokens",
+                    "sequences", "utilization", "checks")
+
+
+def format_summary(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no datasets or drops)"
+    table = [list(_SUMMARY_COLUMNS)] + [[str(r.get(c, "")) for c in _SUMMARY_COLUMNS] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(_SUMMARY_COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from prep_assets.core.decode import decode_row, render_text
+
+    decoded = decode_row(Path(args.shard), args.row)
+    print(json.dumps(decoded, indent=2, ensure_ascii=False) if args.format == "json" else render_text(decoded))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prep-assets", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="register drops and materialize every stale layer through Dagster")
+    run.add_argument("--dataset", help="only this dataset (default: all specs in <data-dir>/datasets)")
+    run.add_argument("--data-dir", help=f"folder with datasets/ and raw/ (default: ${DATA_DIR_ENV} or ./data)")
+    run.add_argument("--all", action="store_true", help="rematerialize every partition, even up-to-date ones")
+    run.set_defaults(fn=cmd_run)
+    dec = sub.add_parser("decode", help="print a packed row with masks, segments and padding marked")
+    dec.add_argument("shard", help="a shard Parquet file (lake/<dataset>/shards/<drop>/<split>/part-*.parquet)")
+    dec.add_argument("--row", type=int, default=0)
+    dec.add_argument("--format", choices=("text", "json"), default="text")
+    dec.set_defaults(fn=cmd_decode)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except PrepAssetsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

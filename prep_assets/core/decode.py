@@ -1,0 +1,66 @@
+"""Decode a packed row back to text with its masked spans, segments and padding marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from prep_assets.core.errors import PrepAssetsError
+from prep_assets.core.tokenizer import load_pinned
+
+MASK_OPEN, MASK_CLOSE = "«", "»"
+
+
+def tokenizer_dir_for(shard: Path) -> Path:
+    """lake/<dataset>/shards/<drop>/<split>/part-*.parquet -> lake/<dataset>/tokenizer."""
+    return shard.resolve().parents[3] / "tokenizer"
+
+
+def decode_row(shard: Path, row: int, tokenizer_dir: Path | None = None) -> dict[str, Any]:
+    if not shard.is_file():
+        raise PrepAssetsError(f"{shard}: no such shard file")
+    table = pq.read_table(str(shard))
+    if not 0 <= row < table.num_rows:
+        raise PrepAssetsError(f"{shard}: row {row} out of range (0..{table.num_rows - 1})")
+    pt = load_pinned(tokenizer_dir or tokenizer_dir_for(shard))
+    r = table.slice(row, 1).to_pylist()[0]
+    ids, mask, seg = np.array(r["input_ids"]), np.array(r["loss_mask"]), np.array(r["segment_ids"])
+    segments = []
+    for n, example_id in enumerate(r["example_ids"], start=1):
+        idx = np.flatnonzero(seg == n)
+        spans = []
+        start = 0
+        while start < len(idx):
+            end = start
+            while end + 1 < len(idx) and mask[idx[end + 1]] == mask[idx[start]]:
+                end += 1
+            tokens = ids[idx[start : end + 1]].tolist()
+            spans.append({"trained": bool(mask[idx[start]]), "tokens": len(tokens),
+                          "text": pt.hf.decode(tokens, skip_special_tokens=False)})
+            start = end + 1
+        segments.append({"segment": n, "example_id": example_id, "tokens": int(len(idx)), "spans": spans})
+    return {
+        "shard": str(shard),
+        "row": row,
+        "length": len(ids),
+        "num_loss_tokens": int(mask.sum()),
+        "padding_tokens": int(np.count_nonzero(seg == 0)),
+        "segments": segments,
+    }
+
+
+def render_text(decoded: dict[str, Any]) -> str:
+    """Human-readable: masked text in «…», one header line per segment, padding counted at the end."""
+    lines = [f"{decoded['shard']} row {decoded['row']}: {decoded['length']} tokens, "
+             f"{decoded['num_loss_tokens']} trained, {decoded['padding_tokens']} padding "
+             f"(masked text in {MASK_OPEN}{MASK_CLOSE})"]
+    for s in decoded["segments"]:
+        lines.append(f"--- segment {s['segment']} · {s['example_id']} · {s['tokens']} tokens ---")
+        lines.append("".join(sp["text"] if sp["trained"] else f"{MASK_OPEN}{sp['text']}{MASK_CLOSE}"
+                             for sp in s["spans"]))
+    if decoded["padding_tokens"]:
+        lines.append(f"--- padding × {decoded['padding_tokens']} ---")
+    return "\n".join(lines)

@@ -1,0 +1,329 @@
+"""Invariants between layers, as DuckDB queries over the published Parquet files.
+
+Written once; the Dagster asset checks and the tests both call these. Each returns an `Outcome`:
+the number of violations, up to `SAMPLE` offending rows (ids and file:line where the layer has
+them) and the figures it measured. Paths and values are always bound as parameters, never
+interpolated into SQL.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from prep_assets.core.lake import read_json
+
+SAMPLE = 20
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    violations: int
+    offending: list[dict[str, Any]] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.violations == 0
+
+
+def _query(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    with duckdb.connect() as con:
+        cur = con.execute(sql, params)
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+
+def _scalar(sql: str, params: dict[str, Any]) -> Any:
+    rows = _query(sql, params)
+    return next(iter(rows[0].values())) if rows else None
+
+
+def _files(paths: list[Path]) -> list[str]:
+    return [str(p) for p in paths]
+
+
+# ---------------------------------------------------------------- bronze
+
+
+def count_lines(path: Path, fmt: str) -> int:
+    """Physical lines of a line-format drop, counted independently of the reader."""
+    opener = gzip.open if fmt == "jsonl.gz" else open
+    n, last = 0, b"\n"
+    with opener(path, "rb") as f:
+        while block := f.read(1 << 20):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (0 if last == b"\n" else 1)
+
+
+def bronze_accounted(bronze_dir: Path, source: Path | None) -> Outcome:
+    """Every input line is a record, a reject or a blank line (records + rejects + blank = lines in)."""
+    acct = read_json(bronze_dir / "accounting.json")
+    records = _scalar("SELECT count(*) FROM read_parquet($p)", {"p": str(bronze_dir / "records.parquet")})
+    rejects = _scalar("SELECT count(*) FROM read_parquet($p)", {"p": str(bronze_dir / "rejects.parquet")})
+    lines_in = acct["lines_in"]
+    recount = None
+    if source is not None and source.is_file() and acct["unit"] == "line":
+        recount = lines_in = count_lines(source, acct["format"])
+    accounted = records + rejects + acct["blank_lines"]
+    facts = {"lines_in": lines_in, "records": records, "rejects": rejects, "blank_lines": acct["blank_lines"],
+             "unit": acct["unit"], "independent_line_count": recount}
+    return Outcome("raw_records_accounted", abs(lines_in - accounted), [], facts,
+                   "records + rejects + blank lines = lines in the drop")
+
+
+def bronze_reject_rate(bronze_dir: Path, max_rate: float) -> Outcome:
+    """The share of rejected lines is within the dataset's threshold."""
+    p = {"r": str(bronze_dir / "records.parquet"), "j": str(bronze_dir / "rejects.parquet")}
+    records = _scalar("SELECT count(*) FROM read_parquet($r)", {"r": p["r"]})
+    rejects = _scalar("SELECT count(*) FROM read_parquet($j)", {"j": p["j"]})
+    total = records + rejects
+    rate = rejects / total if total else 0.0
+    offending = []
+    if rate > max_rate:
+        offending = _query(
+            "SELECT source_file || ':' || source_line AS location, byte_offset, reason, detail FROM read_parquet($j) "
+            "ORDER BY source_line LIMIT $n", {"j": p["j"], "n": SAMPLE})
+    by_reason = {r["reason"]: r["n"] for r in _query(
+        "SELECT reason, count(*) AS n FROM read_parquet($j) GROUP BY reason ORDER BY reason", {"j": p["j"]})}
+    return Outcome("raw_records_reject_rate", int(rate > max_rate), offending,
+                   {"reject_rate": round(rate, 6), "max_reject_rate": max_rate, "rejects_by_reason": by_reason},
+                   "rejects / (records + rejects) <= checks.max_reject_rate")
+
+
+def bronze_required_fields(bronze_dir: Path) -> Outcome:
+    """Every record has its provenance, a unique id and valid JSON content."""
+    p = {"r": str(bronze_dir / "records.parquet"), "n": SAMPLE}
+    where = ("record_id IS NULL OR source_file IS NULL OR source_line IS NULL OR byte_offset IS NULL "
+             "OR content IS NULL OR NOT json_valid(content) OR count(*) OVER (PARTITION BY record_id) > 1")
+    bad = _query(f"SELECT record_id, source_file || ':' || source_line AS location FROM read_parquet($r) "
+                 f"QUALIFY {where} ORDER BY source_line LIMIT $n", p)
+    n = _scalar(f"SELECT count(*) FROM (SELECT 1 FROM read_parquet($r) QUALIFY {where})", {"r": p["r"]})
+    return Outcome("raw_records_required_fields", n, bad, {}, "provenance present, record ids unique, content is JSON")
+
+
+# ---------------------------------------------------------------- silver
+
+
+def silver_unique(silver_dir: Path) -> Outcome:
+    """No two kept records share a content hash (within the drop)."""
+    p = {"s": str(silver_dir / "records.parquet"), "n": SAMPLE}
+    dup = _query("SELECT content_sha256, list(record_id ORDER BY source_line) AS record_ids, count(*) AS copies "
+                 "FROM read_parquet($s) GROUP BY content_sha256 HAVING count(*) > 1 ORDER BY content_sha256 LIMIT $n", p)
+    n = _scalar("SELECT count(*) FROM (SELECT content_sha256 FROM read_parquet($s) GROUP BY 1 HAVING count(*) > 1)",
+                {"s": p["s"]})
+    return Outcome("clean_records_unique", n, dup, {}, "no two kept records have the same content sha256")
+
+
+def silver_lengths(silver_dir: Path, min_chars: int, max_chars: int | None) -> Outcome:
+    p = {"s": str(silver_dir / "records.parquet"), "lo": min_chars, "hi": max_chars if max_chars is not None else 2**62,
+         "n": SAMPLE}
+    where = "num_chars < $lo OR num_chars > $hi OR num_chars <= 0"
+    bad = _query(f"SELECT record_id, source_file || ':' || source_line AS location, num_chars FROM read_parquet($s) "
+                 f"WHERE {where} ORDER BY source_line LIMIT $n", p)
+    n = _scalar(f"SELECT count(*) FROM read_parquet($s) WHERE {where}", {k: p[k] for k in ("s", "lo", "hi")})
+    return Outcome("clean_records_length_bounds", n, bad, {"min_chars": min_chars, "max_chars": max_chars},
+                   "every kept record has min_chars <= chars <= max_chars")
+
+
+def silver_accounted(silver_dir: Path, bronze_dir: Path) -> Outcome:
+    """Each bronze record is exactly once in silver records or silver rejects."""
+    p = {"b": str(bronze_dir / "records.parquet"), "s": str(silver_dir / "records.parquet"),
+         "j": str(silver_dir / "rejects.parquet")}
+    sql = """
+        WITH out AS (SELECT record_id FROM read_parquet($s) UNION ALL SELECT record_id FROM read_parquet($j)),
+             b AS (SELECT record_id, source_file || ':' || source_line AS location FROM read_parquet($b)),
+             cnt AS (SELECT record_id, count(*) AS n FROM out GROUP BY record_id)
+        SELECT coalesce(b.record_id, cnt.record_id) AS record_id, b.location, coalesce(cnt.n, 0) AS times_in_silver
+        FROM b FULL OUTER JOIN cnt USING (record_id)
+        WHERE coalesce(cnt.n, 0) <> 1 OR b.record_id IS NULL
+    """
+    bad = _query(sql + " ORDER BY record_id LIMIT $n", {**p, "n": SAMPLE})
+    n = _scalar(f"SELECT count(*) FROM ({sql})", p)
+    facts = {k: _scalar("SELECT count(*) FROM read_parquet($x)", {"x": v}) for k, v in
+             (("bronze_records", p["b"]), ("silver_records", p["s"]), ("silver_rejects", p["j"]))}
+    return Outcome("clean_records_accounted", n, bad, facts, "silver records + silver rejects = bronze records")
+
+
+# ---------------------------------------------------------------- gold
+
+
+def gold_mask_aligned(gold_dir: Path) -> Outcome:
+    """token_ids, loss_mask and token_type_ids have one length; masks are 0/1; counts match the lists."""
+    p = {"g": str(gold_dir / "examples.parquet"), "n": SAMPLE}
+    where = ("len(token_ids) <> len(loss_mask) OR len(token_ids) <> len(token_type_ids) OR len(token_ids) <> num_tokens "
+             "OR list_max(loss_mask) > 1 OR list_max(token_type_ids) > 3 OR list_sum(loss_mask) <> num_loss_tokens "
+             "OR list_count(list_filter(list_zip(loss_mask, token_type_ids), lambda x: x[1] = 1 AND x[2] NOT IN (1, 3))) > 0")
+    bad = _query(f"SELECT example_id, source_file || ':' || source_line AS location FROM read_parquet($g) "
+                 f"WHERE {where} ORDER BY source_line LIMIT $n", p)
+    n = _scalar(f"SELECT count(*) FROM read_parquet($g) WHERE {where}", {"g": p["g"]})
+    return Outcome("tokenized_examples_mask_aligned", n, bad, {},
+                   "equal list lengths, mask in {0,1}, mask 1 only on completion/EOS types, counts match")
+
+
+def gold_loss_tokens(gold_dir: Path) -> Outcome:
+    p = {"g": str(gold_dir / "examples.parquet"), "n": SAMPLE}
+    bad = _query("SELECT example_id, source_file || ':' || source_line AS location FROM read_parquet($g) "
+                 "WHERE coalesce(list_sum(loss_mask), 0) = 0 ORDER BY source_line LIMIT $n", p)
+    n = _scalar("SELECT count(*) FROM read_parquet($g) WHERE coalesce(list_sum(loss_mask), 0) = 0", {"g": p["g"]})
+    return Outcome("tokenized_examples_have_loss_tokens", n, bad, {}, "every example has at least one loss token")
+
+
+def gold_ids_in_vocab(gold_dir: Path, vocab_size: int) -> Outcome:
+    p = {"g": str(gold_dir / "examples.parquet"), "v": vocab_size, "n": SAMPLE}
+    where = "list_max(token_ids) >= $v OR list_min(token_ids) < 0"
+    bad = _query(f"SELECT example_id, source_file || ':' || source_line AS location, list_max(token_ids) AS max_id "
+                 f"FROM read_parquet($g) WHERE {where} ORDER BY source_line LIMIT $n", p)
+    n = _scalar(f"SELECT count(*) FROM read_parquet($g) WHERE {where}", {"g": p["g"], "v": vocab_size})
+    return Outcome("tokenized_examples_ids_in_vocab", n, bad, {"vocab_size": vocab_size}, "0 <= id < vocab size")
+
+
+def gold_within_max_len(gold_dir: Path, max_seq_len: int) -> Outcome:
+    p = {"g": str(gold_dir / "examples.parquet"), "L": max_seq_len, "n": SAMPLE}
+    bad = _query("SELECT example_id, source_file || ':' || source_line AS location, len(token_ids) AS tokens "
+                 "FROM read_parquet($g) WHERE len(token_ids) > $L OR len(token_ids) = 0 ORDER BY source_line LIMIT $n", p)
+    n = _scalar("SELECT count(*) FROM read_parquet($g) WHERE len(token_ids) > $L OR len(token_ids) = 0",
+                {"g": p["g"], "L": max_seq_len})
+    return Outcome("tokenized_examples_within_max_len", n, bad, {"max_seq_len": max_seq_len},
+                   "1 <= tokens <= sequence.max_seq_len")
+
+
+def gold_accounted(gold_dir: Path, silver_dir: Path) -> Outcome:
+    """Each silver record is exactly once among gold examples or gold rejects."""
+    p = {"s": str(silver_dir / "records.parquet"), "g": str(gold_dir / "examples.parquet"),
+         "j": str(gold_dir / "rejects.parquet")}
+    sql = """
+        WITH out AS (SELECT record_id FROM read_parquet($g) UNION ALL SELECT record_id FROM read_parquet($j)),
+             cnt AS (SELECT record_id, count(*) AS n FROM out GROUP BY record_id),
+             s AS (SELECT record_id, source_file || ':' || source_line AS location FROM read_parquet($s))
+        SELECT coalesce(s.record_id, cnt.record_id) AS record_id, s.location, coalesce(cnt.n, 0) AS times_in_gold
+        FROM s FULL OUTER JOIN cnt USING (record_id) WHERE coalesce(cnt.n, 0) <> 1 OR s.record_id IS NULL
+    """
+    bad = _query(sql + " ORDER BY record_id LIMIT $n", {**p, "n": SAMPLE})
+    n = _scalar(f"SELECT count(*) FROM ({sql})", p)
+    return Outcome("tokenized_examples_accounted", n, bad, {}, "gold examples + gold rejects = silver records")
+
+
+# ---------------------------------------------------------------- packed shards
+
+_TOKENS = """
+    SELECT filename AS file, file_row_number AS row, unnest(input_ids) AS id, unnest(loss_mask) AS m,
+           unnest(position_ids) AS pos, unnest(segment_ids) AS seg, unnest(token_type_ids) AS typ,
+           generate_subscripts(input_ids, 1) AS i
+    FROM read_parquet($files, filename = true, file_row_number = true)
+"""
+
+
+def shard_files(shards_dir: Path) -> list[Path]:
+    return sorted(shards_dir.glob("*/part-*.parquet"))
+
+
+def _no_shards(name: str, description: str) -> Outcome:
+    return Outcome(name, 0, [], {"files": 0}, description)
+
+
+def shards_fixed_length(files: list[Path], max_seq_len: int) -> Outcome:
+    name, desc = "packed_shards_fixed_length", "every row of every list column is exactly max_seq_len long"
+    if not files:
+        return _no_shards(name, desc)
+    p = {"files": _files(files), "L": max_seq_len}
+    where = ("len(input_ids) <> $L OR len(loss_mask) <> $L OR len(position_ids) <> $L OR len(segment_ids) <> $L "
+             "OR len(token_type_ids) <> $L OR list_sum(seq_lengths) > $L OR len(seq_lengths) <> len(example_ids)")
+    bad = _query(f"SELECT filename AS file, file_row_number AS row, len(input_ids) AS length FROM "
+                 f"read_parquet($files, filename = true, file_row_number = true) WHERE {where} LIMIT $n",
+                 {**p, "n": SAMPLE})
+    n = _scalar(f"SELECT count(*) FROM read_parquet($files) WHERE {where}", p)
+    rows = _scalar("SELECT count(*) FROM read_parquet($files)", {"files": p["files"]})
+    return Outcome(name, n, bad, {"rows": rows, "max_seq_len": max_seq_len}, desc)
+
+
+def shards_padding_masked(files: list[Path], pad_id: int) -> Outcome:
+    name, desc = "packed_shards_padding_masked", "padding tokens are the pad id with loss_mask 0, segment 0, type 2"
+    if not files:
+        return _no_shards(name, desc)
+    p = {"files": _files(files), "pad": pad_id}
+    where = "seg = 0 AND (m <> 0 OR id <> $pad OR typ <> 2 OR pos <> 0)"
+    bad = _query(f"SELECT file, row, i AS token FROM ({_TOKENS}) WHERE {where} ORDER BY file, row, i LIMIT $n",
+                 {**p, "n": SAMPLE})
+    n = _scalar(f"SELECT count(*) FROM ({_TOKENS}) WHERE {where}", p)
+    return Outcome(name, n, bad, {}, desc)
+
+
+def shards_positions_restart(files: list[Path]) -> Outcome:
+    """Positions are 0 at each segment start and +1 inside it; segments are 1..k; segment starts are masked."""
+    name = "packed_shards_positions_restart"
+    desc = "positions restart at 0 at each segment and increase by 1; first token of each segment masked"
+    if not files:
+        return _no_shards(name, desc)
+    sql = f"""
+        WITH t AS ({_TOKENS}),
+        w AS (SELECT *, lag(seg) OVER win AS prev_seg, lag(pos) OVER win AS prev_pos FROM t
+              WINDOW win AS (PARTITION BY file, row ORDER BY i))
+        SELECT file, row, i AS token, seg, pos, m FROM w
+        WHERE seg > 0 AND (
+            (seg IS DISTINCT FROM prev_seg AND (pos <> 0 OR m <> 0 OR seg <> coalesce(prev_seg, 0) + 1))
+            OR (seg = prev_seg AND pos <> prev_pos + 1))
+    """
+    p = {"files": _files(files)}
+    bad = _query(sql + " ORDER BY file, row, token LIMIT $n", {**p, "n": SAMPLE})
+    n = _scalar(f"SELECT count(*) FROM ({sql})", p)
+    return Outcome(name, n, bad, {}, desc)
+
+
+def shards_tokens_conserved(files: list[Path], gold_dir: Path) -> Outcome:
+    """Per split: shard non-padding tokens and loss tokens equal gold's; every gold example is in exactly one row."""
+    name = "packed_shards_tokens_conserved"
+    desc = "per split, shard tokens and loss tokens = gold's, and each gold example appears exactly once"
+    g = str(gold_dir / "examples.parquet")
+    gold = {r["split"]: r for r in _query(
+        "SELECT split, sum(num_tokens)::BIGINT AS tokens, sum(num_loss_tokens)::BIGINT AS loss, count(*) AS examples "
+        "FROM read_parquet($g) GROUP BY split", {"g": g})}
+    shard: dict[str, dict[str, Any]] = {}
+    if files:
+        shard = {r["split"]: r for r in _query(
+            "SELECT regexp_extract(filename, '([a-z]+)/part-[0-9]+\\.parquet$', 1) AS split, "
+            "sum(list_count(list_filter(segment_ids, lambda s: s > 0)))::BIGINT AS tokens, "
+            "sum(num_loss_tokens)::BIGINT AS loss, sum(len(example_ids))::BIGINT AS examples "
+            "FROM read_parquet($files, filename = true) GROUP BY 1", {"files": _files(files)})}
+    offending = []
+    for split in sorted(set(gold) | set(shard)):
+        a, b = gold.get(split, {}), shard.get(split, {})
+        for key in ("tokens", "loss", "examples"):
+            if (a.get(key) or 0) != (b.get(key) or 0):
+                offending.append({"split": split, "figure": key, "gold": a.get(key) or 0, "shards": b.get(key) or 0})
+    if files:
+        missing = _query(
+            "WITH s AS (SELECT unnest(example_ids) AS example_id FROM read_parquet($files)), "
+            "c AS (SELECT example_id, count(*) AS n FROM s GROUP BY 1), gx AS (SELECT example_id FROM read_parquet($g)) "
+            "SELECT coalesce(gx.example_id, c.example_id) AS example_id, coalesce(c.n, 0) AS times_in_shards "
+            "FROM gx FULL OUTER JOIN c USING (example_id) WHERE coalesce(c.n, 0) <> 1 OR gx.example_id IS NULL "
+            "ORDER BY 1 LIMIT $n", {"files": _files(files), "g": g, "n": SAMPLE})
+        offending.extend(missing)
+    facts = {"gold": {k: dict(v) for k, v in sorted(gold.items())}, "shards": {k: dict(v) for k, v in sorted(shard.items())}}
+    return Outcome(name, len(offending), offending[:SAMPLE], facts, desc)
+
+
+def shards_utilization(files: list[Path], max_seq_len: int, min_utilization: float) -> Outcome:
+    name, desc = "packed_shards_utilization", "non-padding tokens / (rows * max_seq_len) >= checks.min_sequence_utilization"
+    if not files:
+        return _no_shards(name, desc)
+    row = _query("SELECT count(*) AS rows, sum(list_count(list_filter(segment_ids, lambda s: s > 0)))::BIGINT AS tokens "
+                 "FROM read_parquet($files)", {"files": _files(files)})[0]
+    util = row["tokens"] / (row["rows"] * max_seq_len) if row["rows"] else 0.0
+    facts = {"sequence_utilization": round(util, 6), "min_sequence_utilization": min_utilization, **row}
+    return Outcome(name, int(util < min_utilization), [], facts, desc)
+
+
+def shards_one_tokenizer(shards_stats: list[dict[str, Any]], pinned_fingerprint: str) -> Outcome:
+    """All shards listed in the manifest were made with the pinned tokenizer."""
+    offending = [{"partition": s["partition"], "tokenizer_fingerprint": s["tokenizer_fingerprint"]}
+                 for s in shards_stats if s["tokenizer_fingerprint"] != pinned_fingerprint]
+    return Outcome("dataset_manifest_one_tokenizer", len(offending), offending[:SAMPLE],
+                   {"pinned": pinned_fingerprint}, "every partition's shards share the pinned tokenizer fingerprint")

@@ -1,0 +1,62 @@
+"""The one place the Dagster `Definitions` are built: a graph of assets and checks per dataset spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagster import AssetSelection, Definitions, define_asset_job
+
+from prep_assets.core.spec import DatasetSpec, load_specs
+from prep_assets.defs.bronze import build_bronze
+from prep_assets.defs.checks import build_checks
+from prep_assets.defs.gold import build_gold, build_tokenizer_asset
+from prep_assets.defs.keys import (
+    DATASET_MANIFEST,
+    PARTITIONED,
+    TOKENIZER,
+    asset_key,
+    drop_job_name,
+    manifest_job_name,
+    tokenizer_job_name,
+)
+from prep_assets.defs.resources import LakeResource, default_data_dir
+from prep_assets.defs.shards import build_manifest_asset, build_shards
+from prep_assets.defs.silver import build_silver
+
+
+def dataset_jobs(spec: DatasetSpec) -> list:
+    return [
+        define_asset_job(tokenizer_job_name(spec), selection=AssetSelection.assets(asset_key(spec, TOKENIZER))),
+        define_asset_job(
+            drop_job_name(spec),
+            selection=AssetSelection.assets(*(asset_key(spec, n) for n in PARTITIONED)),
+            description=f"All layers of one {spec.name} drop: bronze -> silver -> gold -> packed shards, with gates.",
+        ),
+        define_asset_job(manifest_job_name(spec), selection=AssetSelection.assets(asset_key(spec, DATASET_MANIFEST))),
+    ]
+
+
+def build_definitions(data_dir: Path | None = None) -> Definitions:
+    data_dir = (data_dir or default_data_dir()).resolve()
+    specs = load_specs(data_dir / "datasets")
+    assets, checks, jobs = [], [], []
+    for spec in specs:
+        assets += [
+            build_bronze(spec),
+            build_silver(spec),
+            build_tokenizer_asset(spec),
+            build_gold(spec),
+            build_shards(spec),
+            build_manifest_asset(spec),
+        ]
+        checks += build_checks(spec)
+        jobs += dataset_jobs(spec)
+    return Definitions(
+        assets=assets,
+        asset_checks=checks,
+        jobs=jobs,
+        resources={"lake": LakeResource(data_dir=str(data_dir))},
+    )
+
+
+defs = build_definitions()

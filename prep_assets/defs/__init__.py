@@ -1,0 +1,1 @@
+"""Dagster wiring: thin assets, checks and resources over `prep_assets.core`."""

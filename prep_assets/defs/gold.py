@@ -1,0 +1,93 @@
+"""Gold: the pinned tokenizer, and tokenized examples with loss masks per drop."""
+
+
+from dagster import AssetExecutionContext, AssetsDefinition, DataVersion, MaterializeResult, MetadataValue, asset
+
+from prep_assets.core import layers
+from prep_assets.core.records import GOLD_SCHEMA
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.defs.keys import CLEAN_RECORDS, TOKENIZED_EXAMPLES, TOKENIZER, asset_key, code_version
+from prep_assets.defs.metadata import column_schema, counts_table, md_table, preview, user_errors
+from prep_assets.defs.partitions import drops_partitions
+from prep_assets.defs.resources import LakeResource
+
+
+def build_tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
+    source = spec.tokenizer.train and "trained byte-level BPE" or spec.tokenizer.path or spec.tokenizer.hub_id
+
+    @asset(
+        key=asset_key(spec, TOKENIZER),
+        group_name="tokenizer",
+        kinds={"huggingface"},
+        code_version=code_version(spec, "tokenizer"),
+        description=(
+            f"The pinned tokenizer ({source}), from `tokenizer`: copied from a local path or the local hub cache, "
+            "or trained (byte-level BPE, deterministic) from `tokenizer.train.files`; saved in the lake with the "
+            "sha256 of each file. Its fingerprint is its data version: a new tokenizer makes gold stale."
+        ),
+        tags={"layer": "gold"},
+    )
+    def tokenizer(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
+        paths = lake.paths(spec.name)
+        with user_errors():
+            record = layers.build_tokenizer(spec, paths, lake.root)
+        info = record["info"]
+        return MaterializeResult(
+            metadata={
+                "fingerprint": record["fingerprint"],
+                "vocab_size": info["vocab_size"],
+                "eos_id": info["eos_id"],
+                "pad_id": info["pad_id"],
+                "bos_id": info["bos_id"] if info["bos_id"] is not None else -1,
+                "add_bos": info["add_bos"],
+                "source": MetadataValue.json(record["source"]),
+                "files": MetadataValue.json(record["files"]),
+                "path": MetadataValue.path(str(paths.tokenizer_dir)),
+            },
+            data_version=DataVersion(record["fingerprint"]),
+        )
+
+    return tokenizer
+
+
+def build_gold(spec: DatasetSpec) -> AssetsDefinition:
+    @asset(
+        key=asset_key(spec, TOKENIZED_EXAMPLES),
+        deps=[asset_key(spec, CLEAN_RECORDS), asset_key(spec, TOKENIZER)],
+        partitions_def=drops_partitions(spec.name),
+        group_name="gold",
+        kinds={"parquet"},
+        code_version=code_version(spec, "gold"),
+        description=(
+            "One training example per silver record: token_ids, loss_mask (1 = loss target), token_type_ids "
+            "(0 prompt, 1 completion, 2 padding, 3 EOS), counts and provenance. Masks follow `mask`/`mask_default`; "
+            "one EOS per completion (trained), BOS per the tokenizer; the first token of each example is masked. "
+            "Examples over `sequence.max_seq_len` follow `sequence.overflow`; untrainable ones go to rejects."
+        ),
+        metadata={"dagster/column_schema": column_schema(GOLD_SCHEMA)},
+        tags={"layer": "gold"},
+    )
+    def tokenized_examples(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
+        paths = lake.paths(spec.name)
+        key = context.partition_key
+        out = paths.partition_dir("gold", key)
+        with user_errors():
+            stats = layers.build_tokenized_examples(spec, paths.partition_dir("silver", key), paths.tokenizer_dir, out)
+        lengths = stats["example_length"]
+        return MaterializeResult(
+            metadata={
+                "dagster/row_count": stats["examples"],
+                "num_tokens": stats["tokens"],
+                "num_loss_tokens": stats["loss_tokens"],
+                "num_prompt_tokens": stats["prompt_tokens"],
+                "num_tokens_dropped_by_overflow": stats["tokens_dropped_by_overflow"],
+                "num_rejects": stats["rejects"],
+                "rejects_by_reason": counts_table(stats["rejects_by_reason"]),
+                "example_length_tokens": md_table([lengths]),
+                "tokenizer_fingerprint": stats["tokenizer_fingerprint"],
+                "path": MetadataValue.path(str(out)),
+                "preview": preview(out / layers.EXAMPLES, ["example_id", "split", "num_tokens", "num_loss_tokens"]),
+            }
+        )
+
+    return tokenized_examples

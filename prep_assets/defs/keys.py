@@ -1,0 +1,39 @@
+"""Asset keys, names and code versions of a dataset's graph."""
+
+from __future__ import annotations
+
+from dagster import AssetKey
+
+from prep_assets.core.spec import LAYER_SECTIONS, DatasetSpec, Layer
+
+# Bump when a layer's code changes what it writes: the UI then shows that layer (and below) stale.
+CODE_VERSION = "1"
+
+RAW_RECORDS = "raw_records"
+CLEAN_RECORDS = "clean_records"
+TOKENIZER = "tokenizer"
+TOKENIZED_EXAMPLES = "tokenized_examples"
+PACKED_SHARDS = "packed_shards"
+DATASET_MANIFEST = "dataset_manifest"
+PARTITIONED = (RAW_RECORDS, CLEAN_RECORDS, TOKENIZED_EXAMPLES, PACKED_SHARDS)
+
+
+def asset_key(spec: DatasetSpec, name: str) -> AssetKey:
+    return AssetKey([spec.name, name])
+
+
+def code_version(spec: DatasetSpec, layer: Layer | str) -> str:
+    sections = LAYER_SECTIONS[layer] if layer in LAYER_SECTIONS else (layer,)
+    return f"{CODE_VERSION}-{spec.fingerprint(*sections)[:12]}"
+
+
+def drop_job_name(spec: DatasetSpec) -> str:
+    return f"{spec.name}_drops"
+
+
+def tokenizer_job_name(spec: DatasetSpec) -> str:
+    return f"{spec.name}_tokenizer"
+
+
+def manifest_job_name(spec: DatasetSpec) -> str:
+    return f"{spec.name}_manifest"

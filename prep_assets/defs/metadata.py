@@ -1,0 +1,57 @@
+"""Turning layer stats into Dagster metadata a user can read in the UI."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from dagster import Failure, MetadataValue, TableColumn, TableRecord, TableSchema
+
+from prep_assets.core.errors import PrepAssetsError
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Report a user-facing error as a Dagster failure with its message, not as a code traceback."""
+    try:
+        yield
+    except PrepAssetsError as exc:
+        raise Failure(description=str(exc)) from None
+
+
+def column_schema(schema: pa.Schema) -> TableSchema:
+    return TableSchema(columns=[TableColumn(name=f.name, type=str(f.type)) for f in schema])
+
+
+def counts_table(counts: dict[str, int], key: str = "reason") -> MetadataValue:
+    schema = TableSchema(columns=[TableColumn(key, "string"), TableColumn("count", "int")])
+    records = [TableRecord({key: k, "count": int(v)}) for k, v in sorted(counts.items())]
+    return MetadataValue.table(records=records, schema=schema)
+
+
+def md_table(rows: list[dict[str, Any]]) -> MetadataValue:
+    if not rows:
+        return MetadataValue.md("_none_")
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(r[c]) for c in cols) + " |")
+    return MetadataValue.md("\n".join(lines))
+
+
+def _cell(value: Any) -> str:
+    text = str(value).replace("|", "\\|").replace("\n", "⏎")
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def preview(path: Path, columns: list[str], n: int = 3, fmt: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> MetadataValue:
+    """A markdown table of the first rows of a Parquet file."""
+    pf = pq.ParquetFile(str(path))
+    if pf.metadata.num_rows == 0:
+        return MetadataValue.md("_no rows_")
+    rows = next(pf.iter_batches(batch_size=n, columns=columns)).to_pylist()
+    return md_table([fmt(r) if fmt else r for r in rows])

@@ -1,0 +1,110 @@
+"""Packed shards per drop, and the dataset manifest over all drops."""
+
+
+from dagster import (
+    AllPartitionMapping,
+    AssetDep,
+    AssetExecutionContext,
+    AssetsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+
+from prep_assets.core import layers
+from prep_assets.core.records import SHARD_SCHEMA
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.defs.keys import DATASET_MANIFEST, PACKED_SHARDS, TOKENIZED_EXAMPLES, TOKENIZER, asset_key, code_version
+from prep_assets.defs.metadata import column_schema, md_table, user_errors
+from prep_assets.defs.partitions import drops_partitions
+from prep_assets.defs.resources import LakeResource
+
+_SPLIT_COLUMNS = ("examples", "sequences", "tokens", "loss_tokens", "prompt_tokens", "padding_tokens",
+                  "sequence_utilization", "loss_token_utilization", "max_batch_size")
+
+
+def build_shards(spec: DatasetSpec) -> AssetsDefinition:
+    @asset(
+        key=asset_key(spec, PACKED_SHARDS),
+        deps=[asset_key(spec, TOKENIZED_EXAMPLES), asset_key(spec, TOKENIZER)],
+        partitions_def=drops_partitions(spec.name),
+        group_name="gold",
+        kinds={"parquet"},
+        code_version=code_version(spec, "shards"),
+        description=(
+            f"Rows of exactly `sequence.max_seq_len` ({spec.sequence.max_seq_len}) tokens per split, packed with "
+            f"`packing.strategy` ({spec.packing.strategy}; examples never split), padded with the pad id (mask 0, "
+            "segment 0). Columns: input_ids, loss_mask, position_ids (restart per segment), segment_ids (1..k, "
+            "0 = padding), token_type_ids, seq_lengths, example_ids, num_loss_tokens. Files of at most "
+            "`output.max_tokens_per_shard` tokens under shards/<drop>/<split>/."
+        ),
+        metadata={"dagster/column_schema": column_schema(SHARD_SCHEMA)},
+        tags={"layer": "gold"},
+    )
+    def packed_shards(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
+        paths = lake.paths(spec.name)
+        key = context.partition_key
+        out = paths.partition_dir("shards", key)
+        with user_errors():
+            stats = layers.build_packed_shards(spec, paths.partition_dir("gold", key), paths.tokenizer_dir, out)
+        totals = stats["totals"]
+        per_split = [{"split": s, **{c: m[c] for c in _SPLIT_COLUMNS}} for s, m in stats["splits"].items()]
+        return MaterializeResult(
+            metadata={
+                "dagster/row_count": totals["sequences"],
+                "num_tokens": totals["tokens"],
+                "num_loss_tokens": totals["loss_tokens"],
+                "num_padding_tokens": totals["padding_tokens"],
+                "num_tokens_dropped_by_overflow": stats["tokens_dropped_by_overflow"],
+                "sequence_utilization": totals["sequence_utilization"],
+                "data_utilization": totals["data_utilization"],
+                "splits": md_table(per_split),
+                "files": MetadataValue.json([f["path"] for m in stats["splits"].values() for f in m["files"]]),
+                "tokenizer_fingerprint": stats["tokenizer_fingerprint"],
+                "path": MetadataValue.path(str(out)),
+            }
+        )
+
+    return packed_shards
+
+
+def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
+    @asset(
+        key=asset_key(spec, DATASET_MANIFEST),
+        deps=[
+            AssetDep(asset_key(spec, PACKED_SHARDS), partition_mapping=AllPartitionMapping()),
+            asset_key(spec, TOKENIZER),
+        ],
+        group_name="gold",
+        kinds={"json"},
+        code_version=code_version(spec, "shards"),
+        description=(
+            f"lake/{spec.name}/manifest.json: every published shard of every drop by split (paths relative to the "
+            "manifest), with sha256, sequences, tokens, loss tokens, max_batch_size, the tokenizer fingerprint, "
+            "max_seq_len and the config hash. What a trainer points at."
+        ),
+        tags={"layer": "gold"},
+    )
+    def dataset_manifest(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
+        paths = lake.paths(spec.name)
+        partitions = context.instance.get_dynamic_partitions(drops_partitions(spec.name).name)
+        with user_errors():
+            manifest = layers.build_manifest(spec, paths, partitions)
+        per_split = [
+            {"split": s, "files": len(m["files"]), "sequences": m["sequences"], "tokens": m["tokens"],
+             "loss_tokens": m["loss_tokens"], "max_batch_size": m["max_batch_size"]}
+            for s, m in manifest["splits"].items()
+        ]
+        return MaterializeResult(
+            metadata={
+                "num_partitions": len(manifest["partitions"]),
+                "num_sequences": sum(m["sequences"] for m in manifest["splits"].values()),
+                "num_tokens": sum(m["tokens"] for m in manifest["splits"].values()),
+                "splits": md_table(per_split),
+                "config_hash": manifest["config_hash"],
+                "tokenizer_fingerprint": manifest["tokenizer_fingerprint"],
+                "path": MetadataValue.path(str(paths.manifest_path)),
+            }
+        )
+
+    return dataset_manifest

@@ -1,0 +1,51 @@
+"""Silver: cleaned, exact-deduplicated records with a deterministic split, per drop."""
+
+
+from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, MetadataValue, asset
+
+from prep_assets.core import layers
+from prep_assets.core.records import SILVER_SCHEMA
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.defs.keys import CLEAN_RECORDS, RAW_RECORDS, asset_key, code_version
+from prep_assets.defs.metadata import column_schema, counts_table, preview, user_errors
+from prep_assets.defs.partitions import drops_partitions
+from prep_assets.defs.resources import LakeResource
+
+
+def build_silver(spec: DatasetSpec) -> AssetsDefinition:
+    @asset(
+        key=asset_key(spec, CLEAN_RECORDS),
+        deps=[asset_key(spec, RAW_RECORDS)],
+        partitions_def=drops_partitions(spec.name),
+        group_name="silver",
+        kinds={"parquet"},
+        code_version=code_version(spec, "silver"),
+        description=(
+            "Bronze records normalized (`clean.normalize`: NFC, line endings, control characters, trailing "
+            "whitespace), filtered (`clean.min_chars`/`max_chars`, empty) and exact-deduplicated on the sha256 of "
+            "their full canonical content (`clean.dedup`), each with a train/validation/test `split` drawn from "
+            "that hash (`split`). Every dropped record is in rejects.parquet with its reason and `duplicate_of`."
+        ),
+        metadata={"dagster/column_schema": column_schema(SILVER_SCHEMA)},
+        tags={"layer": "silver"},
+    )
+    def clean_records(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
+        paths = lake.paths(spec.name)
+        key = context.partition_key
+        out = paths.partition_dir("silver", key)
+        with user_errors():
+            stats = layers.build_clean_records(spec, paths.partition_dir("bronze", key), out)
+        return MaterializeResult(
+            metadata={
+                "dagster/row_count": stats["records"],
+                "num_records_in": stats["records_in"],
+                "num_rejects": stats["rejects"],
+                "rejects_by_reason": counts_table(stats["rejects_by_reason"]),
+                "records_by_split": counts_table(stats["records_by_split"], key="split"),
+                "num_chars": stats["chars"],
+                "path": MetadataValue.path(str(out)),
+                "preview": preview(out / layers.RECORDS, ["record_id", "split", "content"]),
+            }
+        )
+
+    return clean_records

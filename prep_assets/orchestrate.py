@@ -1,0 +1,157 @@
+"""Headless orchestration: register drops and launch the dataset jobs as real Dagster runs.
+
+Runs are recorded in the instance under $DAGSTER_HOME, so the UI shows them afterwards. A partition
+is rerun when any of its layers has never been materialized, was materialized with another code
+version (a spec field that shapes that layer changed) or with another tokenizer, or lost its output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, Definitions, ExecuteInProcessResult
+
+from prep_assets.core.drops import register_drops, registered_drops
+from prep_assets.core.errors import PrepAssetsError
+from prep_assets.core.lake import DatasetPaths, dataset_paths, read_json
+from prep_assets.core.spec import DatasetSpec, load_specs
+from prep_assets.core.tokenizer import FINGERPRINT_FILE
+from prep_assets.definitions import build_definitions
+from prep_assets.defs.keys import (
+    CLEAN_RECORDS,
+    PACKED_SHARDS,
+    RAW_RECORDS,
+    TOKENIZED_EXAMPLES,
+    TOKENIZER,
+    asset_key,
+    code_version,
+    drop_job_name,
+    manifest_job_name,
+    tokenizer_job_name,
+)
+from prep_assets.defs.partitions import drops_partitions
+
+_LAYER_OF = {RAW_RECORDS: "bronze", CLEAN_RECORDS: "silver", TOKENIZED_EXAMPLES: "gold", PACKED_SHARDS: "shards"}
+_QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+def _latest(instance: DagsterInstance, key: AssetKey, partition: str | None) -> dict[str, Any] | None:
+    flt = AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None)
+    records = instance.fetch_materializations(flt, limit=1).records
+    if not records:
+        return None
+    mat = records[0].event_log_entry.asset_materialization
+    assert mat is not None
+    return {"tags": dict(mat.tags or {}), "metadata": {k: getattr(v, "value", v) for k, v in mat.metadata.items()}}
+
+
+def _fresh(instance: DagsterInstance, spec: DatasetSpec, name: str, layer: str, partition: str | None,
+           output: Path, fingerprint: str | None) -> bool:
+    latest = _latest(instance, asset_key(spec, name), partition)
+    if latest is None or not output.exists():
+        return False
+    if latest["tags"].get("dagster/code_version") != code_version(spec, layer):
+        return False
+    recorded = latest["metadata"].get("tokenizer_fingerprint")
+    return recorded is None or fingerprint is None or recorded == fingerprint
+
+
+def partition_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths, partition: str) -> bool:
+    fingerprint = _fingerprint(paths)
+    return all(
+        _fresh(instance, spec, name, layer, partition, paths.partition_dir(layer, partition), fingerprint)
+        for name, layer in _LAYER_OF.items()
+    )
+
+
+def _fingerprint(paths: DatasetPaths) -> str | None:
+    fp = paths.tokenizer_dir / FINGERPRINT_FILE
+    return read_json(fp)["fingerprint"] if fp.is_file() else None
+
+
+def _failure(result: ExecuteInProcessResult) -> str:
+    reasons = [f"check {e.check_name} failed" for e in result.get_asset_check_evaluations() if not e.passed]
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data is not None:
+            error = event.step_failure_data.user_failure_data
+            message = error.description if error is not None else event.step_failure_data.error.message
+            reasons.append(f"{event.step_key}: {(message or '').strip().splitlines()[0] if message else ''}")
+    return "; ".join(r for r in reasons if r) or "run failed"
+
+
+def _launch(defs: Definitions, instance: DagsterInstance, job: str, partition: str | None = None) -> dict[str, Any]:
+    result = defs.resolve_job_def(job).execute_in_process(
+        instance=instance, partition_key=partition, raise_on_error=False, run_config=_QUIET
+    )
+    checks = result.get_asset_check_evaluations()
+    return {
+        "job": job,
+        "partition": partition,
+        "run_id": result.run_id,
+        "success": result.success,
+        "checks_passed": sum(1 for c in checks if c.passed),
+        "checks_run": len(checks),
+        "error": "" if result.success else _failure(result),
+    }
+
+
+def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dict[str, Any] | None) -> dict[str, Any]:
+    def stats(layer: str, name: str) -> dict[str, Any]:
+        path = paths.partition_dir(layer, partition) / name
+        return read_json(path) if path.is_file() else {}
+
+    b, s = stats("bronze", "accounting.json"), stats("silver", "stats.json")
+    g, p = stats("gold", "stats.json"), stats("shards", "stats.json").get("totals", {})
+    checks = "up to date" if run is None else f"{run['checks_passed']}/{run['checks_run']}"
+    if run is not None and not run["success"]:
+        checks += " FAILED"
+    return {
+        "dataset": spec.name, "partition": partition, "lines": b.get("lines_in", ""), "rejects": b.get("rejects", ""),
+        "kept": s.get("records", ""), "examples": g.get("examples", ""), "tokens": g.get("tokens", ""),
+        "loss_tokens": g.get("loss_tokens", ""), "sequences": p.get("sequences", ""),
+        "utilization": p.get("sequence_utilization", ""), "checks": checks,
+    }
+
+
+def run_datasets(
+    data_dir: Path, *, dataset: str | None = None, rerun_all: bool = False, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Register drops and materialize what is missing or stale, dataset by dataset."""
+    specs = load_specs(data_dir / "datasets")
+    if dataset is not None:
+        names = [s.name for s in specs]
+        specs = [s for s in specs if s.name == dataset]
+        if not specs:
+            raise PrepAssetsError(f"no dataset {dataset!r} in {data_dir / 'datasets'}; available: {names}")
+    defs = build_definitions(data_dir)
+    instance = DagsterInstance.get()
+    rows: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    for spec in specs:
+        paths = dataset_paths(data_dir, spec.name)
+        new, notes = register_drops(paths)
+        for note in notes:
+            log(f"[{spec.name}] {note}")
+        for drop in new:
+            log(f"[{spec.name}] new drop {drop.file} -> partition {drop.partition}")
+        keys = sorted(registered_drops(paths))
+        pdef_name = drops_partitions(spec.name).name
+        known = set(instance.get_dynamic_partitions(pdef_name))
+        instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])
+        if rerun_all or not _fresh(instance, spec, TOKENIZER, "tokenizer", None, paths.tokenizer_dir, None):
+            log(f"[{spec.name}] materializing tokenizer")
+            run = _launch(defs, instance, tokenizer_job_name(spec))
+            runs.append(run)
+            if not run["success"]:
+                continue
+        for key in keys:
+            run = None
+            if rerun_all or not partition_up_to_date(instance, spec, paths, key):
+                log(f"[{spec.name}] materializing drop {key}")
+                run = _launch(defs, instance, drop_job_name(spec), key)
+                runs.append(run)
+            rows.append(summary_row(spec, paths, key, run))
+        runs.append(_launch(defs, instance, manifest_job_name(spec)))
+    return {"rows": rows, "runs": runs}

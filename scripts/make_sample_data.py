@@ -1,0 +1,122 @@
+"""Write the project's own sample drops under data/ (deterministic; rerun gives the same bytes).
+
+    python scripts/make_sample_data.py [DATA_DIR]
+
+sample_text:     short pretraining notes (JSONL drop + TXT drop)
+sample_instruct: prompt/completion pairs with computed answers, some multi-turn dialogues,
+                 one malformed line and one exact duplicate (to show rejects and dedup)
+corpus/:         the text the sample tokenizer (byte-level BPE) is trained on
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+STATIONS = ["Alder Ridge", "Birch Hollow", "Cedar Point", "Dune Flats", "Elm Crossing", "Fjord Bay", "Granite Pass"]
+SKIES = ["clear", "overcast", "hazy", "broken cloud", "light drizzle", "steady rain", "fog until mid-morning"]
+WINDS = ["calm", "a light breeze from the west", "gusts from the north", "a steady easterly", "variable winds"]
+TOPICS = {
+    "deduplication": "Exact deduplication hashes the full normalized record, so two chats that share a long "
+    "system prompt but differ in their turns are both kept.",
+    "packing": "Best-fit decreasing packing places the longest examples first and fills each row as tightly as "
+    "it can, which keeps padding low without splitting any example.",
+    "loss masks": "A loss mask marks which tokens the model is trained to predict; prompt tokens are masked so "
+    "the model learns to answer rather than to repeat the question.",
+    "lineage": "Lineage lets an engineer follow a packed row back through the tokenized example and the clean "
+    "record to the exact file, line and byte offset it came from.",
+    "quality gates": "A quality gate between layers stops bad data early: if the masks do not line up with the "
+    "tokens, the shards are never written.",
+    "tokenizers": "A byte-level BPE tokenizer never meets an unknown character, because every byte has a token "
+    "of its own before any merge is learned.",
+    "partitions": "Each file dropped into the raw folder becomes a partition, so a new drop is processed on its "
+    "own and a backfill can rebuild any subset of drops.",
+    "determinism": "Seeded shuffles and fixed row groups make reruns byte-identical, which makes a changed "
+    "output a real signal instead of noise.",
+}
+VERBS = ["explains", "reminds us", "shows", "notes", "points out"]
+UNITS = [("kilometres", "metres", 1000), ("hours", "minutes", 60), ("kilograms", "grams", 1000),
+         ("minutes", "seconds", 60), ("litres", "millilitres", 1000), ("days", "hours", 24)]
+NAMES = ["Ada", "Bruno", "Chen", "Dara", "Emeka", "Farah", "Goran", "Hana", "Ines", "Jonas"]
+ITEMS = ["apples", "pencils", "stamps", "marbles", "books", "tickets", "seeds", "bolts"]
+
+
+def weather_note(rng: random.Random, day: int) -> str:
+    station = rng.choice(STATIONS)
+    low = rng.randint(-5, 12)
+    high = low + rng.randint(3, 14)
+    rain = rng.choice([0, 0, 0.4, 1.2, 3.5, 7.8])
+    return (f"Day {day} at {station}: {rng.choice(SKIES)} with {rng.choice(WINDS)}. The temperature ranged from "
+            f"{low} to {high} degrees Celsius and {rain} mm of rain was recorded. "
+            f"{rng.choice(['Instruments were checked at noon.', 'The anemometer was cleaned.', 'No faults logged.', 'Battery voltage was normal.'])}")
+
+
+def topic_note(rng: random.Random) -> str:
+    topic, text = rng.choice(sorted(TOPICS.items()))
+    who = rng.choice(NAMES)
+    return f"On {topic}: {who} {rng.choice(VERBS)} that {text[0].lower()}{text[1:]}"
+
+
+def arithmetic_pair(rng: random.Random) -> dict[str, str]:
+    kind = rng.randrange(4)
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    if kind == 0:
+        a, b = rng.randint(3, 90), rng.randint(2, 60)
+        return {"prompt": f"{name} has {a} {item} and buys {b} more. How many {item} does {name} have now?",
+                "completion": f"{name} starts with {a} and adds {b}, so {a} + {b} = {a + b}. The answer is {a + b}."}
+    if kind == 1:
+        a, b = rng.randint(20, 99), rng.randint(1, 19)
+        return {"prompt": f"There are {a} {item} in a box. {name} takes out {b}. How many are left?",
+                "completion": f"{a} - {b} = {a - b}. There are {a - b} {item} left in the box."}
+    if kind == 2:
+        a, b = rng.randint(2, 12), rng.randint(2, 12)
+        return {"prompt": f"{name} packs {a} bags with {b} {item} each. How many {item} is that in total?",
+                "completion": f"{a} bags times {b} {item} is {a} x {b} = {a * b} {item}."}
+    big, small, factor = rng.choice(UNITS)
+    n = rng.randint(2, 40)
+    return {"prompt": f"Convert {n} {big} to {small}.",
+            "completion": f"One of the {big} is {factor} {small}, so {n} {big} is {n} x {factor} = {n * factor} {small}."}
+
+
+def main(data_dir: Path) -> None:
+    rng = random.Random(20261121)
+    text_raw = data_dir / "raw" / "sample_text"
+    inst_raw = data_dir / "raw" / "sample_instruct"
+    corpus = data_dir / "corpus"
+    for d in (text_raw, inst_raw, corpus):
+        d.mkdir(parents=True, exist_ok=True)
+
+    notes = [weather_note(rng, d) if d % 3 else topic_note(rng) for d in range(1, 181)]
+    with (text_raw / "field_notes_2026-11-01.jsonl").open("w", encoding="utf-8", newline="\n") as f:
+        for i, note in enumerate(notes[:120]):
+            f.write(json.dumps({"id": f"note-{i:04d}", "text": note}, ensure_ascii=False) + "\n")
+    with (text_raw / "field_notes_2026-11-02.txt").open("w", encoding="utf-8", newline="\n") as f:
+        for note in notes[120:]:
+            f.write(note + "\n")
+        f.write("\n")  # a trailing blank line: counted, never a record
+
+    pairs = [arithmetic_pair(rng) for _ in range(260)]
+    with (inst_raw / "arithmetic_2026-11-01.jsonl").open("w", encoding="utf-8", newline="\n") as f:
+        for i, pair in enumerate(pairs[:200]):
+            f.write(json.dumps(pair, ensure_ascii=False) + "\n")
+            if i == 41:
+                f.write('{"prompt": "What is 2 + 2?", "completion": "4"\n')  # malformed: a bronze reject
+            if i == 99:
+                f.write(json.dumps(pairs[7], ensure_ascii=False) + "\n")  # exact duplicate: a silver reject
+        rest = pairs[200:]
+        for j in range(0, len(rest), 3):  # dialogues: a JSON list of turns per line, kept together
+            f.write(json.dumps(rest[j : j + 3], ensure_ascii=False) + "\n")
+
+    with (corpus / "sample_corpus.txt").open("w", encoding="utf-8", newline="\n") as f:
+        for note in notes:
+            f.write(note + "\n")
+        for pair in pairs:
+            f.write(pair["prompt"] + " " + pair["completion"] + "\n")
+        for text in TOPICS.values():
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("data"))
