@@ -1,0 +1,58 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from prep_assets.core.drops import partition_key, register_drops, registered_drops, resolve_drop, scan_raw_dir, slugify
+from prep_assets.core.errors import DropError
+from prep_assets.core.lake import dataset_paths
+
+
+def test_slug_is_safe_bounded_and_never_empty():
+    assert slugify("Web Crawl, 2026|v2.jsonl") == "web_crawl_2026_v2_jsonl"
+    assert slugify("../x.jsonl") == "x_jsonl"
+    assert slugify("日本語.jsonl") == "jsonl"
+    assert slugify("!!!") == "drop"
+    assert len(slugify("a" * 300)) <= 48
+    key = partition_key("a" * 300 + ".jsonl", "ab" * 32)
+    assert len(key) <= 64 and set(key) <= set("abcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def test_scan_ignores_hidden_temp_unknown_and_symlinks(tmp_path: Path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in ("a.jsonl", ".hidden.jsonl", "_x.jsonl", "b.jsonl.tmp", "c.part", "d.csvx", "e.txt"):
+        (raw / name).write_text("{}\n")
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("{}\n")
+    os.symlink(outside, raw / "link.jsonl")
+    assert [p.name for p in scan_raw_dir(raw)] == ["a.jsonl", "e.txt"]
+
+
+def test_register_same_bytes_renamed_is_not_a_new_drop(tmp_path: Path):
+    paths = dataset_paths(tmp_path, "ds")
+    paths.raw_dir.mkdir(parents=True)
+    (paths.raw_dir / "a.jsonl").write_text('{"text": "x"}\n')
+    new, _ = register_drops(paths)
+    assert len(new) == 1
+    (paths.raw_dir / "b.jsonl").write_text('{"text": "x"}\n')
+    new, notes = register_drops(paths)
+    assert new == [] and "same bytes as drop" in notes[0]
+
+
+def test_changed_file_is_a_new_drop_and_old_partition_reports_it(tmp_path: Path):
+    paths = dataset_paths(tmp_path, "ds")
+    paths.raw_dir.mkdir(parents=True)
+    (paths.raw_dir / "a.jsonl").write_text('{"text": "x"}\n')
+    (old,), _ = register_drops(paths)
+    (paths.raw_dir / "a.jsonl").write_text('{"text": "y"}\n')
+    with pytest.raises(DropError, match="changed since it was registered"):
+        resolve_drop(paths, old.partition)
+    (new,), _ = register_drops(paths)
+    assert new.partition != old.partition and set(registered_drops(paths)) == {old.partition, new.partition}
+    assert resolve_drop(paths, new.partition)[1].name == "a.jsonl"
+
+
+def test_unknown_partition_is_a_clear_error(tmp_path: Path):
+    with pytest.raises(DropError, match="not a registered drop"):
+        resolve_drop(dataset_paths(tmp_path, "ds"), "nope-123")

@@ -1,0 +1,85 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prep_assets.core.masking import tokenize_batch
+from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
+from prep_assets.core.spec import TokenizerSpec
+from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
+from prep_assets_tests.conftest import make_spec
+
+
+@pytest.fixture
+def gpt2(gpt2_dir: Path, tmp_path: Path) -> PinnedTokenizer:
+    dest = tmp_path / "tok"
+    dest.mkdir()
+    pin_tokenizer(TokenizerSpec(path=str(gpt2_dir)), base=tmp_path, dest=dest)
+    return load_pinned(dest)
+
+
+def _examples(tb):
+    return [(tb.token_ids[a:b], tb.loss_mask[a:b], tb.token_type_ids[a:b]) for a, b in zip(tb.offsets[:-1], tb.offsets[1:])]
+
+
+def test_instruction_masks_prompt_trains_completion_and_eos(gpt2: PinnedTokenizer):
+    spec = make_spec(input={"type": "instruction", "prompt_postfix": "\n"}, sequence={"max_seq_len": 64})
+    turns = [{"prompt": "What is 2+2?", "completion": " It is 4."}, {"prompt": "And 3+3?", "completion": " 6."}]
+    tb = tokenize_batch([{"turns": turns}], spec, gpt2)
+    (ids, mask, types), = _examples(tb)
+    dec = gpt2.hf.decode
+    assert dec(ids.tolist()) == "What is 2+2?\n It is 4.<|endoftext|>And 3+3?\n 6.<|endoftext|>"
+    assert dec(ids[mask == 1].tolist()) == " It is 4.<|endoftext|> 6.<|endoftext|>"
+    assert dec(ids[types == TYPE_PROMPT].tolist()) == "What is 2+2?\nAnd 3+3?\n"
+    assert (ids[types == TYPE_EOS] == gpt2.info.eos_id).all() and (mask[types == TYPE_EOS] == 1).all()
+    assert set(np.unique(types)) == {TYPE_PROMPT, TYPE_COMPLETION, TYPE_EOS}
+    assert mask[0] == 0
+
+
+def test_text_trains_everything_but_the_first_token(gpt2: PinnedTokenizer):
+    spec = make_spec(sequence={"max_seq_len": 64})
+    tb = tokenize_batch([{"text": "Hello world, again."}], spec, gpt2)
+    (ids, mask, types), = _examples(tb)
+    assert mask.tolist() == [0] + [1] * (len(ids) - 1)
+    assert ids[-1] == gpt2.info.eos_id and types[-1] == TYPE_EOS
+
+
+def test_special_token_strings_in_content_are_plain_text(gpt2: PinnedTokenizer):
+    spec = make_spec(sequence={"max_seq_len": 64})
+    tb = tokenize_batch([{"text": "a <|endoftext|> b"}], spec, gpt2)
+    (ids, _, _), = _examples(tb)
+    assert (ids[:-1] != gpt2.info.eos_id).all()  # only the appended EOS is the special id
+    assert gpt2.hf.decode(ids[:-1].tolist()) == "a <|endoftext|> b"
+
+
+def test_overflow_drop_rejects_with_reason_and_counts_tokens(gpt2: PinnedTokenizer):
+    spec = make_spec(sequence={"max_seq_len": 8, "overflow": "drop"})
+    tb = tokenize_batch([{"text": "one two"}, {"text": " word" * 20}], spec, gpt2)
+    assert tb.kept.tolist() == [0]
+    assert tb.rejects[0][:2] == (1, "too_long") and tb.tokens_dropped == 21
+
+
+def test_overflow_truncate_right_and_left(gpt2: PinnedTokenizer):
+    text = {"text": "".join(f" w{i}" for i in range(20))}
+    right = tokenize_batch([text], make_spec(sequence={"max_seq_len": 8, "overflow": "truncate_right"}), gpt2)
+    left = tokenize_batch([text], make_spec(sequence={"max_seq_len": 8, "overflow": "truncate_left"}), gpt2)
+    (r_ids, r_mask, _), = _examples(right)
+    (l_ids, l_mask, _), = _examples(left)
+    assert len(r_ids) == len(l_ids) == 8 and r_mask[0] == 0 and l_mask[0] == 0
+    assert gpt2.hf.decode(r_ids.tolist()).startswith(" w0")
+    assert l_ids[-1] == gpt2.info.eos_id
+
+
+def test_truncation_leaving_no_trained_token_is_rejected(gpt2: PinnedTokenizer):
+    spec = make_spec(input={"type": "instruction"}, sequence={"max_seq_len": 8, "overflow": "truncate_right"})
+    tb = tokenize_batch([{"turns": [{"prompt": " long" * 30, "completion": " yes"}]}], spec, gpt2)
+    assert len(tb.kept) == 0 and tb.rejects[0][1] == "no_trained_tokens"
+
+
+def test_exactly_max_seq_len_is_kept_and_one_over_is_not(gpt2: PinnedTokenizer):
+    text = " a" * 7
+    assert len(gpt2.encode_batch([text])[0]) == 7  # + EOS = 8 tokens
+    exact = tokenize_batch([{"text": text}], make_spec(sequence={"max_seq_len": 8, "overflow": "drop"}), gpt2)
+    over = tokenize_batch([{"text": text + " a"}], make_spec(sequence={"max_seq_len": 8, "overflow": "drop"}), gpt2)
+    assert exact.kept.tolist() == [0] and exact.tokens_dropped == 0
+    assert over.rejects[0][1] == "too_long" and over.rejects[0][3] == 9

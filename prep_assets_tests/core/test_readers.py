@@ -1,0 +1,102 @@
+import gzip
+import json
+from pathlib import Path
+
+from prep_assets.core.readers import Accounting, RawItem, RawReject, read_drop
+
+
+def _read(path: Path, fmt: str, max_line_bytes: int = 1 << 20):
+    acct = Accounting()
+    items = list(read_drop(path, fmt, max_line_bytes=max_line_bytes, acct=acct))
+    return [i for i in items if isinstance(i, RawItem)], [i for i in items if isinstance(i, RawReject)], acct
+
+
+def test_jsonl_malformed_lines_rejected_with_line_and_byte_offset(tmp_path: Path):
+    lines = [b'{"text": "a"}\n', b'{"text": "b"\n', b"\n", b'{"text": "c"}\n']
+    (tmp_path / "d.jsonl").write_bytes(b"".join(lines))
+    items, rejects, acct = _read(tmp_path / "d.jsonl", "jsonl")
+    assert [i.value["text"] for i in items] == ["a", "c"]
+    assert [(i.line, i.byte_offset) for i in items] == [(1, 0), (4, len(b"".join(lines[:3])))]
+    assert [(r.line, r.byte_offset, r.reason) for r in rejects] == [(2, len(lines[0]), "malformed_json")]
+    assert acct.lines_in == 4 and acct.blank_lines == 1
+    assert acct.lines_in == len(items) + len(rejects) + acct.blank_lines
+
+
+def test_bom_stripped_on_first_line_only_and_crlf_accepted(tmp_path: Path):
+    (tmp_path / "d.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "a"}\r\n\xef\xbb\xbf{"text": "b"}\r\n')
+    items, rejects, _ = _read(tmp_path / "d.jsonl", "jsonl")
+    assert [i.value["text"] for i in items] == ["a"]
+    assert rejects[0].line == 2 and rejects[0].reason == "malformed_json"
+
+
+def test_unicode_line_separators_inside_strings_do_not_split_records(tmp_path: Path):
+    text = "one\u2028two\u2029three\x85four\rfive"
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": text}, ensure_ascii=False) + "\n", encoding="utf-8")
+    items, rejects, acct = _read(tmp_path / "d.jsonl", "jsonl")
+    assert len(items) == 1 and not rejects and items[0].value["text"] == text and acct.lines_in == 1
+
+
+def test_nan_and_infinity_literals_rejected(tmp_path: Path):
+    (tmp_path / "d.jsonl").write_bytes(b'{"text": "a", "x": NaN}\n{"text": "b", "x": -Infinity}\n')
+    items, rejects, _ = _read(tmp_path / "d.jsonl", "jsonl")
+    assert not items and [r.reason for r in rejects] == ["invalid_json_constant"] * 2
+
+
+def test_invalid_utf8_rejected_not_replaced(tmp_path: Path):
+    (tmp_path / "d.jsonl").write_bytes(b'{"text": "caf\xe9"}\n{"text": "ok"}\n')
+    items, rejects, _ = _read(tmp_path / "d.jsonl", "jsonl")
+    assert [i.value["text"] for i in items] == ["ok"]
+    assert rejects[0].reason == "invalid_utf8" and rejects[0].line == 1
+
+
+def test_line_longer_than_limit_rejected_in_bounded_chunks(tmp_path: Path):
+    big = b'{"text": "' + b"x" * 5000 + b'"}\n'
+    (tmp_path / "d.jsonl").write_bytes(big + b'{"text": "after"}\n')
+    items, rejects, acct = _read(tmp_path / "d.jsonl", "jsonl", max_line_bytes=1024)
+    assert rejects[0].reason == "line_too_long" and rejects[0].line == 1
+    assert items[0].value["text"] == "after" and items[0].line == 2 and items[0].byte_offset == len(big)
+    assert acct.lines_in == 2
+
+
+def test_txt_one_record_per_line_blank_lines_counted(tmp_path: Path):
+    (tmp_path / "d.txt").write_bytes(b"first line\n\n  \nsecond\r\nno newline at end")
+    items, rejects, acct = _read(tmp_path / "d.txt", "txt")
+    assert [i.value for i in items] == ["first line", "second", "no newline at end"]
+    assert acct.blank_lines == 2 and acct.lines_in == 5 and not rejects
+
+
+def test_jsonl_gz_and_truncated_gz(tmp_path: Path):
+    payload = b"".join(json.dumps({"text": f"row {i}"}).encode() + b"\n" for i in range(2000))
+    (tmp_path / "d.jsonl.gz").write_bytes(gzip.compress(payload))
+    items, rejects, _ = _read(tmp_path / "d.jsonl.gz", "jsonl.gz")
+    assert len(items) == 2000 and not rejects
+    data = gzip.compress(payload)
+    (tmp_path / "t.jsonl.gz").write_bytes(data[: len(data) // 2])
+    items, rejects, acct = _read(tmp_path / "t.jsonl.gz", "jsonl.gz")
+    assert rejects and rejects[-1].reason == "truncated_gzip"
+    assert acct.lines_in == len(items) + len(rejects) + acct.blank_lines
+
+
+def test_json_array_elements_keep_their_line_and_byte_offset(tmp_path: Path):
+    raw = '[\n  {"text": "a"},\n  {"text": "é"}, {"text": "c"}\n]\n'
+    (tmp_path / "d.json").write_text(raw, encoding="utf-8")
+    items, rejects, acct = _read(tmp_path / "d.json", "json")
+    assert [(i.value["text"], i.line) for i in items] == [("a", 2), ("é", 3), ("c", 3)]
+    data = raw.encode()
+    for item in items:
+        assert data[item.byte_offset :].startswith(item.text.encode())
+    assert acct.unit == "element" and not rejects
+
+
+def test_json_not_an_array_and_empty_file(tmp_path: Path):
+    (tmp_path / "o.json").write_text('{"text": "a"}', encoding="utf-8")
+    (tmp_path / "e.json").write_text("", encoding="utf-8")
+    assert _read(tmp_path / "o.json", "json")[1][0].reason == "not_a_json_array"
+    items, rejects, acct = _read(tmp_path / "e.json", "json")
+    assert not items and not rejects and acct.lines_in == 0
+
+
+def test_json_array_broken_midway_keeps_parsed_elements(tmp_path: Path):
+    (tmp_path / "d.json").write_text('[{"text": "a"}, {"text": }]', encoding="utf-8")
+    items, rejects, _ = _read(tmp_path / "d.json", "json")
+    assert [i.value["text"] for i in items] == ["a"] and rejects[0].reason == "malformed_json"

@@ -1,0 +1,81 @@
+from pathlib import Path
+
+import pytest
+
+from prep_assets.core.errors import SpecError
+from prep_assets.core.spec import load_spec, load_specs, parse_spec
+from prep_assets_tests.conftest import SAMPLE_DATA, make_spec
+
+BASE = {"input": {"type": "text"}, "tokenizer": {"path": "tok"}}
+
+
+def _err(raw: dict) -> str:
+    with pytest.raises(SpecError) as info:
+        parse_spec(raw, path=Path("data/datasets/web.yaml"), default_name="web")
+    return str(info.value)
+
+
+def test_minimal_spec_gets_documented_defaults():
+    spec = make_spec()
+    assert spec.sequence.max_seq_len == 2048
+    assert spec.packing.strategy == "bfd"
+    assert spec.clean.dedup == "exact"
+    assert spec.mask_action("text") == "train"
+
+
+def test_unknown_key_names_file_key_and_allowed_keys():
+    msg = _err({**BASE, "input": {"type": "text", "txt_key": "body"}})
+    assert "data/datasets/web.yaml" in msg
+    assert "input.txt_key: unknown key" in msg
+    assert "text_key" in msg and "prompt_key" in msg
+
+
+def test_unknown_top_level_key_lists_sections():
+    msg = _err({**BASE, "packin": {}})
+    assert "packin: unknown key" in msg and "packing" in msg
+
+
+def test_wrong_type_names_key():
+    msg = _err({**BASE, "sequence": {"max_seq_len": "long"}})
+    assert "sequence.max_seq_len" in msg and "integer" in msg
+
+
+def test_wrong_literal_lists_allowed_values():
+    msg = _err({**BASE, "packing": {"strategy": "magic"}})
+    assert "packing.strategy" in msg and "'bfd'" in msg
+
+
+def test_missing_required_field():
+    msg = _err({"input": {"type": "text"}})
+    assert "tokenizer: required field is missing" in msg
+
+
+def test_tokenizer_needs_exactly_one_source():
+    assert "exactly one of path, hub_id, train" in _err({**BASE, "tokenizer": {"path": "a", "hub_id": "b"}})
+    assert "revision" in _err({**BASE, "tokenizer": {"hub_id": "gpt2"}})
+
+
+def test_mask_key_unknown_for_type():
+    assert "allowed: ['prompt', 'completion']" in _err({**BASE, "input": {"type": "instruction"}, "mask": {"user": "mask"}})
+
+
+def test_name_must_match_file():
+    assert "must equal the file name" in _err({**BASE, "name": "other"})
+
+
+def test_fingerprint_changes_only_with_named_sections():
+    a = make_spec(sequence={"max_seq_len": 512})
+    b = make_spec(sequence={"max_seq_len": 1024})
+    assert a.fingerprint("input", "clean") == b.fingerprint("input", "clean")
+    assert a.fingerprint("sequence") != b.fingerprint("sequence")
+
+
+def test_invalid_yaml_file_is_reported(tmp_path: Path):
+    (tmp_path / "bad.yaml").write_text("input: [unclosed\n", encoding="utf-8")
+    with pytest.raises(SpecError, match="bad.yaml: not valid YAML"):
+        load_spec(tmp_path / "bad.yaml")
+
+
+def test_shipped_sample_specs_are_valid():
+    names = [s.name for s in load_specs(SAMPLE_DATA / "datasets")]
+    assert names == ["sample_instruct", "sample_text"]
