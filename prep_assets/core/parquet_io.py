@@ -47,7 +47,8 @@ class ParquetSink:
 
     def _flush(self, n: int) -> None:
         merged = pa.concat_tables(self._pending)
-        self._writer.write_table(merged.slice(0, n), row_group_size=n)
+        # One contiguous chunk per row group: page boundaries then never depend on how batches arrived.
+        self._writer.write_table(merged.slice(0, n).combine_chunks(), row_group_size=n)
         rest = merged.slice(n)
         self._pending = [rest] if rest.num_rows else []
         self._pending_rows = rest.num_rows

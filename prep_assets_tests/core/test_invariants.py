@@ -1,0 +1,112 @@
+"""Each invariant fails on a deliberately corrupted fixture and names the offending rows."""
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from prep_assets.core import invariants as inv
+from prep_assets.core.records import GOLD_SCHEMA, SHARD_SCHEMA
+
+
+def _gold(dir_: Path, rows: list[dict]) -> Path:
+    dir_.mkdir(parents=True, exist_ok=True)
+    base = {"drop": "d", "source_file": "f.jsonl", "byte_offset": 0, "split": "train"}
+    full = [{**base, "example_id": f"d:{i + 1}", "record_id": f"d:{i + 1}", "source_line": i + 1,
+             "num_tokens": len(r["token_ids"]), "num_loss_tokens": sum(r["loss_mask"]),
+             "num_prompt_tokens": 0, **r} for i, r in enumerate(rows)]
+    pq.write_table(pa.Table.from_pylist(full, schema=GOLD_SCHEMA), dir_ / "examples.parquet")
+    return dir_
+
+
+GOOD = {"token_ids": [5, 6, 7], "loss_mask": [0, 1, 1], "token_type_ids": [1, 1, 3]}
+
+
+def test_gold_mask_misaligned_is_named_with_file_and_line(tmp_path: Path):
+    g = _gold(tmp_path / "g", [GOOD, {"token_ids": [5, 6, 7], "loss_mask": [0, 1], "token_type_ids": [1, 1, 3]}])
+    out = inv.gold_mask_aligned(g)
+    assert out.violations == 1 and out.offending == [{"example_id": "d:2", "location": "f.jsonl:2"}]
+
+
+def test_gold_mask_on_prompt_type_fails(tmp_path: Path):
+    g = _gold(tmp_path / "g", [{"token_ids": [5, 6], "loss_mask": [0, 1], "token_type_ids": [0, 0]}])
+    assert inv.gold_mask_aligned(g).violations == 1
+
+
+def test_gold_no_loss_tokens_ids_out_of_vocab_and_too_long(tmp_path: Path):
+    g = _gold(tmp_path / "g", [GOOD, {"token_ids": [1, 2], "loss_mask": [0, 0], "token_type_ids": [1, 3]},
+                               {"token_ids": [1, 99, 3, 4], "loss_mask": [0, 1, 1, 1], "token_type_ids": [1, 1, 1, 3]}])
+    assert inv.gold_loss_tokens(g).offending[0]["example_id"] == "d:2"
+    assert inv.gold_ids_in_vocab(g, 50).offending[0]["example_id"] == "d:3"
+    assert inv.gold_within_max_len(g, 3).offending[0]["example_id"] == "d:3"
+    assert inv.gold_mask_aligned(g).passed
+
+
+def _shard(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=SHARD_SCHEMA), path)
+    return path
+
+
+def _row(**over) -> dict:
+    row = {"input_ids": [5, 6, 7, 0], "loss_mask": [0, 1, 1, 0], "position_ids": [0, 1, 2, 0],
+           "segment_ids": [1, 1, 1, 0], "token_type_ids": [1, 1, 3, 2], "seq_lengths": [3],
+           "example_ids": ["d:1"], "num_loss_tokens": 2}
+    row.update(over)
+    return row
+
+
+def test_good_shard_passes_every_shard_invariant(tmp_path: Path):
+    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row()])]
+    g = _gold(tmp_path / "g", [GOOD])
+    for out in (inv.shards_fixed_length(f, 4), inv.shards_padding_masked(f, 0), inv.shards_positions_restart(f),
+                inv.shards_tokens_conserved(f, g), inv.shards_utilization(f, 4, 0.7)):
+        assert out.passed, out
+
+
+@pytest.mark.parametrize(
+    ("corruption", "invariant"),
+    [
+        ({"input_ids": [5, 6, 7]}, lambda f, g: inv.shards_fixed_length(f, 4)),
+        ({"loss_mask": [0, 1, 1, 1]}, lambda f, g: inv.shards_padding_masked(f, 0)),
+        ({"input_ids": [5, 6, 7, 9]}, lambda f, g: inv.shards_padding_masked(f, 0)),
+        ({"position_ids": [0, 1, 3, 0]}, lambda f, g: inv.shards_positions_restart(f)),
+        ({"position_ids": [1, 2, 3, 0]}, lambda f, g: inv.shards_positions_restart(f)),
+        ({"loss_mask": [1, 1, 1, 0], "num_loss_tokens": 3}, lambda f, g: inv.shards_positions_restart(f)),
+        ({"segment_ids": [2, 2, 2, 0]}, lambda f, g: inv.shards_positions_restart(f)),
+        ({"num_loss_tokens": 1}, lambda f, g: inv.shards_tokens_conserved(f, g)),
+        ({"example_ids": ["d:9"]}, lambda f, g: inv.shards_tokens_conserved(f, g)),
+    ],
+    ids=["short_row", "padding_trained", "padding_not_pad_id", "position_gap", "position_not_restarted",
+         "segment_start_trained", "segments_not_from_one", "loss_tokens_lost", "unknown_example"],
+)
+def test_corrupted_shard_fails_its_invariant(tmp_path: Path, corruption, invariant):
+    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row(**corruption)])]
+    g = _gold(tmp_path / "g", [GOOD])
+    out = invariant(f, g)
+    assert not out.passed and out.offending
+
+
+def test_utilization_below_threshold_fails(tmp_path: Path):
+    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row()])]
+    out = inv.shards_utilization(f, 4, 0.9)
+    assert not out.passed and out.facts["sequence_utilization"] == 0.75
+
+
+def test_silver_duplicates_and_accounting(tmp_path: Path):
+    from prep_assets.core.records import BRONZE_SCHEMA, SILVER_REJECT_SCHEMA, SILVER_SCHEMA
+
+    b, s = tmp_path / "b", tmp_path / "s"
+    b.mkdir(), s.mkdir()
+    prov = {"drop": "d", "source_file": "f", "byte_offset": 0}
+    pq.write_table(pa.Table.from_pylist([{**prov, "record_id": f"d:{i}", "source_line": i, "record_sha256": "x",
+                                          "record": "{}", "content": "{}"} for i in (1, 2, 3)], schema=BRONZE_SCHEMA),
+                   b / "records.parquet")
+    kept = [{**prov, "record_id": f"d:{i}", "source_line": i, "content": "{}", "content_sha256": "h",
+             "num_chars": 5, "split": "train"} for i in (1, 2)]
+    pq.write_table(pa.Table.from_pylist(kept, schema=SILVER_SCHEMA), s / "records.parquet")
+    pq.write_table(pa.Table.from_pylist([], schema=SILVER_REJECT_SCHEMA), s / "rejects.parquet")
+    assert inv.silver_unique(s).offending[0]["record_ids"] == ["d:1", "d:2"]
+    lost = inv.silver_accounted(s, b)
+    assert lost.violations == 1 and lost.offending[0]["record_id"] == "d:3"

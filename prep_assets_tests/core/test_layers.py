@@ -1,0 +1,165 @@
+"""The layers end to end in core (no Dagster), on real data with the real GPT-2 tokenizer."""
+
+import hashlib
+import math
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from prep_assets.core import invariants as inv
+from prep_assets.core import layers
+from prep_assets.core.drops import register_drops, resolve_drop
+from prep_assets.core.lake import dataset_paths, read_json
+from prep_assets.core.spec import DatasetSpec
+from prep_assets_tests.conftest import make_spec, shared_path
+
+L = 1024
+
+
+def run_core(data_dir: Path, spec: DatasetSpec, batch_size: int = 4096) -> dict:
+    paths = dataset_paths(data_dir, spec.name)
+    register_drops(paths)
+    layers.build_tokenizer(spec, paths, data_dir)
+    out = {}
+    for key in sorted(p.stem for p in paths.drops_dir.glob("*.json")):
+        drop, src = resolve_drop(paths, key)
+        b, s, g, sh = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold", "shards"))
+        out[key] = {
+            "bronze": layers.build_raw_records(spec, drop, src, b, batch_size=batch_size),
+            "silver": layers.build_clean_records(spec, b, s, batch_size=batch_size),
+            "gold": layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g, batch_size=batch_size),
+            "shards": layers.build_packed_shards(spec, g, paths.tokenizer_dir, sh),
+            "dirs": (b, s, g, sh),
+            "source": src,
+        }
+    layers.build_manifest(spec, paths, list(out))
+    return out
+
+
+def gsm_spec(gpt2: Path) -> DatasetSpec:
+    return make_spec(
+        "gsm",
+        input={"type": "instruction", "prompt_key": "question", "completion_key": "answer", "prompt_postfix": "\n"},
+        tokenizer={"path": str(gpt2)},
+        sequence={"max_seq_len": L},
+        split={"validation_ratio": 0.05, "test_ratio": 0.02},
+        output={"max_tokens_per_shard": 300 * L},
+    )
+
+
+@pytest.fixture(scope="module")
+def gsm_run(tmp_path_factory: pytest.TempPathFactory):
+    gpt2 = shared_path("tokenizers/gpt2")
+    src = shared_path("datasets/instruction/gsm8k_train.jsonl")
+    data_dir = tmp_path_factory.mktemp("gsm")
+    (data_dir / "raw" / "gsm").mkdir(parents=True)
+    shutil.copyfile(src, data_dir / "raw" / "gsm" / src.name)
+    spec = gsm_spec(gpt2)
+    return data_dir, spec, next(iter(run_core(data_dir, spec).values()))
+
+
+def test_gsm8k_every_record_flows_to_shards(gsm_run):
+    _, _, r = gsm_run
+    assert r["bronze"]["lines_in"] == r["bronze"]["records"] == 7473
+    assert r["silver"]["records"] + r["silver"]["rejects"] == 7473
+    assert r["gold"]["examples"] == r["silver"]["records"]
+    totals = r["shards"]["totals"]
+    assert totals["tokens"] == r["gold"]["tokens"] and totals["loss_tokens"] == r["gold"]["loss_tokens"]
+    assert totals["sequence_utilization"] > 0.95
+    assert len(r["shards"]["splits"]["train"]["files"]) > 1  # max_tokens_per_shard splits files
+
+
+def test_gsm8k_all_invariants_hold(gsm_run):
+    _, _, r = gsm_run
+    b, s, g, sh = r["dirs"]
+    files = inv.shard_files(sh)
+    outcomes = [
+        inv.bronze_accounted(b, r["source"]), inv.bronze_reject_rate(b, 0.0), inv.bronze_required_fields(b),
+        inv.silver_unique(s), inv.silver_lengths(s, 1, None), inv.silver_accounted(s, b),
+        inv.gold_mask_aligned(g), inv.gold_loss_tokens(g), inv.gold_ids_in_vocab(g, 50257),
+        inv.gold_within_max_len(g, L), inv.gold_accounted(g, s),
+        inv.shards_fixed_length(files, L), inv.shards_padding_masked(files, 50256),
+        inv.shards_positions_restart(files), inv.shards_tokens_conserved(files, g), inv.shards_utilization(files, L, 0.9),
+    ]
+    assert [(o.name, o.violations, o.offending[:1]) for o in outcomes if not o.passed] == []
+
+
+def test_shards_verified_independently_with_duckdb(gsm_run):
+    """Checks written here from DESIGN §5, not through core.invariants."""
+    _, _, r = gsm_run
+    _, _, g, sh = r["dirs"]
+    files = [str(p) for p in sorted(sh.glob("*/*.parquet"))]
+    with duckdb.connect() as con:
+        rows = con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE len(input_ids) <> $L OR len(loss_mask) <> $L "
+            "OR len(position_ids) <> $L OR len(segment_ids) <> $L) FROM read_parquet($f)", {"f": files, "L": L}
+        ).fetchall()[0]
+        assert rows[0] > 0 and rows[1] == 0
+        tokens = con.execute(
+            """
+            WITH t AS (SELECT filename f, file_row_number r, unnest(segment_ids) s, unnest(position_ids) p,
+                              unnest(loss_mask) m, generate_subscripts(segment_ids, 1) i
+                       FROM read_parquet($f, filename = true, file_row_number = true))
+            SELECT count(*) FILTER (WHERE s = 0 AND m <> 0),
+                   count(*) FILTER (WHERE s > 0 AND p = 0 AND m <> 0),
+                   count(*) FILTER (WHERE s > 0)
+            FROM t
+            """, {"f": files}).fetchall()[0]
+        assert tokens[0] == 0, "padding carries loss"
+        assert tokens[1] == 0, "a segment's first token is trained"
+        gold_tokens = con.execute("SELECT sum(len(token_ids)) FROM read_parquet($g)",
+                                  {"g": str(g / "examples.parquet")}).fetchall()[0][0]
+        assert tokens[2] == gold_tokens, "tokens not conserved"
+        # positions: within a segment, position = index - index of the segment's first token
+        bad_pos = con.execute(
+            """
+            WITH t AS (SELECT filename f, file_row_number r, unnest(segment_ids) s, unnest(position_ids) p,
+                              generate_subscripts(segment_ids, 1) i
+                       FROM read_parquet($f, filename = true, file_row_number = true))
+            SELECT count(*) FROM t JOIN (SELECT f, r, s, min(i) AS first FROM t WHERE s > 0 GROUP BY ALL) USING (f, r, s)
+            WHERE p <> i - first
+            """, {"f": files}).fetchall()[0][0]
+        assert bad_pos == 0
+        no_loss = con.execute("SELECT count(*) FROM read_parquet($g) WHERE list_sum(loss_mask) = 0",
+                              {"g": str(g / "examples.parquet")}).fetchall()[0][0]
+        assert no_loss == 0
+
+
+def test_bfd_rows_close_to_lower_bound_per_split(gsm_run):
+    _, _, r = gsm_run
+    for split, m in r["shards"]["splits"].items():
+        if m["tokens"]:
+            bound = math.ceil(m["tokens"] / L)
+            assert m["sequences"] <= math.ceil(1.02 * bound), (split, m["sequences"], bound)
+
+
+def test_rerun_with_other_batch_size_is_byte_identical(gsm_run, tmp_path: Path):
+    data_dir, spec, _ = gsm_run
+    other = tmp_path / "again"
+    (other / "raw" / "gsm").mkdir(parents=True)
+    for f in (data_dir / "raw" / "gsm").iterdir():
+        shutil.copyfile(f, other / "raw" / "gsm" / f.name)
+    run_core(other, spec, batch_size=777)
+
+    def digests(root: Path) -> dict[str, str]:
+        lake = root / "lake" / "gsm"
+        return {str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(lake.rglob("*")) if p.is_file()}
+
+    a, b = digests(data_dir), digests(other)
+    assert a.keys() == b.keys() and a == b
+
+
+def test_manifest_lists_every_shard_with_checksums(gsm_run):
+    data_dir, spec, r = gsm_run
+    manifest = read_json(data_dir / "lake" / "gsm" / "manifest.json")
+    files = [f for s in manifest["splits"].values() for f in s["files"]]
+    assert len(files) == sum(len(m["files"]) for m in r["shards"]["splits"].values())
+    for f in files:
+        path = data_dir / "lake" / "gsm" / f["path"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == f["sha256"]
+    assert manifest["max_seq_len"] == L and manifest["config_hash"] == spec.fingerprint()
+    assert manifest["splits"]["train"]["max_batch_size"] == min(
+        f["sequences"] for f in manifest["splits"]["train"]["files"])
