@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dagster import AssetSelection, Definitions, define_asset_job
+from dagster import AssetChecksDefinition, AssetsDefinition, AssetSelection, Definitions, define_asset_job
 
 from prep_assets.core.spec import DatasetSpec, load_specs
 from prep_assets.defs.bronze import build_bronze
@@ -36,24 +36,29 @@ def dataset_jobs(spec: DatasetSpec) -> list:
     ]
 
 
+def dataset_assets(spec: DatasetSpec) -> list[AssetsDefinition]:
+    """A dataset's assets and asset checks, unbound (as `materialize` takes them)."""
+    return [
+        build_bronze(spec),
+        build_silver(spec),
+        build_tokenizer_asset(spec),
+        build_gold(spec),
+        build_shards(spec),
+        build_manifest_asset(spec),
+        *build_checks(spec),
+    ]
+
+
 def build_definitions(data_dir: Path | None = None) -> Definitions:
     data_dir = (data_dir or default_data_dir()).resolve()
-    specs = load_specs(data_dir / "datasets")
-    assets, checks, jobs = [], [], []
-    for spec in specs:
-        assets += [
-            build_bronze(spec),
-            build_silver(spec),
-            build_tokenizer_asset(spec),
-            build_gold(spec),
-            build_shards(spec),
-            build_manifest_asset(spec),
-        ]
-        checks += build_checks(spec)
+    assets: list[AssetsDefinition] = []
+    jobs = []
+    for spec in load_specs(data_dir / "datasets"):
+        assets += dataset_assets(spec)
         jobs += dataset_jobs(spec)
     return Definitions(
-        assets=assets,
-        asset_checks=checks,
+        assets=[a for a in assets if not isinstance(a, AssetChecksDefinition)],
+        asset_checks=[a for a in assets if isinstance(a, AssetChecksDefinition)],
         jobs=jobs,
         resources={"lake": LakeResource(data_dir=str(data_dir))},
     )

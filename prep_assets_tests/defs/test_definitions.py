@@ -1,0 +1,54 @@
+from dagster import AssetKey
+
+from prep_assets.definitions import build_definitions
+from prep_assets_tests.conftest import SAMPLE_DATA
+
+LAYERS = {
+    "raw_records": "bronze",
+    "clean_records": "silver",
+    "tokenizer": "tokenizer",
+    "tokenized_examples": "gold",
+    "packed_shards": "gold",
+    "dataset_manifest": "gold",
+}
+
+
+def test_definitions_have_every_layer_per_dataset_with_groups_and_lineage():
+    defs = build_definitions(SAMPLE_DATA)
+    graph = defs.resolve_asset_graph()
+    for ds in ("sample_text", "sample_instruct"):
+        for name, group in LAYERS.items():
+            node = graph.get(AssetKey([ds, name]))
+            assert node.group_name == group, (ds, name)
+            assert node.description
+        parents = {k: {p.path[-1] for p in graph.get(AssetKey([ds, k])).parent_keys} for k in LAYERS}
+        assert parents["clean_records"] == {"raw_records"}
+        assert parents["tokenized_examples"] == {"clean_records", "tokenizer"}
+        assert parents["packed_shards"] == {"tokenized_examples", "tokenizer"}
+        assert parents["dataset_manifest"] == {"packed_shards", "tokenizer"}
+        assert graph.get(AssetKey([ds, "raw_records"])).partitions_def.name == f"{ds}_drops"
+        assert graph.get(AssetKey([ds, "tokenizer"])).partitions_def is None
+
+
+def test_every_partitioned_layer_has_blocking_gates():
+    defs = build_definitions(SAMPLE_DATA)
+    graph = defs.resolve_asset_graph()
+    checks = {(k.asset_key.path[-1], k.name) for k in graph.asset_check_keys if k.asset_key.path[0] == "sample_text"}
+    by_asset = {a for a, _ in checks}
+    assert by_asset == {"raw_records", "clean_records", "tokenized_examples", "packed_shards", "dataset_manifest"}
+    assert ("tokenized_examples", "tokenized_examples_mask_aligned") in checks
+    assert ("packed_shards", "packed_shards_positions_restart") in checks
+    assert len(checks) == 17
+    specs = [s for c in defs.asset_checks or [] for s in c.check_specs]  # type: ignore[union-attr]
+    assert len(specs) == 34 and all(s.blocking for s in specs)
+
+
+def test_jobs_per_dataset():
+    defs = build_definitions(SAMPLE_DATA)
+    for ds in ("sample_text", "sample_instruct"):
+        for job in (f"{ds}_tokenizer", f"{ds}_drops", f"{ds}_manifest"):
+            assert defs.resolve_job_def(job) is not None
+
+
+def test_empty_data_dir_gives_empty_definitions(tmp_path):
+    assert list(build_definitions(tmp_path).resolve_asset_graph().get_all_asset_keys()) == []
