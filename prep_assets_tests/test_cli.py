@@ -1,0 +1,86 @@
+"""`prep-assets run` as a newcomer runs it: a subprocess, a fresh DAGSTER_HOME, the shipped sample data."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus
+
+from prep_assets.cli import main
+from prep_assets_tests.conftest import PROJECT, copy_sample_data, write_dataset
+
+pytestmark = pytest.mark.slow
+
+
+def _run(args: list[str], home: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    env.pop("PREP_ASSETS_DATA_DIR", None)
+    return subprocess.run([sys.executable, "-m", "prep_assets.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
+    data = copy_sample_data(tmp_path / "data")
+    home = tmp_path / "home"
+    first = _run(["run", "--data-dir", str(data)], home, PROJECT)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "16/16" in first.stdout and "0 failed" in first.stdout
+    assert (home / "dagster.yaml").is_file() and (home / ".nux" / "nux.yaml").is_file()
+    for ds in ("sample_text", "sample_instruct"):
+        manifest = json.loads((data / "lake" / ds / "manifest.json").read_text())
+        assert manifest["splits"]["train"]["files"] and manifest["partitions"]
+    with DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs()
+        assert len(runs) == 7 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
+        jobs = {r.job_name for r in runs}
+        assert {"sample_text_drops", "sample_instruct_drops", "sample_text_manifest"} <= jobs
+    again = _run(["run", "--data-dir", str(data), "--dataset", "sample_text"], home, PROJECT)
+    assert again.returncode == 0 and again.stdout.count("up to date") == 2
+
+
+def test_run_exits_non_zero_when_a_gate_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch):
+    data = copy_sample_data(tmp_path / "data")
+    spec = (data / "datasets" / "sample_text.yaml").read_text().replace("max_reject_rate: 0.05", "max_reject_rate: 0.0")
+    write_dataset(data, "strict", {}, {"notes.jsonl": b'{"text": "a fine line of text here"}\n{broken\n'})
+    (data / "datasets" / "strict.yaml").write_text(spec, encoding="utf-8")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", "--data-dir", str(data), "--dataset", "strict"])
+    out = capsys.readouterr()
+    assert code == 1
+    assert "raw_records_reject_rate failed" in out.err and "FAILED" in out.out
+
+
+def test_unknown_dataset_and_bad_spec_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch):
+    data = copy_sample_data(tmp_path / "data")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--data-dir", str(data), "--dataset", "nope"]) == 2
+    assert "no dataset 'nope'" in capsys.readouterr().err
+    (data / "datasets" / "broken.yaml").write_text("input: {type: text, colour: red}\ntokenizer: {path: x}\n")
+    assert main(["run", "--data-dir", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "broken.yaml: input.colour: unknown key" in err and "Traceback" not in err
+
+
+def test_decode_prints_masked_spans_and_segments(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch):
+    data = copy_sample_data(tmp_path / "data")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_instruct"]) == 0
+    capsys.readouterr()
+    shard = next((data / "lake" / "sample_instruct" / "shards").glob("*/train/part-00000.parquet"))
+    assert main(["decode", str(shard), "--row", "0", "--format", "json"]) == 0
+    decoded = json.loads(capsys.readouterr().out)
+    assert decoded["length"] == 256 and decoded["segments"]
+    spans = [sp for s in decoded["segments"] for sp in s["spans"]]
+    assert not spans[0]["trained"] and any(sp["trained"] and "<|endoftext|>" in sp["text"] for sp in spans)
+    assert main(["decode", str(shard), "--row", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "--- segment 1 ·" in text and "«" in text
