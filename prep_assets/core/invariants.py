@@ -49,6 +49,33 @@ def _files(paths: list[Path]) -> list[str]:
     return [str(p) for p in paths]
 
 
+def _violating_rows(source: str, where: str, columns: str, params: dict[str, Any], order: str = "source_line"
+                    ) -> tuple[int, list[dict[str, Any]]]:
+    """(count, first SAMPLE rows) of `source` matching `where`; `source` and `where` are our own SQL text."""
+    count = _scalar(f"SELECT count(*) FROM {source} WHERE {where}", params)
+    sample = _query(f"SELECT {columns} FROM {source} WHERE {where} ORDER BY {order} LIMIT $n", {**params, "n": SAMPLE})
+    return count, sample
+
+
+_LOCATION = "source_file || ':' || source_line AS location"
+
+
+def _one_to_one(upstream: Path, outputs: tuple[Path, Path], name: str, description: str) -> Outcome:
+    """Each upstream record_id is exactly once among the two output tables (kept + rejected)."""
+    p = {"u": str(upstream), "a": str(outputs[0]), "b": str(outputs[1])}
+    sql = f"""
+        WITH out AS (SELECT record_id FROM read_parquet($a) UNION ALL SELECT record_id FROM read_parquet($b)),
+             cnt AS (SELECT record_id, count(*) AS n FROM out GROUP BY record_id),
+             up AS (SELECT record_id, {_LOCATION} FROM read_parquet($u))
+        SELECT coalesce(up.record_id, cnt.record_id) AS record_id, up.location, coalesce(cnt.n, 0) AS times_out
+        FROM up FULL OUTER JOIN cnt USING (record_id) WHERE coalesce(cnt.n, 0) <> 1 OR up.record_id IS NULL
+    """
+    n, bad = _violating_rows(f"({sql})", "true", "*", p, order="record_id")
+    facts = {k: _scalar("SELECT count(*) FROM read_parquet($x)", {"x": v})
+             for k, v in (("upstream", p["u"]), ("kept", p["a"]), ("rejected", p["b"]))}
+    return Outcome(name, n, bad, facts, description)
+
+
 # ---------------------------------------------------------------- bronze
 
 
@@ -100,12 +127,10 @@ def bronze_reject_rate(bronze_dir: Path, max_rate: float) -> Outcome:
 
 def bronze_required_fields(bronze_dir: Path) -> Outcome:
     """Every record has its provenance, a unique id and valid JSON content."""
-    p = {"r": str(bronze_dir / "records.parquet"), "n": SAMPLE}
+    source = "(SELECT *, count(*) OVER (PARTITION BY record_id) AS copies FROM read_parquet($r))"
     where = ("record_id IS NULL OR source_file IS NULL OR source_line IS NULL OR byte_offset IS NULL "
-             "OR content IS NULL OR NOT json_valid(content) OR count(*) OVER (PARTITION BY record_id) > 1")
-    bad = _query(f"SELECT record_id, source_file || ':' || source_line AS location FROM read_parquet($r) "
-                 f"QUALIFY {where} ORDER BY source_line LIMIT $n", p)
-    n = _scalar(f"SELECT count(*) FROM (SELECT 1 FROM read_parquet($r) QUALIFY {where})", {"r": p["r"]})
+             "OR content IS NULL OR NOT json_valid(content) OR copies > 1")
+    n, bad = _violating_rows(source, where, f"record_id, {_LOCATION}", {"r": str(bronze_dir / "records.parquet")})
     return Outcome("raw_records_required_fields", n, bad, {}, "provenance present, record ids unique, content is JSON")
 
 
@@ -114,101 +139,67 @@ def bronze_required_fields(bronze_dir: Path) -> Outcome:
 
 def silver_unique(silver_dir: Path) -> Outcome:
     """No two kept records share a content hash (within the drop)."""
-    p = {"s": str(silver_dir / "records.parquet"), "n": SAMPLE}
-    dup = _query("SELECT content_sha256, list(record_id ORDER BY source_line) AS record_ids, count(*) AS copies "
-                 "FROM read_parquet($s) GROUP BY content_sha256 HAVING count(*) > 1 ORDER BY content_sha256 LIMIT $n", p)
-    n = _scalar("SELECT count(*) FROM (SELECT content_sha256 FROM read_parquet($s) GROUP BY 1 HAVING count(*) > 1)",
-                {"s": p["s"]})
+    source = ("(SELECT content_sha256, list(record_id ORDER BY source_line) AS record_ids, count(*) AS copies "
+              "FROM read_parquet($s) GROUP BY content_sha256)")
+    n, dup = _violating_rows(source, "copies > 1", "*", {"s": str(silver_dir / "records.parquet")},
+                             order="content_sha256")
     return Outcome("clean_records_unique", n, dup, {}, "no two kept records have the same content sha256")
 
 
 def silver_lengths(silver_dir: Path, min_chars: int, max_chars: int | None) -> Outcome:
-    p = {"s": str(silver_dir / "records.parquet"), "lo": min_chars, "hi": max_chars if max_chars is not None else 2**62,
-         "n": SAMPLE}
-    where = "num_chars < $lo OR num_chars > $hi OR num_chars <= 0"
-    bad = _query(f"SELECT record_id, source_file || ':' || source_line AS location, num_chars FROM read_parquet($s) "
-                 f"WHERE {where} ORDER BY source_line LIMIT $n", p)
-    n = _scalar(f"SELECT count(*) FROM read_parquet($s) WHERE {where}", {k: p[k] for k in ("s", "lo", "hi")})
+    p = {"s": str(silver_dir / "records.parquet"), "lo": min_chars, "hi": max_chars if max_chars is not None else 2**62}
+    n, bad = _violating_rows("read_parquet($s)", "num_chars < $lo OR num_chars > $hi OR num_chars <= 0",
+                             f"record_id, {_LOCATION}, num_chars", p)
     return Outcome("clean_records_length_bounds", n, bad, {"min_chars": min_chars, "max_chars": max_chars},
                    "every kept record has min_chars <= chars <= max_chars")
 
 
 def silver_accounted(silver_dir: Path, bronze_dir: Path) -> Outcome:
     """Each bronze record is exactly once in silver records or silver rejects."""
-    p = {"b": str(bronze_dir / "records.parquet"), "s": str(silver_dir / "records.parquet"),
-         "j": str(silver_dir / "rejects.parquet")}
-    sql = """
-        WITH out AS (SELECT record_id FROM read_parquet($s) UNION ALL SELECT record_id FROM read_parquet($j)),
-             b AS (SELECT record_id, source_file || ':' || source_line AS location FROM read_parquet($b)),
-             cnt AS (SELECT record_id, count(*) AS n FROM out GROUP BY record_id)
-        SELECT coalesce(b.record_id, cnt.record_id) AS record_id, b.location, coalesce(cnt.n, 0) AS times_in_silver
-        FROM b FULL OUTER JOIN cnt USING (record_id)
-        WHERE coalesce(cnt.n, 0) <> 1 OR b.record_id IS NULL
-    """
-    bad = _query(sql + " ORDER BY record_id LIMIT $n", {**p, "n": SAMPLE})
-    n = _scalar(f"SELECT count(*) FROM ({sql})", p)
-    facts = {k: _scalar("SELECT count(*) FROM read_parquet($x)", {"x": v}) for k, v in
-             (("bronze_records", p["b"]), ("silver_records", p["s"]), ("silver_rejects", p["j"]))}
-    return Outcome("clean_records_accounted", n, bad, facts, "silver records + silver rejects = bronze records")
+    return _one_to_one(bronze_dir / "records.parquet", (silver_dir / "records.parquet", silver_dir / "rejects.parquet"),
+                       "clean_records_accounted", "silver records + silver rejects = bronze records, one to one")
 
 
 # ---------------------------------------------------------------- gold
 
 
+def _gold_rows(gold_dir: Path, name: str, where: str, description: str, columns: str = "",
+               **params: Any) -> Outcome:
+    n, bad = _violating_rows("read_parquet($g)", where, f"example_id, {_LOCATION}{columns}",
+                             {"g": str(gold_dir / "examples.parquet"), **params})
+    return Outcome(name, n, bad, dict(params), description)
+
+
 def gold_mask_aligned(gold_dir: Path) -> Outcome:
     """token_ids, loss_mask and token_type_ids have one length; masks are 0/1; counts match the lists."""
-    p = {"g": str(gold_dir / "examples.parquet"), "n": SAMPLE}
     where = ("len(token_ids) <> len(loss_mask) OR len(token_ids) <> len(token_type_ids) OR len(token_ids) <> num_tokens "
              "OR list_max(loss_mask) > 1 OR list_max(token_type_ids) > 3 OR list_sum(loss_mask) <> num_loss_tokens "
              "OR list_count(list_filter(list_zip(loss_mask, token_type_ids), lambda x: x[1] = 1 AND x[2] NOT IN (1, 3))) > 0")
-    bad = _query(f"SELECT example_id, source_file || ':' || source_line AS location FROM read_parquet($g) "
-                 f"WHERE {where} ORDER BY source_line LIMIT $n", p)
-    n = _scalar(f"SELECT count(*) FROM read_parquet($g) WHERE {where}", {"g": p["g"]})
-    return Outcome("tokenized_examples_mask_aligned", n, bad, {},
-                   "equal list lengths, mask in {0,1}, mask 1 only on completion/EOS types, counts match")
+    return _gold_rows(gold_dir, "tokenized_examples_mask_aligned", where,
+                      "equal list lengths, mask in {0,1}, mask 1 only on completion/EOS types, counts match")
 
 
 def gold_loss_tokens(gold_dir: Path) -> Outcome:
-    p = {"g": str(gold_dir / "examples.parquet"), "n": SAMPLE}
-    bad = _query("SELECT example_id, source_file || ':' || source_line AS location FROM read_parquet($g) "
-                 "WHERE coalesce(list_sum(loss_mask), 0) = 0 ORDER BY source_line LIMIT $n", p)
-    n = _scalar("SELECT count(*) FROM read_parquet($g) WHERE coalesce(list_sum(loss_mask), 0) = 0", {"g": p["g"]})
-    return Outcome("tokenized_examples_have_loss_tokens", n, bad, {}, "every example has at least one loss token")
+    return _gold_rows(gold_dir, "tokenized_examples_have_loss_tokens", "coalesce(list_sum(loss_mask), 0) = 0",
+                      "every example has at least one loss token")
 
 
 def gold_ids_in_vocab(gold_dir: Path, vocab_size: int) -> Outcome:
-    p = {"g": str(gold_dir / "examples.parquet"), "v": vocab_size, "n": SAMPLE}
-    where = "list_max(token_ids) >= $v OR list_min(token_ids) < 0"
-    bad = _query(f"SELECT example_id, source_file || ':' || source_line AS location, list_max(token_ids) AS max_id "
-                 f"FROM read_parquet($g) WHERE {where} ORDER BY source_line LIMIT $n", p)
-    n = _scalar(f"SELECT count(*) FROM read_parquet($g) WHERE {where}", {"g": p["g"], "v": vocab_size})
-    return Outcome("tokenized_examples_ids_in_vocab", n, bad, {"vocab_size": vocab_size}, "0 <= id < vocab size")
+    return _gold_rows(gold_dir, "tokenized_examples_ids_in_vocab", "list_max(token_ids) >= $vocab_size OR "
+                      "list_min(token_ids) < 0", "0 <= id < vocab size", ", list_max(token_ids) AS max_id",
+                      vocab_size=vocab_size)
 
 
 def gold_within_max_len(gold_dir: Path, max_seq_len: int) -> Outcome:
-    p = {"g": str(gold_dir / "examples.parquet"), "L": max_seq_len, "n": SAMPLE}
-    bad = _query("SELECT example_id, source_file || ':' || source_line AS location, len(token_ids) AS tokens "
-                 "FROM read_parquet($g) WHERE len(token_ids) > $L OR len(token_ids) = 0 ORDER BY source_line LIMIT $n", p)
-    n = _scalar("SELECT count(*) FROM read_parquet($g) WHERE len(token_ids) > $L OR len(token_ids) = 0",
-                {"g": p["g"], "L": max_seq_len})
-    return Outcome("tokenized_examples_within_max_len", n, bad, {"max_seq_len": max_seq_len},
-                   "1 <= tokens <= sequence.max_seq_len")
+    return _gold_rows(gold_dir, "tokenized_examples_within_max_len", "len(token_ids) > $max_seq_len OR "
+                      "len(token_ids) = 0", "1 <= tokens <= sequence.max_seq_len", ", len(token_ids) AS tokens",
+                      max_seq_len=max_seq_len)
 
 
 def gold_accounted(gold_dir: Path, silver_dir: Path) -> Outcome:
     """Each silver record is exactly once among gold examples or gold rejects."""
-    p = {"s": str(silver_dir / "records.parquet"), "g": str(gold_dir / "examples.parquet"),
-         "j": str(gold_dir / "rejects.parquet")}
-    sql = """
-        WITH out AS (SELECT record_id FROM read_parquet($g) UNION ALL SELECT record_id FROM read_parquet($j)),
-             cnt AS (SELECT record_id, count(*) AS n FROM out GROUP BY record_id),
-             s AS (SELECT record_id, source_file || ':' || source_line AS location FROM read_parquet($s))
-        SELECT coalesce(s.record_id, cnt.record_id) AS record_id, s.location, coalesce(cnt.n, 0) AS times_in_gold
-        FROM s FULL OUTER JOIN cnt USING (record_id) WHERE coalesce(cnt.n, 0) <> 1 OR s.record_id IS NULL
-    """
-    bad = _query(sql + " ORDER BY record_id LIMIT $n", {**p, "n": SAMPLE})
-    n = _scalar(f"SELECT count(*) FROM ({sql})", p)
-    return Outcome("tokenized_examples_accounted", n, bad, {}, "gold examples + gold rejects = silver records")
+    return _one_to_one(silver_dir / "records.parquet", (gold_dir / "examples.parquet", gold_dir / "rejects.parquet"),
+                       "tokenized_examples_accounted", "gold examples + gold rejects = silver records, one to one")
 
 
 # ---------------------------------------------------------------- packed shards
