@@ -71,31 +71,50 @@ def example_pieces(content: dict[str, Any], spec: DatasetSpec, pt: PinnedTokeniz
     return pieces
 
 
+def _first_text_flags(pieces: list[Piece]) -> list[bool]:
+    flags, seen = [], False
+    for p in pieces:
+        flags.append(p.kind == _TEXT and not seen)
+        seen = seen or p.kind == _TEXT
+    return flags
+
+
 def tokenize_batch(contents: list[dict[str, Any]], spec: DatasetSpec, pt: PinnedTokenizer) -> TokenizedBatch:
     per_example = [example_pieces(c, spec, pt) for c in contents]
     flat_pieces = list(chain.from_iterable(per_example))
-    texts = [p.text for p in flat_pieces if p.kind == _TEXT]
-    encoded = iter(pt.encode_batch(texts))
-    piece_ids = [next(encoded) if p.kind == _TEXT else [p.token_id] for p in flat_pieces]
+    # The first text of an example is encoded as an input start; every later one as a continuation.
+    first = [_first_text_flags(p) for p in per_example]
+    is_first = list(chain.from_iterable(first))
+    starts = iter(pt.encode_batch([p.text for p, f in zip(flat_pieces, is_first) if p.kind == _TEXT and f]))
+    rests = iter(pt.encode_batch([p.text for p, f in zip(flat_pieces, is_first) if p.kind == _TEXT and not f],
+                                 continuation=True))
+    piece_ids = [
+        (next(starts) if f else next(rests)) if p.kind == _TEXT else [p.token_id] for p, f in zip(flat_pieces, is_first)
+    ]
     piece_lens = np.fromiter((len(ids) for ids in piece_ids), dtype=np.int64, count=len(piece_ids))
     ids = np.fromiter(chain.from_iterable(piece_ids), dtype=np.int32, count=int(piece_lens.sum()))
     mask = np.repeat(np.fromiter((p.train for p in flat_pieces), dtype=np.uint8, count=len(flat_pieces)), piece_lens)
     types = np.repeat(np.fromiter((p.token_type for p in flat_pieces), dtype=np.uint8, count=len(flat_pieces)), piece_lens)
     owner = np.repeat(np.arange(len(contents)), [len(p) for p in per_example])
     lengths = np.bincount(owner, weights=piece_lens, minlength=len(contents)).astype(np.int64)
-    return apply_overflow(ids, mask, types, lengths, spec)
+    head = 1 if pt.info.add_bos and pt.info.bos_id is not None else 0
+    return apply_overflow(ids, mask, types, lengths, spec, head=head)
 
 
 def apply_overflow(
-    ids: np.ndarray, mask: np.ndarray, types: np.ndarray, lengths: np.ndarray, spec: DatasetSpec
+    ids: np.ndarray, mask: np.ndarray, types: np.ndarray, lengths: np.ndarray, spec: DatasetSpec, *, head: int = 0
 ) -> TokenizedBatch:
-    """Cut or drop examples longer than max_seq_len, mask each first token, reject untrainable ones."""
+    """Cut or drop examples longer than max_seq_len, mask each first token, reject untrainable ones.
+
+    `head` tokens (the BOS) always stay at the front: truncate_left keeps them plus the last tokens.
+    """
     max_len = spec.sequence.max_seq_len
     policy = spec.sequence.overflow
     starts = offsets_from_lengths(lengths)[:-1]
+    over = lengths > max_len
+    head_len = np.zeros(len(lengths), dtype=np.int64)
     keep_start = starts.copy()
     keep_len = lengths.copy()
-    over = lengths > max_len
     rejects: list[tuple[int, str, str, int]] = []
     if policy == "drop":
         keep_len[over] = 0
@@ -106,9 +125,14 @@ def apply_overflow(
     elif policy == "truncate_right":
         keep_len[over] = max_len
     elif policy == "truncate_left":
-        keep_start[over] = starts[over] + lengths[over] - max_len
-        keep_len[over] = max_len
-    index = ranges_index(keep_start, keep_len)
+        head_len[over] = head
+        keep_start[over] = starts[over] + lengths[over] - (max_len - head)
+        keep_len[over] = max_len - head
+    # each example is its head range followed by its kept range
+    range_starts = np.column_stack([starts, keep_start]).ravel()
+    range_lens = np.column_stack([head_len, keep_len]).ravel()
+    index = ranges_index(range_starts, range_lens)
+    keep_len = keep_len + head_len
     out_ids, out_mask, out_types = ids[index], mask[index].copy(), types[index]
     out_offsets = offsets_from_lengths(keep_len)
     firsts = out_offsets[:-1][keep_len > 0]

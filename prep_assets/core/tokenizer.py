@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import hashlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -178,15 +179,50 @@ def tokenizer_info(tok: PreTrainedTokenizerBase, spec: TokenizerSpec, fingerprin
     )
 
 
+def _without_word_start(node: Any) -> Any:
+    """A normalizer/pre-tokenizer config with the word-start marker removed (None to drop the node)."""
+    if not isinstance(node, dict):
+        return node
+    kind = node.get("type")
+    if kind == "Prepend":
+        return None
+    if kind == "Metaspace":
+        return {**node, "prepend_scheme": "never"}
+    if kind == "ByteLevel" and node.get("add_prefix_space"):
+        return {**node, "add_prefix_space": False}
+    if kind == "Sequence":
+        key = "normalizers" if "normalizers" in node else "pretokenizers"
+        children = [c for c in (_without_word_start(x) for x in node.get(key, [])) if c is not None]
+        return {**node, key: children}
+    return node
+
+
+def continuation_encoder(encoder: Tokenizer) -> Tokenizer:
+    """A copy that encodes text as it would be encoded *after* other text of the same example.
+
+    SentencePiece-style tokenizers mark the start of an input with a word-start symbol (a `Prepend`
+    normalizer or Metaspace `prepend_scheme`); encoding a completion on its own would add that symbol at
+    every prompt/completion boundary. Byte-level BPE is unaffected.
+    """
+    config = json.loads(encoder.to_str())
+    for key in ("normalizer", "pre_tokenizer"):
+        config[key] = _without_word_start(config.get(key))
+    out = Tokenizer.from_str(json.dumps(config))
+    out.encode_special_tokens = True
+    return out
+
+
 @dataclass(frozen=True)
 class PinnedTokenizer:
     info: TokenizerInfo
     encoder: Tokenizer  # a private copy that encodes special-token strings as plain text
+    continuation: Tokenizer  # the same, for text that follows other text of the example
     hf: PreTrainedTokenizerBase
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    def encode_batch(self, texts: list[str], *, continuation: bool = False) -> list[list[int]]:
         """Batch-encode with the Rust tokenizer's parallelism, no special tokens added."""
-        return [e.ids for e in self.encoder.encode_batch_fast(texts, add_special_tokens=False)]
+        encoder = self.continuation if continuation else self.encoder
+        return [e.ids for e in encoder.encode_batch_fast(texts, add_special_tokens=False)]
 
 
 def load_pinned(tokenizer_dir: Path) -> PinnedTokenizer:
@@ -200,4 +236,6 @@ def load_pinned(tokenizer_dir: Path) -> PinnedTokenizer:
     encoder.no_padding()
     encoder.no_truncation()
     encoder.encode_special_tokens = True
-    return PinnedTokenizer(info=TokenizerInfo(**record["info"]), encoder=encoder, hf=hf)
+    return PinnedTokenizer(
+        info=TokenizerInfo(**record["info"]), encoder=encoder, continuation=continuation_encoder(encoder), hf=hf
+    )

@@ -7,7 +7,7 @@ from prep_assets.core.masking import tokenize_batch
 from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
 from prep_assets.core.spec import TokenizerSpec
 from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
-from prep_assets_tests.conftest import make_spec
+from prep_assets_tests.conftest import make_spec, shared_path
 
 
 @pytest.fixture
@@ -83,3 +83,29 @@ def test_exactly_max_seq_len_is_kept_and_one_over_is_not(gpt2: PinnedTokenizer):
     over = tokenize_batch([{"text": text + " a"}], make_spec(sequence={"max_seq_len": 8, "overflow": "drop"}), gpt2)
     assert exact.kept.tolist() == [0] and exact.tokens_dropped == 0
     assert over.rejects[0][1] == "too_long" and over.rejects[0][3] == 9
+
+
+@pytest.mark.parametrize("name", ["tinyllama", "mistral7b", "gpt2"])
+def test_instruction_tokens_equal_encoding_the_joined_text(name: str, tmp_path: Path):
+    """No word-start marker at prompt/completion boundaries (SentencePiece `Prepend`/Metaspace)."""
+    src = shared_path(f"tokenizers/{name}")
+    pin_tokenizer(TokenizerSpec(path=str(src)), base=tmp_path, dest=tmp_path)
+    pt = load_pinned(tmp_path)
+    spec = make_spec(input={"type": "instruction", "prompt_postfix": "\n"}, sequence={"max_seq_len": 128})
+    turns = [{"prompt": "What is 2+2?", "completion": "4 is the answer."}, {"prompt": "And 3+3?", "completion": "6."}]
+    ids = tokenize_batch([{"turns": turns}], spec, pt).token_ids.tolist()
+    eos = pt.hf.eos_token
+    ref = pt.hf(f"What is 2+2?\n4 is the answer.{eos}And 3+3?\n6.{eos}", add_special_tokens=True)["input_ids"]
+    assert ids == ref  # the tokenizer's own call adds BOS exactly when our add_bos says so
+    if pt.info.add_bos:
+        assert ids[0] == pt.info.bos_id and ids.count(pt.info.bos_id) == 1
+
+
+def test_truncate_left_keeps_exactly_one_bos(tmp_path: Path):
+    pin_tokenizer(TokenizerSpec(path=str(shared_path("tokenizers/tinyllama"))), base=tmp_path, dest=tmp_path)
+    pt = load_pinned(tmp_path)
+    spec = make_spec(sequence={"max_seq_len": 8, "overflow": "truncate_left"})
+    tb = tokenize_batch([{"text": " ".join(f"w{i}" for i in range(30))}], spec, pt)
+    (ids, mask, _), = _examples(tb)
+    assert len(ids) == 8 and ids[0] == pt.info.bos_id and ids.tolist().count(pt.info.bos_id) == 1
+    assert ids[-1] == pt.info.eos_id and mask[0] == 0 and mask[1:].all()
