@@ -9,6 +9,8 @@ interpolated into SQL.
 from __future__ import annotations
 
 import gzip
+import json
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,15 +81,30 @@ def _one_to_one(upstream: Path, outputs: tuple[Path, Path], name: str, descripti
 # ---------------------------------------------------------------- bronze
 
 
-def count_lines(path: Path, fmt: str) -> int:
-    """Physical lines of a line-format drop, counted independently of the reader."""
+def count_lines(path: Path, fmt: str) -> int | None:
+    """Physical lines of a line-format drop, counted independently of the reader.
+
+    None where the stream itself is broken (a truncated or corrupt gzip): the reader's count then stands.
+    """
     opener = gzip.open if fmt == "jsonl.gz" else open
     n, last = 0, b"\n"
-    with opener(path, "rb") as f:
-        while block := f.read(1 << 20):
-            n += block.count(b"\n")
-            last = block[-1:]
+    try:
+        with opener(path, "rb") as f:
+            while block := f.read(1 << 20):
+                n += block.count(b"\n")
+                last = block[-1:]
+    except (EOFError, OSError, zlib.error):
+        return None
     return n + (0 if last == b"\n" else 1)
+
+
+def count_elements(path: Path) -> int | None:
+    """Elements of a JSON-array drop, parsed independently of the reader; None if it is no valid array."""
+    try:
+        value = json.loads(path.read_bytes().removeprefix(b"\xef\xbb\xbf"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return len(value) if isinstance(value, list) else None
 
 
 def bronze_accounted(bronze_dir: Path, source: Path | None) -> Outcome:
@@ -97,13 +114,15 @@ def bronze_accounted(bronze_dir: Path, source: Path | None) -> Outcome:
     rejects = _scalar("SELECT count(*) FROM read_parquet($p)", {"p": str(bronze_dir / "rejects.parquet")})
     lines_in = acct["lines_in"]
     recount = None
-    if source is not None and source.is_file() and acct["unit"] == "line":
-        recount = lines_in = count_lines(source, acct["format"])
+    if source is not None and source.is_file():
+        recount = count_lines(source, acct["format"]) if acct["unit"] == "line" else count_elements(source)
+        lines_in = recount if recount is not None else lines_in
     accounted = records + rejects + acct["blank_lines"]
     facts = {"lines_in": lines_in, "records": records, "rejects": rejects, "blank_lines": acct["blank_lines"],
              "unit": acct["unit"], "independent_line_count": recount}
-    return Outcome("raw_records_accounted", abs(lines_in - accounted), [], facts,
-                   "records + rejects + blank lines = lines in the drop")
+    offending = [] if lines_in == accounted else [{"lines_in": lines_in, "accounted": accounted, **facts}]
+    return Outcome("raw_records_accounted", abs(lines_in - accounted), offending, facts,
+                   "records + rejects + blank lines = lines (or array elements) in the drop")
 
 
 def bronze_reject_rate(bronze_dir: Path, max_rate: float) -> Outcome:

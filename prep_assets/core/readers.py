@@ -139,30 +139,30 @@ def read_lines(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting) -
 
 
 def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator[RawItem | RawReject]:
-    """A JSON file holding an array of records: each element keeps its own line and byte offset."""
+    """A JSON file holding an array of records: each element keeps its own line and byte offset.
+
+    Accounting is per element: every element is a parsed item or a reject, and anything that is not an
+    element (a broken tail, content after the closing bracket) is one reject.
+    """
     acct.unit = "element"
     size = path.stat().st_size
     if size > max_bytes:
         raise DropError(f"{path}: JSON array file of {size} bytes exceeds {max_bytes}; convert it to JSONL to stream it")
     data = path.read_bytes()
-    if data.startswith(UTF8_BOM):
-        data = data[len(UTF8_BOM) :]
+    bom = len(UTF8_BOM) if data.startswith(UTF8_BOM) else 0
+
+    def reject(line: int, offset: int, reason: str, detail: str, excerpt: str) -> RawReject:
+        acct.lines_in += 1
+        acct.rejected += 1
+        return RawReject(line, offset, reason, detail, excerpt)
+
     try:
-        text = data.decode("utf-8")
+        text = data[bom:].decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        acct.rejected += 1
-        yield RawReject(line, exc.start, "invalid_utf8", f"{exc.reason}; the whole array is unreadable", "")
+        yield reject(data[: exc.start + bom].count(b"\n") + 1, exc.start + bom, "invalid_utf8",
+                     f"{exc.reason}; the whole array is unreadable", "")
         return
-    pos = _skip_ws(text, 0)
-    if pos >= len(text):
-        return  # an empty file holds no records
-    if text[pos] != "[":
-        acct.rejected += 1
-        yield RawReject(1, 0, "not_a_json_array", "format json expects a top-level array of records", _excerpt(text))
-        return
-    pos = _skip_ws(text, pos + 1)
-    line, byte_pos, char_pos = 1, 0, 0
+    line, byte_pos, char_pos = 1, bom, 0
 
     def advance(to: int) -> None:
         nonlocal line, byte_pos, char_pos
@@ -171,16 +171,23 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
         byte_pos += len(chunk.encode("utf-8"))
         char_pos = to
 
-    if pos < len(text) and text[pos] == "]":
+    pos = _skip_ws(text, 0)
+    if pos >= len(text):
+        return  # an empty file holds no records
+    advance(pos)
+    if text[pos] != "[":
+        yield reject(line, byte_pos, "not_a_json_array", "format json expects a top-level array of records",
+                     _excerpt(text[pos:]))
         return
-    while pos < len(text):
+    pos = _skip_ws(text, pos + 1)
+    closed = pos < len(text) and text[pos] == "]"
+    while pos < len(text) and not closed:
         advance(pos)
         try:
             value, end = _DECODER.raw_decode(text, pos)
         except ValueError as exc:
-            acct.rejected += 1
             reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
-            yield RawReject(line, byte_pos, reason, f"{exc}; the rest of the array is unreadable", _excerpt(text[pos:]))
+            yield reject(line, byte_pos, reason, f"{exc}; the rest of the array is unreadable", _excerpt(text[pos:]))
             return
         element = text[pos:end]
         acct.lines_in += 1
@@ -190,12 +197,21 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
         if pos < len(text) and text[pos] == ",":
             pos = _skip_ws(text, pos + 1)
         elif pos < len(text) and text[pos] == "]":
-            return
+            closed = True
         else:
             advance(min(pos, len(text)))
-            acct.rejected += 1
-            yield RawReject(line, byte_pos, "malformed_json", "expected ',' or ']' after an array element", _excerpt(text[pos:]))
+            yield reject(line, byte_pos, "malformed_json", "expected ',' or ']' after an array element",
+                         _excerpt(text[pos:]))
             return
+    if not closed:
+        advance(len(text))
+        yield reject(line, byte_pos, "malformed_json", "the array is not closed with ']'", "")
+        return
+    tail = _skip_ws(text, pos + 1)
+    if tail < len(text):
+        advance(tail)
+        yield reject(line, byte_pos, "trailing_content", "content after the closing ']' of the array",
+                     _excerpt(text[tail:]))
 
 
 def _skip_ws(text: str, pos: int) -> int:

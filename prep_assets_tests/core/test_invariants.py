@@ -110,3 +110,19 @@ def test_silver_duplicates_and_accounting(tmp_path: Path):
     assert inv.silver_unique(s).offending[0]["record_ids"] == ["d:1", "d:2"]
     lost = inv.silver_accounted(s, b)
     assert lost.violations == 1 and lost.offending[0]["record_id"] == "d:3"
+
+
+def test_count_lines_of_truncated_gzip_is_unknown_not_a_crash(tmp_path: Path):
+    import gzip
+
+    data = gzip.compress(b"".join(b'{"text": "row %d"}\n' % i for i in range(5000)))
+    (tmp_path / "t.jsonl.gz").write_bytes(data[: len(data) // 2])
+    assert inv.count_lines(tmp_path / "t.jsonl.gz", "jsonl.gz") is None
+    (tmp_path / "ok.jsonl").write_bytes(b"a\nb\nc")
+    assert inv.count_lines(tmp_path / "ok.jsonl", "jsonl") == 3
+
+
+def test_count_elements_is_independent_of_the_reader(tmp_path: Path):
+    (tmp_path / "a.json").write_text('[1, 2, {"x": [3]}]')
+    (tmp_path / "b.json").write_text('[1, 2')
+    assert inv.count_elements(tmp_path / "a.json") == 3 and inv.count_elements(tmp_path / "b.json") is None

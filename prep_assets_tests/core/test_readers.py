@@ -100,3 +100,29 @@ def test_json_array_broken_midway_keeps_parsed_elements(tmp_path: Path):
     (tmp_path / "d.json").write_text('[{"text": "a"}, {"text": }]', encoding="utf-8")
     items, rejects, _ = _read(tmp_path / "d.json", "json")
     assert [i.value["text"] for i in items] == ["a"] and rejects[0].reason == "malformed_json"
+
+
+def test_json_second_array_after_the_first_is_a_reject_not_lost(tmp_path: Path):
+    (tmp_path / "d.json").write_text('[{"text": "aaaa"}]\n[{"text": "cccc"}]\n', encoding="utf-8")
+    items, rejects, acct = _read(tmp_path / "d.json", "json")
+    assert len(items) == 1 and [(r.reason, r.line) for r in rejects] == [("trailing_content", 2)]
+    assert acct.lines_in == len(items) + len(rejects)
+
+
+def test_json_broken_element_counts_as_one_unit(tmp_path: Path):
+    (tmp_path / "d.json").write_text('[{"text": "a"}, {"text": "b"}, oops]', encoding="utf-8")
+    items, rejects, acct = _read(tmp_path / "d.json", "json")
+    assert len(items) == 2 and len(rejects) == 1 and acct.lines_in == 3
+
+
+def test_json_unclosed_array_is_rejected(tmp_path: Path):
+    (tmp_path / "d.json").write_text('[{"text": "a"}, ', encoding="utf-8")
+    items, rejects, acct = _read(tmp_path / "d.json", "json")
+    assert len(items) == 1 and rejects[0].detail.startswith("the array is not closed")
+
+
+def test_json_array_with_bom_has_true_byte_offsets(tmp_path: Path):
+    raw = b'\xef\xbb\xbf[{"text": "a"},\n {"text": "b"}]'
+    (tmp_path / "d.json").write_bytes(raw)
+    items, _, _ = _read(tmp_path / "d.json", "json")
+    assert [raw[i.byte_offset :].startswith(i.text.encode()) for i in items] == [True, True]
