@@ -189,13 +189,15 @@ def _gold_rows(gold_dir: Path, name: str, where: str, description: str, columns:
     return Outcome(name, n, bad, dict(params), description)
 
 
-def gold_mask_aligned(gold_dir: Path) -> Outcome:
-    """token_ids, loss_mask and token_type_ids have one length; masks are 0/1; counts match the lists."""
+def gold_mask_aligned(gold_dir: Path, trainable_types: tuple[int, ...] = (1, 3)) -> Outcome:
+    """Equal list lengths; mask in {0,1}; mask 1 only on the types the spec trains; counts match the lists."""
     where = ("len(token_ids) <> len(loss_mask) OR len(token_ids) <> len(token_type_ids) OR len(token_ids) <> num_tokens "
              "OR list_max(loss_mask) > 1 OR list_max(token_type_ids) > 3 OR list_sum(loss_mask) <> num_loss_tokens "
-             "OR list_count(list_filter(list_zip(loss_mask, token_type_ids), lambda x: x[1] = 1 AND x[2] NOT IN (1, 3))) > 0")
+             "OR list_count(list_filter(list_zip(loss_mask, token_type_ids), "
+             "lambda x: x[1] = 1 AND NOT list_contains($trainable_types, x[2]))) > 0")
     return _gold_rows(gold_dir, "tokenized_examples_mask_aligned", where,
-                      "equal list lengths, mask in {0,1}, mask 1 only on completion/EOS types, counts match")
+                      "equal list lengths, mask in {0,1}, mask 1 only on trainable token types, counts match",
+                      trainable_types=list(trainable_types))
 
 
 def gold_loss_tokens(gold_dir: Path) -> Outcome:

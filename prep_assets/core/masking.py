@@ -47,6 +47,16 @@ class TokenizedBatch:
     tokens_dropped: int  # tokens removed by truncation or dropped examples
 
 
+def trainable_types(spec: DatasetSpec) -> tuple[int, ...]:
+    """The token types that may carry loss under this spec (what the mask/type gate allows)."""
+    if spec.input.type == "text":
+        return (TYPE_COMPLETION, TYPE_EOS) if spec.mask_action("text") == "train" else ()
+    types = [TYPE_PROMPT] if spec.mask_action("prompt") == "train" else []
+    if spec.mask_action("completion") == "train":
+        types += [TYPE_COMPLETION, TYPE_EOS]
+    return tuple(types)
+
+
 def example_pieces(content: dict[str, Any], spec: DatasetSpec, pt: PinnedTokenizer) -> list[Piece]:
     info = pt.info
     pieces: list[Piece] = []

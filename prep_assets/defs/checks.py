@@ -22,6 +22,7 @@ from prep_assets.core import invariants as inv
 from prep_assets.core.drops import resolve_drop
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, read_json
+from prep_assets.core.masking import trainable_types
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.tokenizer import FINGERPRINT_FILE
 from prep_assets.defs.keys import (
@@ -81,7 +82,8 @@ GATES: tuple[Gate, ...] = (
     Gate(CLEAN_RECORDS, "clean_records_accounted", "silver records + silver rejects = bronze records, one to one",
          lambda s, p, k: inv.silver_accounted(silver(p, k), bronze(p, k))),
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_mask_aligned", "ids, mask and types of equal length; mask in {0,1} "
-         "and 1 only on completion/EOS types", lambda s, p, k: inv.gold_mask_aligned(gold(p, k))),
+         "and 1 only on the token types `mask` trains (completion/EOS by default)",
+         lambda s, p, k: inv.gold_mask_aligned(gold(p, k), trainable_types(s))),
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_have_loss_tokens", "every example has at least one loss token",
          lambda s, p, k: inv.gold_loss_tokens(gold(p, k))),
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_ids_in_vocab", "every token id < the tokenizer's vocab size",

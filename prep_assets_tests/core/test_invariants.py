@@ -126,3 +126,9 @@ def test_count_elements_is_independent_of_the_reader(tmp_path: Path):
     (tmp_path / "a.json").write_text('[1, 2, {"x": [3]}]')
     (tmp_path / "b.json").write_text('[1, 2')
     assert inv.count_elements(tmp_path / "a.json") == 3 and inv.count_elements(tmp_path / "b.json") is None
+
+
+def test_mask_on_prompt_passes_when_the_spec_trains_prompts(tmp_path: Path):
+    g = _gold(tmp_path / "g", [{"token_ids": [5, 6], "loss_mask": [0, 1], "token_type_ids": [0, 0]}])
+    assert inv.gold_mask_aligned(g, trainable_types=(0, 1, 3)).passed
+    assert not inv.gold_mask_aligned(g, trainable_types=(1, 3)).passed

@@ -109,3 +109,12 @@ def test_truncate_left_keeps_exactly_one_bos(tmp_path: Path):
     (ids, mask, _), = _examples(tb)
     assert len(ids) == 8 and ids[0] == pt.info.bos_id and ids.tolist().count(pt.info.bos_id) == 1
     assert ids[-1] == pt.info.eos_id and mask[0] == 0 and mask[1:].all()
+
+
+def test_trainable_types_follow_the_mask_spec():
+    from prep_assets.core.masking import trainable_types
+
+    assert trainable_types(make_spec(input={"type": "instruction"})) == (TYPE_COMPLETION, TYPE_EOS)
+    assert trainable_types(make_spec(input={"type": "instruction"}, mask={"prompt": "train"})) == (
+        TYPE_PROMPT, TYPE_COMPLETION, TYPE_EOS)
+    assert trainable_types(make_spec()) == (TYPE_COMPLETION, TYPE_EOS)
