@@ -2,7 +2,10 @@
 
 Runs are recorded in the instance under $DAGSTER_HOME, so the UI shows them afterwards. A partition
 is rerun when any of its layers has never been materialized, was materialized with another code
-version (a spec field that shapes that layer changed) or with another tokenizer, or lost its output.
+version (a spec field that shapes that layer changed, `checks` included) or with another tokenizer,
+lost its output, or has a gate that failed or did not run on its latest materialization. The tokenizer
+is re-pinned when its sources (training files, source directory) changed. Drops replaced by a changed
+file of the same name are reported and left alone.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from typing import Any
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, Definitions, ExecuteInProcessResult
 
-from prep_assets.core.drops import register_drops, registered_drops
+from prep_assets.core.drops import register_drops, registered_drops, superseded_drops
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.lake import DatasetPaths, dataset_paths, read_json
 from prep_assets.core.spec import DatasetSpec, load_specs
-from prep_assets.core.tokenizer import FINGERPRINT_FILE
+from prep_assets.core.tokenizer import FINGERPRINT_FILE, source_digest
 from prep_assets.definitions import build_definitions
 from prep_assets.defs.keys import (
     CLEAN_RECORDS,
@@ -31,6 +34,7 @@ from prep_assets.defs.keys import (
     manifest_job_name,
     tokenizer_job_name,
 )
+from prep_assets.defs.checks import unpassed_gates
 from prep_assets.defs.partitions import drops_partitions
 
 _LAYER_OF = {RAW_RECORDS: "bronze", CLEAN_RECORDS: "silver", TOKENIZED_EXAMPLES: "gold", PACKED_SHARDS: "shards"}
@@ -59,11 +63,24 @@ def _fresh(instance: DagsterInstance, spec: DatasetSpec, name: str, layer: str, 
 
 
 def partition_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths, partition: str) -> bool:
+    """Every layer materialized with today's code version and tokenizer, and every gate passed on it."""
     fingerprint = _fingerprint(paths)
-    return all(
+    fresh = all(
         _fresh(instance, spec, name, layer, partition, paths.partition_dir(layer, partition), fingerprint)
         for name, layer in _LAYER_OF.items()
     )
+    return fresh and not unpassed_gates(instance, spec, [partition])[partition]
+
+
+def tokenizer_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths, data_dir: Path) -> bool:
+    """Pinned with today's code version from sources that have not changed since."""
+    if not _fresh(instance, spec, TOKENIZER, "tokenizer", None, paths.tokenizer_dir, None):
+        return False
+    recorded = read_json(paths.tokenizer_dir / FINGERPRINT_FILE).get("source_digest")
+    try:
+        return recorded == source_digest(spec.tokenizer, data_dir)
+    except OSError:
+        return False
 
 
 def _fingerprint(paths: DatasetPaths) -> str | None:
@@ -140,14 +157,18 @@ def run_datasets(
         pdef_name = drops_partitions(spec.name).name
         known = set(instance.get_dynamic_partitions(pdef_name))
         instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])
-        if rerun_all or not _fresh(instance, spec, TOKENIZER, "tokenizer", None, paths.tokenizer_dir, None):
+        if rerun_all or not tokenizer_up_to_date(instance, spec, paths, data_dir):
             log(f"[{spec.name}] materializing tokenizer")
             run = _launch(defs, instance, tokenizer_job_name(spec))
             runs.append(run)
             if not run["success"]:
                 continue
+        superseded = superseded_drops(paths)
         for key in keys:
             run = None
+            if key in superseded:
+                rows.append({**summary_row(spec, paths, key, None), "checks": f"superseded by {superseded[key]}"})
+                continue
             if rerun_all or not partition_up_to_date(instance, spec, paths, key):
                 log(f"[{spec.name}] materializing drop {key}")
                 run = _launch(defs, instance, drop_job_name(spec), key)

@@ -95,3 +95,42 @@ def test_decode_prints_masked_spans_and_segments(tmp_path: Path, capsys: pytest.
     assert main(["decode", str(shard), "--row", "0"]) == 0
     text = capsys.readouterr().out
     assert "--- segment 1 ·" in text and "«" in text
+
+
+def test_failed_gate_keeps_partition_out_of_manifest_and_stale_until_fixed(tmp_path: Path):
+    data = copy_sample_data(tmp_path / "data")
+    spec_path = data / "datasets" / "sample_instruct.yaml"
+    spec = spec_path.read_text()
+    spec_path.write_text(spec.replace("min_sequence_utilization: 0.8", "min_sequence_utilization: 0.999"))
+    home = tmp_path / "home"
+    first = _run(["run", "--data-dir", str(data), "--dataset", "sample_instruct"], home, PROJECT)
+    assert first.returncode == 1 and "packed_shards_utilization failed" in first.stderr
+    manifest = json.loads((data / "lake" / "sample_instruct" / "manifest.json").read_text())
+    assert manifest["partitions"] == {} and manifest["splits"]["train"]["files"] == []
+    again = _run(["run", "--data-dir", str(data), "--dataset", "sample_instruct"], home, PROJECT)
+    assert again.returncode == 1 and "up to date" not in again.stdout  # a failed gate is never "up to date"
+    spec_path.write_text(spec)  # threshold back: the checks section changed, so every layer is rebuilt
+    fixed = _run(["run", "--data-dir", str(data), "--dataset", "sample_instruct"], home, PROJECT)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    manifest = json.loads((data / "lake" / "sample_instruct" / "manifest.json").read_text())
+    assert len(manifest["partitions"]) == 1
+
+
+def test_changed_file_supersedes_old_drop_and_changed_corpus_repins_tokenizer(tmp_path: Path):
+    data = copy_sample_data(tmp_path / "data")
+    home = tmp_path / "home"
+    assert _run(["run", "--data-dir", str(data), "--dataset", "sample_text"], home, PROJECT).returncode == 0
+    old_fp = json.loads((data / "lake" / "sample_text" / "tokenizer" / "fingerprint.json").read_text())["fingerprint"]
+    drop = data / "raw" / "sample_text" / "field_notes_2026-11-02.txt"
+    drop.write_text("".join(drop.read_text().splitlines(keepends=True)[:-5]))  # edited in place
+    with (data / "corpus" / "sample_corpus.txt").open("a") as f:
+        f.write("An extra line about tokenizers, partitions and lineage.\n" * 50)
+    result = _run(["run", "--data-dir", str(data), "--dataset", "sample_text"], home, PROJECT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "superseded by field_notes_2026-11-02_txt-" in result.stdout
+    assert "materializing tokenizer" in result.stdout
+    new_fp = json.loads((data / "lake" / "sample_text" / "tokenizer" / "fingerprint.json").read_text())["fingerprint"]
+    assert new_fp != old_fp
+    manifest = json.loads((data / "lake" / "sample_text" / "manifest.json").read_text())
+    assert len(manifest["partitions"]) == 2  # the jsonl drop and the new txt drop, not the superseded one
+    assert manifest["shard_tokenizer_fingerprints"] == [new_fp]

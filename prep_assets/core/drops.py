@@ -119,3 +119,24 @@ def resolve_drop(paths: DatasetPaths, partition: str) -> tuple[Drop, Path]:
             "the changed file is a new drop: run `prep-assets run` to register it"
         )
     return drop, path
+
+
+def superseded_drops(paths: DatasetPaths) -> dict[str, str]:
+    """Drops whose file name now holds other registered bytes: partition -> the partition replacing it.
+
+    A changed file under the same name is a new drop; the old partition keeps its outputs but no longer
+    belongs in the dataset manifest. Where the file is gone, nothing is known to replace it.
+    """
+    by_name: dict[str, list[Drop]] = {}
+    for drop in registered_drops(paths).values():
+        by_name.setdefault(drop.file, []).append(drop)
+    out: dict[str, str] = {}
+    for name, drops in sorted(by_name.items()):
+        path = paths.raw_dir / name
+        if len(drops) < 2 or path.is_symlink() or not path.is_file():
+            continue
+        digest = sha256_file(path)
+        current = next((d for d in drops if d.sha256 == digest), None)
+        if current is not None:
+            out.update({d.partition: current.partition for d in drops if d is not current})
+    return out

@@ -370,7 +370,7 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
             "strategy": spec.packing.strategy,
             "tokens_dropped_by_overflow": gold_stats["tokens_dropped_by_overflow"],
             "splits": split_stats,
-            "totals": _totals(split_stats.values()),
+            "totals": _totals(split_stats.values(), gold_stats["tokens_dropped_by_overflow"]),
         }
         write_json_atomic(stage / STATS, stats)
     return stats
@@ -401,12 +401,15 @@ _SUMMED = ("examples", "sequences", "input_tokens", "tokens", "loss_tokens", "pr
            "tokens_dropped_by_packing")
 
 
-def _totals(splits: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def _totals(splits: Iterable[dict[str, Any]], dropped_by_overflow: int) -> dict[str, Any]:
+    """Partition totals; data utilization counts tokens lost to overflow in gold as well as in packing."""
     splits = list(splits)
     out: dict[str, Any] = {k: sum(s[k] for s in splits) for k in _SUMMED}
     capacity = out["tokens"] + out["padding_tokens"]
+    before_overflow = out["input_tokens"] + dropped_by_overflow
+    out["tokens_dropped_by_overflow"] = dropped_by_overflow
     out["sequence_utilization"] = round(out["tokens"] / capacity, 6) if capacity else 0.0
-    out["data_utilization"] = round(out["tokens"] / out["input_tokens"], 6) if out["input_tokens"] else 1.0
+    out["data_utilization"] = round(out["tokens"] / before_overflow, 6) if before_overflow else 1.0
     return out
 
 

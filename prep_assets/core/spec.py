@@ -204,11 +204,13 @@ _MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
 }
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.
+# `checks` is in every layer: a changed threshold must re-judge every partition.
 LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
-    "bronze": ("input",),
-    "silver": ("input", "clean", "split"),
-    "gold": ("input", "clean", "split", "mask", "mask_default", "tokenizer", "sequence"),
-    "shards": ("input", "clean", "split", "mask", "mask_default", "tokenizer", "sequence", "packing", "output"),
+    "bronze": ("input", "checks"),
+    "silver": ("input", "checks", "clean", "split"),
+    "gold": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence"),
+    "shards": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence", "packing",
+               "output"),
 }
 
 

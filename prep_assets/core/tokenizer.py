@@ -117,6 +117,24 @@ def train_bpe(train: TrainTokenizerSpec, base: Path, dest: Path) -> None:
     wrapped.save_pretrained(str(dest))
 
 
+def source_digest(spec: TokenizerSpec, base: Path) -> str:
+    """A hash of what the tokenizer is made from: training files, or the source directory's tokenizer files.
+
+    Recorded when pinned; a different digest later means the pinned copy is out of date.
+    """
+    if spec.train is not None:
+        paths = [Path(p) for pattern in spec.train.files
+                 for p in sorted(glob.glob(pattern if os.path.isabs(pattern) else str(base / pattern), recursive=True))]
+        files = {str(p): sha256_file(p) for p in paths}
+    elif spec.path is not None:
+        src = resolve_path(spec.path, base)
+        files = {p.name: sha256_file(p) for p in sorted(src.iterdir()) if p.is_file() and _is_tokenizer_file(p.name)} \
+            if src.is_dir() else {}
+    else:
+        files = {"hub": f"{spec.hub_id}@{spec.revision}"}
+    return hashlib.sha256(canonical_json(files).encode("utf-8")).hexdigest()
+
+
 def resolve_path(value: str, base: Path) -> Path:
     path = Path(value)
     return path if path.is_absolute() else (base / path)
@@ -141,7 +159,8 @@ def pin_tokenizer(spec: TokenizerSpec, *, base: Path, dest: Path) -> dict[str, A
     fingerprint = hashlib.sha256(canonical_json(files).encode("utf-8")).hexdigest()
     tok = load_tokenizer(dest)
     info = tokenizer_info(tok, spec, fingerprint)
-    record = {"fingerprint": fingerprint, "files": files, "source": source, "info": asdict(info)}
+    record = {"fingerprint": fingerprint, "files": files, "source": source, "info": asdict(info),
+              "source_digest": source_digest(spec, base)}
     write_json_atomic(dest / FINGERPRINT_FILE, record)
     return record
 

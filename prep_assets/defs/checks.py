@@ -11,12 +11,15 @@ from pathlib import Path
 
 from dagster import (
     AssetCheckExecutionContext,
+    AssetCheckKey,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetChecksDefinition,
+    DagsterInstance,
     MetadataValue,
     asset_check,
 )
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from prep_assets.core import invariants as inv
 from prep_assets.core.drops import resolve_drop
@@ -147,6 +150,26 @@ def _manifest_gate(spec: DatasetSpec) -> AssetChecksDefinition:
         return outcome_result(inv.shards_one_tokenizer(parts, manifest["tokenizer_fingerprint"]))
 
     return _check
+
+
+def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: list[str]) -> dict[str, list[str]]:
+    """Per partition, the gates that did not pass on its latest materialization (failed, never run, or older)."""
+    keys = [AssetCheckKey(asset_key(spec, g.asset), g.name) for g in GATES]
+    infos = instance.event_log_storage.get_asset_check_partition_info(keys, partition_keys=partitions) if partitions else []
+    latest = {(i.partition_key, i.check_key.name): i for i in infos}
+    out: dict[str, list[str]] = {}
+    for partition in partitions:
+        problems = []
+        for gate in GATES:
+            info = latest.get((partition, gate.name))
+            if info is None:
+                problems.append(f"{gate.name}: never run")
+            elif info.latest_execution_status != AssetCheckExecutionRecordStatus.SUCCEEDED:
+                problems.append(f"{gate.name}: {info.latest_execution_status.value.lower()}")
+            elif not info.is_current:
+                problems.append(f"{gate.name}: not run on the latest materialization")
+        out[partition] = problems
+    return out
 
 
 def build_checks(spec: DatasetSpec) -> list[AssetChecksDefinition]:

@@ -12,9 +12,11 @@ from dagster import (
 )
 
 from prep_assets.core import layers
+from prep_assets.core.drops import superseded_drops
 from prep_assets.core.records import SHARD_SCHEMA
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.keys import DATASET_MANIFEST, PACKED_SHARDS, TOKENIZED_EXAMPLES, TOKENIZER, asset_key, code_version
+from prep_assets.defs.checks import unpassed_gates
 from prep_assets.defs.metadata import column_schema, md_table, user_errors
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
@@ -79,17 +81,22 @@ def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
         kinds={"json"},
         code_version=code_version(spec, "shards"),
         description=(
-            f"lake/{spec.name}/manifest.json: every published shard of every drop by split (paths relative to the "
-            "manifest), with sha256, sequences, tokens, loss tokens, max_batch_size, the tokenizer fingerprint, "
-            "max_seq_len and the config hash. What a trainer points at."
+            f"lake/{spec.name}/manifest.json: the shards of every drop whose gates all passed on its latest "
+            "materialization (drops replaced by a changed file of the same name are left out), by split, with "
+            "paths relative to the manifest, sha256, sequences, tokens, loss tokens, max_batch_size, the tokenizer "
+            "fingerprint, max_seq_len and the config hash. What a trainer points at."
         ),
         tags={"layer": "gold"},
     )
     def dataset_manifest(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
         paths = lake.paths(spec.name)
-        partitions = context.instance.get_dynamic_partitions(drops_partitions(spec.name).name)
+        registered = sorted(context.instance.get_dynamic_partitions(drops_partitions(spec.name).name))
+        excluded = {p: f"superseded by {q}" for p, q in superseded_drops(paths).items()}
+        for partition, problems in unpassed_gates(context.instance, spec, registered).items():
+            if problems and partition not in excluded:
+                excluded[partition] = "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else "")
         with user_errors():
-            manifest = layers.build_manifest(spec, paths, partitions)
+            manifest = layers.build_manifest(spec, paths, [p for p in registered if p not in excluded])
         per_split = [
             {"split": s, "files": len(m["files"]), "sequences": m["sequences"], "tokens": m["tokens"],
              "loss_tokens": m["loss_tokens"], "max_batch_size": m["max_batch_size"]}
@@ -101,6 +108,8 @@ def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
                 "num_sequences": sum(m["sequences"] for m in manifest["splits"].values()),
                 "num_tokens": sum(m["tokens"] for m in manifest["splits"].values()),
                 "splits": md_table(per_split),
+                "num_partitions_excluded": len(excluded),
+                "excluded_partitions": md_table([{"partition": k, "why": v} for k, v in sorted(excluded.items())]),
                 "config_hash": manifest["config_hash"],
                 "tokenizer_fingerprint": manifest["tokenizer_fingerprint"],
                 "path": MetadataValue.path(str(paths.manifest_path)),
