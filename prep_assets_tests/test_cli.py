@@ -52,25 +52,27 @@ def _lake_digests(data: Path) -> dict[str, str]:
             for p in sorted(lake.rglob("*")) if p.is_file()}
 
 
-def test_run_exits_non_zero_when_a_gate_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch):
-    data = copy_sample_data(tmp_path / "data")
+@pytest.fixture
+def in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the sample data, a fresh DAGSTER_HOME and a neutral working directory for `main()`."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return copy_sample_data(tmp_path / "data")
+
+
+def test_run_exits_non_zero_when_a_gate_fails(in_process: Path, capsys: pytest.CaptureFixture[str]):
+    data = in_process
     spec = (data / "datasets" / "sample_text.yaml").read_text().replace("max_reject_rate: 0.05", "max_reject_rate: 0.0")
     write_dataset(data, "strict", {}, {"notes.jsonl": b'{"text": "a fine line of text here"}\n{broken\n'})
     (data / "datasets" / "strict.yaml").write_text(spec, encoding="utf-8")
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
     code = main(["run", "--data-dir", str(data), "--dataset", "strict"])
     out = capsys.readouterr()
     assert code == 1
     assert "raw_records_reject_rate failed" in out.err and "FAILED" in out.out
 
 
-def test_unknown_dataset_and_bad_spec_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                       monkeypatch: pytest.MonkeyPatch):
-    data = copy_sample_data(tmp_path / "data")
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
+def test_unknown_dataset_and_bad_spec_are_clear_errors(in_process: Path, capsys: pytest.CaptureFixture[str]):
+    data = in_process
     assert main(["run", "--data-dir", str(data), "--dataset", "nope"]) == 2
     assert "no dataset 'nope'" in capsys.readouterr().err
     (data / "datasets" / "broken.yaml").write_text("input: {type: text, colour: red}\ntokenizer: {path: x}\n")
@@ -79,11 +81,8 @@ def test_unknown_dataset_and_bad_spec_are_clear_errors(tmp_path: Path, capsys: p
     assert "broken.yaml: input.colour: unknown key" in err and "Traceback" not in err
 
 
-def test_decode_prints_masked_spans_and_segments(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                 monkeypatch: pytest.MonkeyPatch):
-    data = copy_sample_data(tmp_path / "data")
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
+def test_decode_prints_masked_spans_and_segments(in_process: Path, capsys: pytest.CaptureFixture[str]):
+    data = in_process
     assert main(["run", "--data-dir", str(data), "--dataset", "sample_instruct"]) == 0
     capsys.readouterr()
     shard = next((data / "lake" / "sample_instruct" / "shards").glob("*/train/part-00000.parquet"))

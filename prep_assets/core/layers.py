@@ -73,10 +73,6 @@ class _RowBuffer:
             self.rows = []
 
 
-def _compression(spec: DatasetSpec) -> str:
-    return spec.output.compression
-
-
 # ---------------------------------------------------------------- tokenizer
 
 
@@ -106,7 +102,7 @@ def build_raw_records(
     reasons: Counter[str] = Counter()
     element_no: Counter[int] = Counter()
     with staged_dir(out_dir) as stage:
-        comp = _compression(spec)
+        comp = spec.output.compression
         with (
             ParquetSink(stage / RECORDS, BRONZE_SCHEMA, compression=comp) as rec_sink,
             ParquetSink(stage / REJECTS, BRONZE_REJECT_SCHEMA, compression=comp) as rej_sink,
@@ -164,7 +160,7 @@ def build_clean_records(
     chars = 0
     records_in = 0
     with staged_dir(out_dir) as stage:
-        comp = _compression(spec)
+        comp = spec.output.compression
         with (
             ParquetSink(stage / RECORDS, SILVER_SCHEMA, compression=comp) as keep_sink,
             ParquetSink(stage / REJECTS, SILVER_REJECT_SCHEMA, compression=comp) as rej_sink,
@@ -228,7 +224,7 @@ def build_tokenized_examples(
     totals: Counter[str] = Counter()
     lengths_all: list[np.ndarray] = []
     with staged_dir(out_dir) as stage:
-        comp = _compression(spec)
+        comp = spec.output.compression
         with (
             ParquetSink(stage / EXAMPLES, GOLD_SCHEMA, compression=comp, row_group_size=4096) as ex_sink,
             ParquetSink(stage / REJECTS, GOLD_REJECT_SCHEMA, compression=comp) as rej_sink,
@@ -358,7 +354,7 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
             for k, lo in enumerate(range(0, rows.num_rows, rows_per_shard)):
                 hi = min(lo + rows_per_shard, rows.num_rows)
                 rel = f"{split}/part-{k:05d}.parquet"
-                with ParquetSink(stage / rel, SHARD_SCHEMA, compression=_compression(spec), row_group_size=1024) as sink:
+                with ParquetSink(stage / rel, SHARD_SCHEMA, compression=spec.output.compression, row_group_size=1024) as sink:
                     sink.write(_row_table(rows, example_ids, lo, hi))
                 files.append({"path": rel, "sha256": sha256_file(stage / rel), "sequences": hi - lo,
                               "tokens": int(np.count_nonzero(rows.segment_ids[lo * L : hi * L])),

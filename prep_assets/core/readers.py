@@ -12,7 +12,7 @@ import hashlib
 import json
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,7 +51,6 @@ class Accounting:
     blank_lines: int = 0
     parsed: int = 0
     rejected: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def _reject_constant(name: str) -> Any:

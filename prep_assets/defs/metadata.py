@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,10 +48,10 @@ def _cell(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def preview(path: Path, columns: list[str], n: int = 3, fmt: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> MetadataValue:
+def preview(path: Path, columns: list[str], n: int = 3) -> MetadataValue:
     """A markdown table of the first rows of a Parquet file."""
     pf = pq.ParquetFile(str(path))
     if pf.metadata.num_rows == 0:
         return MetadataValue.md("_no rows_")
     rows = next(pf.iter_batches(batch_size=n, columns=columns)).to_pylist()
-    return md_table([fmt(r) if fmt else r for r in rows])
+    return md_table(rows)
