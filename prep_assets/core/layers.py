@@ -22,6 +22,7 @@ from prep_assets.core.clean import assign_split, content_sha256, normalize_conte
 from prep_assets.core.drops import Drop, format_of
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, canonical_json, read_json, sha256_file, staged_dir, write_json_atomic
+from prep_assets.core.chat import ChatTemplate
 from prep_assets.core.masking import tokenize_batch
 from prep_assets.core.packing import PackedRows, materialize_rows, plan_packs
 from prep_assets.core.parquet_io import ParquetSink, iter_batches
@@ -220,6 +221,7 @@ def build_tokenized_examples(
 ) -> dict[str, Any]:
     """Gold: one example per record with token ids, loss mask and token types (DESIGN §4)."""
     pt = load_pinned(tokenizer_dir)
+    chat = ChatTemplate(pt) if spec.input.type in ("chat", "preference") else None
     reasons: Counter[str] = Counter()
     totals: Counter[str] = Counter()
     lengths_all: list[np.ndarray] = []
@@ -232,7 +234,7 @@ def build_tokenized_examples(
             cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "split", "content"]
             for batch in iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols):
                 contents = [json.loads(c) for c in batch.column("content").to_pylist()]
-                tb = tokenize_batch(contents, spec, pt)
+                tb = tokenize_batch(contents, spec, pt, chat)
                 totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
                 if tb.rejects:
                     idx = pa.array([r[0] for r in tb.rejects], type=pa.int64())
@@ -252,10 +254,15 @@ def build_tokenized_examples(
                 n_loss = cum_loss[tb.offsets[1:]] - cum_loss[tb.offsets[:-1]]
                 n_prompt = cum_prompt[tb.offsets[1:]] - cum_prompt[tb.offsets[:-1]]
                 kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(pa.array(tb.kept, type=pa.int64()))
+                pair_id = branch = pa.nulls(len(tb.kept), pa.string())
+                example_id = kept.column("record_id")
+                if tb.branches is not None:
+                    pair_id, branch = example_id, pa.array(tb.branches, pa.string())
+                    example_id = pc.binary_join_element_wise(example_id, branch, "/")
                 ex_sink.write(
                     pa.table(
                         {
-                            "example_id": kept.column("record_id"),
+                            "example_id": example_id,
                             **{c: kept.column(c) for c in cols[:-1]},
                             "token_ids": list_array(tb.token_ids, tb.offsets, pa.int32()),
                             "loss_mask": list_array(tb.loss_mask, tb.offsets, pa.uint8()),
@@ -263,7 +270,10 @@ def build_tokenized_examples(
                             "num_tokens": pa.array(lengths.astype(np.int32)),
                             "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
                             "num_prompt_tokens": pa.array(n_prompt.astype(np.int32)),
-                        }
+                            "pair_id": pair_id,
+                            "branch": branch,
+                        },
+                        schema=GOLD_SCHEMA,
                     )
                 )
                 lengths_all.append(lengths)

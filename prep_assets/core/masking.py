@@ -1,7 +1,10 @@
 """Tokenize + mask: content records to token ids, loss masks and token types, in batches.
 
 Rules (DESIGN §4): text trains on every token; instruction masks prompts and trains completions,
-with one EOS after each completion, trained. At most one BOS, at the start. Special-token strings in
+with one EOS after each completion, trained. Chat and preference records render through the chat
+template (see `chat`): each role's characters train or not per the spec, a trained turn with its
+end-of-turn text. Preference records become two examples (chosen, rejected) whose shared prompt is
+masked in both; a pair is kept or rejected as a whole. At most one BOS, at the start. Special-token strings in
 content are encoded as plain text. The first token of every example has loss_mask 0: in a packed row
 it starts a segment and has no context to be predicted from. Overflow beyond `max_seq_len` follows
 `sequence.overflow`; an example left without a trained token is rejected (`no_trained_tokens`).
@@ -16,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from prep_assets.core.arrays import offsets_from_lengths, ranges_index
-from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
+from prep_assets.core.chat import ChatTemplate, EncodedChat
+from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT, Invalid
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.tokenizer import PinnedTokenizer
 
@@ -36,19 +40,26 @@ class Piece:
 
 @dataclass(frozen=True)
 class TokenizedBatch:
-    """Kept examples as flat arrays with offsets, plus the rejected ones."""
+    """Kept examples as flat arrays with offsets, plus the rejected records.
 
-    kept: np.ndarray  # indices into the input batch
+    `kept` holds, per kept example, the index of its record in the input batch (a preference record
+    gives two consecutive examples, `branches` says which is which).
+    """
+
+    kept: np.ndarray  # record index per kept example
     token_ids: np.ndarray  # int32
     loss_mask: np.ndarray  # uint8
     token_type_ids: np.ndarray  # uint8
     offsets: np.ndarray  # int64, len(kept) + 1
-    rejects: list[tuple[int, str, str, int]]  # (index, reason, detail, num_tokens before overflow)
+    rejects: list[tuple[int, str, str, int]]  # (record index, reason, detail, num_tokens before overflow)
     tokens_dropped: int  # tokens removed by truncation or dropped examples
+    branches: list[str | None] | None = None  # per kept example: "chosen"/"rejected" for preference
 
 
 def trainable_types(spec: DatasetSpec) -> tuple[int, ...]:
     """The token types that may carry loss under this spec (what the mask/type gate allows)."""
+    if spec.input.type in ("chat", "preference"):
+        return (TYPE_COMPLETION, TYPE_EOS)
     if spec.input.type == "text":
         return (TYPE_COMPLETION, TYPE_EOS) if spec.mask_action("text") == "train" else ()
     types = [TYPE_PROMPT] if spec.mask_action("prompt") == "train" else []
@@ -89,7 +100,11 @@ def _first_text_flags(pieces: list[Piece]) -> list[bool]:
     return flags
 
 
-def tokenize_batch(contents: list[dict[str, Any]], spec: DatasetSpec, pt: PinnedTokenizer) -> TokenizedBatch:
+def tokenize_batch(
+    contents: list[dict[str, Any]], spec: DatasetSpec, pt: PinnedTokenizer, chat: ChatTemplate | None = None
+) -> TokenizedBatch:
+    if spec.input.type in ("chat", "preference"):
+        return _tokenize_chat(contents, spec, pt, chat or ChatTemplate(pt))
     per_example = [example_pieces(c, spec, pt) for c in contents]
     flat_pieces = list(chain.from_iterable(per_example))
     # The first text of an example is encoded as an input start; every later one as a continuation.
@@ -111,33 +126,130 @@ def tokenize_batch(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
     return apply_overflow(ids, mask, types, lengths, spec, head=head)
 
 
-def apply_overflow(
-    ids: np.ndarray, mask: np.ndarray, types: np.ndarray, lengths: np.ndarray, spec: DatasetSpec, *, head: int = 0
-) -> TokenizedBatch:
-    """Cut or drop examples longer than max_seq_len, mask each first token, reject untrainable ones.
+def chat_examples(content: dict[str, Any], spec: DatasetSpec) -> list[tuple[str | None, list[dict[str, str]], list[bool]]]:
+    """(branch, messages, trained flags) of each example of a chat or preference record."""
+    train = {role: spec.mask_action(role) == "train" for role in spec.mask_keys}
+    if "messages" in content:
+        msgs = content["messages"]
+        return [(None, msgs, [train.get(m["role"], spec.mask_default == "train") for m in msgs])]
+    prompt = content["prompt"]
+    out = []
+    for branch in ("chosen", "rejected"):
+        msgs = content[branch]
+        flags = [False] * len(prompt) + [train.get(m["role"], spec.mask_default == "train") for m in msgs]
+        out.append((branch, prompt + msgs, flags))
+    return out
 
-    `head` tokens (the BOS) always stay at the front: truncate_left keeps them plus the last tokens.
+
+def _pair_limits(lengths: np.ndarray, max_len: int) -> np.ndarray:
+    """Per-branch length limits so both branches of each pair fit one row together.
+
+    A pair that fits keeps both; otherwise a branch that fits in half a row keeps its length and the
+    other gets the rest, else both get half a row.
     """
-    max_len = spec.sequence.max_seq_len
+    chosen, rejected = lengths[0::2], lengths[1::2]
+    half = max_len // 2
+    fits = chosen + rejected <= max_len
+    lim_c = np.where(fits, chosen, np.where(rejected <= half, max_len - rejected, np.where(chosen <= half, chosen, half)))
+    lim_r = np.where(fits, rejected, max_len - lim_c)
+    return np.column_stack([lim_c, lim_r]).ravel()
+
+
+def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: PinnedTokenizer, chat: ChatTemplate
+                   ) -> TokenizedBatch:
+    rejects: list[tuple[int, str, str, int]] = []
+    rendered, source, branches = [], [], []
+    for i, content in enumerate(contents):
+        examples = chat_examples(content, spec)
+        spans = [chat.spans(msgs, flags, content.get("tools")) for _, msgs, flags in examples]
+        bad = next((s for s in spans if isinstance(s, Invalid)), None)
+        if bad is not None:
+            rejects.append((i, bad.reason, bad.detail, 0))
+            continue
+        rendered += spans
+        source += [i] * len(spans)
+        branches += [b for b, _, _ in examples]
+    encoded = chat.encode(rendered)
+    bos = pt.info.bos_id if pt.info.add_bos else None
+    encoded = [_with_bos(e, bos) for e in encoded]
+    lengths = np.fromiter((len(e.token_ids) for e in encoded), dtype=np.int64, count=len(encoded))
+    heads = np.fromiter((int(pt.info.bos_id is not None and len(e.token_ids) > 0 and e.token_ids[0] == pt.info.bos_id)
+                         for e in encoded), dtype=np.int64, count=len(encoded))
+
+    def cat(name: str, dtype: type) -> np.ndarray:
+        return np.concatenate([getattr(e, name) for e in encoded]) if encoded else np.zeros(0, dtype)
+
+    paired = spec.input.type == "preference"
+    limits = _pair_limits(lengths, spec.sequence.max_seq_len) if paired else None
+    tb = apply_overflow(cat("token_ids", np.int32), cat("loss_mask", np.uint8), cat("token_type_ids", np.uint8),
+                        lengths, spec, head=heads, limits=limits, pairs=paired)
+    src = np.array(source, dtype=np.int64)
+    seen: set[int] = set()
+    for e, reason, detail, n in tb.rejects:  # one reject row per record (a pair is rejected once)
+        if int(src[e]) not in seen:
+            seen.add(int(src[e]))
+            rejects.append((int(src[e]), reason, detail, n))
+    rejects.sort()
+    return TokenizedBatch(
+        kept=src[tb.kept],
+        token_ids=tb.token_ids,
+        loss_mask=tb.loss_mask,
+        token_type_ids=tb.token_type_ids,
+        offsets=tb.offsets,
+        rejects=rejects,
+        tokens_dropped=tb.tokens_dropped,
+        branches=[branches[e] for e in tb.kept],
+    )
+
+
+def _with_bos(e: EncodedChat, bos: int | None) -> EncodedChat:
+    """Exactly one BOS at the start: added when the tokenizer wants one and the template did not emit it."""
+    if bos is None or (len(e.token_ids) and e.token_ids[0] == bos):
+        return e
+    return EncodedChat(np.concatenate([[bos], e.token_ids]).astype(np.int32),
+                       np.concatenate([[0], e.loss_mask]).astype(np.uint8),
+                       np.concatenate([[TYPE_PROMPT], e.token_type_ids]).astype(np.uint8))
+
+
+def apply_overflow(
+    ids: np.ndarray,
+    mask: np.ndarray,
+    types: np.ndarray,
+    lengths: np.ndarray,
+    spec: DatasetSpec,
+    *,
+    head: int | np.ndarray = 0,
+    limits: np.ndarray | None = None,
+    pairs: bool = False,
+) -> TokenizedBatch:
+    """Cut or drop examples longer than their limit, mask each first token, reject untrainable ones.
+
+    The limit is `max_seq_len` unless `limits` gives one per example. `head` tokens (the BOS) always
+    stay at the front: truncate_left keeps them plus the last tokens. With `pairs`, examples 2k and 2k+1
+    are one pair: when one is rejected both are (the reject names the branch).
+    """
     policy = spec.sequence.overflow
+    n = len(lengths)
+    max_len = np.full(n, spec.sequence.max_seq_len, dtype=np.int64) if limits is None else limits.astype(np.int64)
+    heads = np.broadcast_to(np.asarray(head, dtype=np.int64), (n,))
     starts = offsets_from_lengths(lengths)[:-1]
     over = lengths > max_len
-    head_len = np.zeros(len(lengths), dtype=np.int64)
+    head_len = np.zeros(n, dtype=np.int64)
     keep_start = starts.copy()
     keep_len = lengths.copy()
     rejects: list[tuple[int, str, str, int]] = []
     if policy == "drop":
         keep_len[over] = 0
         rejects.extend(
-            (int(i), "too_long", f"{int(lengths[i])} tokens > max_seq_len {max_len}", int(lengths[i]))
+            (int(i), "too_long", f"{int(lengths[i])} tokens > limit {int(max_len[i])}", int(lengths[i]))
             for i in np.flatnonzero(over)
         )
     elif policy == "truncate_right":
-        keep_len[over] = max_len
+        keep_len[over] = max_len[over]
     elif policy == "truncate_left":
-        head_len[over] = head
-        keep_start[over] = starts[over] + lengths[over] - (max_len - head)
-        keep_len[over] = max_len - head
+        head_len[over] = heads[over]
+        keep_start[over] = starts[over] + lengths[over] - (max_len[over] - heads[over])
+        keep_len[over] = max_len[over] - heads[over]
     # each example is its head range followed by its kept range
     range_starts = np.column_stack([starts, keep_start]).ravel()
     range_lens = np.column_stack([head_len, keep_len]).ravel()
@@ -149,11 +261,14 @@ def apply_overflow(
     out_mask[firsts] = 0
     cum = np.concatenate([[0], np.cumsum(out_mask, dtype=np.int64)])
     loss = cum[out_offsets[1:]] - cum[out_offsets[:-1]]
-    dropped = over if policy == "drop" else np.zeros(len(lengths), dtype=bool)
+    dropped = over if policy == "drop" else np.zeros(n, dtype=bool)
     for i in np.flatnonzero((loss == 0) & ~dropped):
         rejects.append((int(i), "no_trained_tokens", f"no loss token left of {int(lengths[i])} tokens", int(lengths[i])))
-    rejected = np.zeros(len(lengths), dtype=bool)
+    rejected = np.zeros(n, dtype=bool)
     rejected[[r[0] for r in rejects]] = True
+    if pairs:
+        rejects = [(i, reason, f"{('chosen', 'rejected')[i % 2]}: {detail}", k) for i, reason, detail, k in rejects]
+        rejected = np.repeat(rejected.reshape(-1, 2).any(axis=1), 2)
     kept = np.flatnonzero(~rejected)
     final_index = ranges_index(out_offsets[:-1][kept], keep_len[kept])
     rejects.sort()

@@ -3,6 +3,8 @@
 A record's *content* is the dict of its training-relevant fields in a canonical shape per type:
     text         {"text": str}
     instruction  {"turns": [{"prompt": str, "completion": str}, ...]}   (one turn, or a dialogue)
+    chat         {"messages": [{"role": str, "content": str}, ...], "tools"?: [...]}
+    preference   {"prompt": [messages], "chosen": [messages], "rejected": [messages], "tools"?: [...]}
 Content is stored as canonical JSON (see `lake.canonical_json`), which is also what exact dedup hashes.
 """
 
@@ -11,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import json
+import re
 
 import pyarrow as pa
 
@@ -77,23 +82,194 @@ def extract_instruction(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid
     return {"turns": turns}
 
 
+def _message_text(value: Any, where: str) -> str | Invalid:
+    """A message's content: a string, or OpenAI-style text parts joined."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return Invalid("null_value", f"{where}: content is null")
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                       and isinstance(p.get("text"), str) for p in value):
+        return "".join(p["text"] for p in value)
+    return Invalid("wrong_type", f"{where}: content is {type(value).__name__}; expected a string or text parts")
+
+
+def _messages(items: Any, spec: InputSpec, what: str) -> list[dict[str, str]] | Invalid:
+    """A list of OpenAI `{role, content}`, ShareGPT `{from, value}` or `{prompt, completion}` items."""
+    if not isinstance(items, list):
+        return Invalid("wrong_type", f"{what} is {type(items).__name__}, expected a list of messages")
+    if not items:
+        return Invalid("empty_dialogue", f"{what} is an empty list")
+    roles = spec.roles
+    out: list[dict[str, str]] = []
+    for i, item in enumerate(items, start=1):
+        where = f"{what} item {i}"
+        if not isinstance(item, dict):
+            return Invalid("not_an_object", f"{where}: expected an object, got {type(item).__name__}")
+        if spec.role_key is None and "role" not in item and "from" not in item and spec.completion_key in item:
+            turn = _turn(item, spec)  # a prompt/completion pair: a user and an assistant message
+            if isinstance(turn, Invalid):
+                return Invalid(turn.reason, f"{where}: {turn.detail}")
+            out += [{"role": "user", "content": turn["prompt"]}, {"role": "assistant", "content": turn["completion"]}]
+            continue
+        role_key = spec.role_key or ("role" if "role" in item else "from")
+        content_key = spec.content_key or ("content" if "content" in item else "value")
+        if item.get("tool_calls"):
+            return Invalid("unsupported_tool_calls", f"{where}: structured tool_calls are not supported; "
+                           "give the call as the message content (as ShareGPT function_call turns do)")
+        raw_role = item.get(role_key)
+        if not isinstance(raw_role, str):
+            return Invalid("missing_key", f"{where}: no string {role_key!r} (the role); keys: {sorted(item)[:20]}")
+        role = roles.get(raw_role)
+        if role is None:
+            return Invalid("unknown_role", f"{where}: role {raw_role!r} is not mapped; add it to input.role_map "
+                           f"(mapped: {sorted(roles)})")
+        if content_key not in item:
+            return Invalid("missing_key", f"{where}: no key {content_key!r}; keys: {sorted(item)[:20]}")
+        text = _message_text(item[content_key], where)
+        if isinstance(text, Invalid):
+            return text
+        out.append({"role": role, "content": text})
+    return out
+
+
+def _tools(obj: dict[str, Any], spec: InputSpec) -> list[dict[str, Any]] | Invalid | None:
+    """The record's tool definitions (a list, or a JSON string of one), as OpenAI `{type, function}` items."""
+    value = obj.get(spec.tools_key)
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            return Invalid("invalid_tools", f"{spec.tools_key!r} is a string but not JSON: {exc}")
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        return Invalid("invalid_tools", f"{spec.tools_key!r} must be a list of tool objects")
+    return [t if "function" in t else {"type": "function", "function": t} for t in value] or None
+
+
+def _system(obj: dict[str, Any], spec: InputSpec) -> list[dict[str, str]] | Invalid:
+    value = obj.get(spec.system_key)
+    if value is None or value == "":
+        return []
+    if not isinstance(value, str):
+        return Invalid("wrong_type", f"{spec.system_key!r} is {type(value).__name__}, expected a string")
+    return [{"role": "system", "content": value}]
+
+
+def _conversation(value: Any, spec: InputSpec) -> tuple[Any, dict[str, Any]] | Invalid:
+    """(the message list, the enclosing object) of a chat record."""
+    if isinstance(value, list):
+        return value, {}
+    if not isinstance(value, dict):
+        return Invalid("not_an_object", f"expected a JSON object or list, got {type(value).__name__}")
+    keys = [spec.messages_key] if spec.messages_key else ["messages", "conversations"]
+    for key in keys:
+        if key in value:
+            return value[key], value
+    return Invalid("missing_key", f"no key {' or '.join(map(repr, keys))}; set input.messages_key "
+                   f"(available keys: {sorted(value)[:20]})")
+
+
+def extract_chat(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
+    conv = _conversation(value, spec)
+    if isinstance(conv, Invalid):
+        return conv
+    items, obj = conv
+    messages = _messages(items, spec, "conversation")
+    system = _system(obj, spec)
+    tools = _tools(obj, spec)
+    for part in (messages, system, tools):
+        if isinstance(part, Invalid):
+            return part
+    assert isinstance(messages, list) and isinstance(system, list)
+    if system and messages[0]["role"] != "system":
+        messages = system + messages
+    return {"messages": messages, **({"tools": tools} if tools else {})}
+
+
+_HH_TURN = re.compile(r"(?:^|\n\n)(Human|Assistant): ?")
+
+
+def split_transcript(text: str) -> list[dict[str, str]] | None:
+    """An Anthropic-HH transcript ("\n\nHuman: ...\n\nAssistant: ...") as messages; None if it is not one."""
+    marks = list(_HH_TURN.finditer(text))
+    if not marks or marks[0].start() != 0:
+        return None
+    roles = {"Human": "user", "Assistant": "assistant"}
+    return [{"role": roles[m.group(1)], "content": text[m.end(): nxt.start() if nxt else len(text)]}
+            for m, nxt in zip(marks, [*marks[1:], None])]
+
+
+def _branch(value: Any, spec: InputSpec, what: str, default_role: str) -> list[dict[str, str]] | Invalid:
+    if isinstance(value, str):
+        return split_transcript(value) or [{"role": default_role, "content": value}]
+    if value is None:
+        return Invalid("null_value", f"{what!r} is null")
+    return _messages(value, spec, what)
+
+
+def extract_preference(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
+    """{prompt?, chosen, rejected}: messages or plain text (HH transcripts split into turns).
+
+    Without a prompt, the shared prompt is the longest run of identical leading messages of both branches.
+    """
+    if not isinstance(value, dict):
+        return Invalid("not_an_object", f"expected a JSON object, got {type(value).__name__}")
+    for key in (spec.chosen_key, spec.rejected_key):
+        if key not in value:
+            return Invalid("missing_key", f"no key {key!r}; available keys: {sorted(value)[:20]}")
+    chosen = _branch(value[spec.chosen_key], spec, spec.chosen_key, "assistant")
+    rejected = _branch(value[spec.rejected_key], spec, spec.rejected_key, "assistant")
+    prompt_key = spec.prompt_keys[0]
+    prompt: list[dict[str, str]] | Invalid = []
+    if value.get(prompt_key) not in (None, ""):
+        prompt = _branch(value[prompt_key], spec, prompt_key, "user")
+    system = _system(value, spec)
+    tools = _tools(value, spec)
+    for part in (chosen, rejected, prompt, system, tools):
+        if isinstance(part, Invalid):
+            return part
+    assert isinstance(chosen, list) and isinstance(rejected, list) and isinstance(prompt, list)
+    assert isinstance(system, list)
+    if not prompt:
+        k = 0
+        while k < min(len(chosen), len(rejected)) - 1 and chosen[k] == rejected[k]:
+            k += 1
+        prompt, chosen, rejected = chosen[:k], chosen[k:], rejected[k:]
+    if chosen == rejected:
+        return Invalid("identical_branches", "chosen and rejected are the same after the shared prompt")
+    if system and (not prompt or prompt[0]["role"] != "system"):
+        prompt = system + prompt
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected, **({"tools": tools} if tools else {})}
+
+
 EXTRACTORS: dict[str, Extractor] = {
     "text": extract_text,
     "instruction": extract_instruction,
+    "chat": extract_chat,
+    "preference": extract_preference,
 }
+
+_MESSAGE_LISTS = ("messages", "prompt", "chosen", "rejected")
 
 
 def content_texts(content: dict[str, Any]) -> list[str]:
     """The text fields of a content dict, in order (used for lengths and normalization)."""
     if "text" in content:
         return [content["text"]]
-    return [s for t in content.get("turns", []) for s in (t["prompt"], t["completion"])]
+    if "turns" in content:
+        return [s for t in content["turns"] for s in (t["prompt"], t["completion"])]
+    return [m["content"] for key in _MESSAGE_LISTS for m in content.get(key, [])]
 
 
 def map_content_texts(content: dict[str, Any], fn: Callable[[str], str]) -> dict[str, Any]:
     if "text" in content:
         return {**content, "text": fn(content["text"])}
-    return {**content, "turns": [{k: fn(v) for k, v in t.items()} for t in content["turns"]]}
+    if "turns" in content:
+        return {**content, "turns": [{k: fn(v) for k, v in t.items()} for t in content["turns"]]}
+    return {**content, **{key: [{**m, "content": fn(m["content"])} for m in content[key]]
+                          for key in _MESSAGE_LISTS if key in content}}
 
 
 PROVENANCE_FIELDS = [
@@ -155,6 +331,9 @@ GOLD_SCHEMA = pa.schema(
         pa.field("num_tokens", pa.int32(), nullable=False),
         pa.field("num_loss_tokens", pa.int32(), nullable=False),
         pa.field("num_prompt_tokens", pa.int32(), nullable=False),
+        # preference: both branches of a pair share pair_id (the record id); branch is chosen/rejected
+        pa.field("pair_id", pa.string(), nullable=True),
+        pa.field("branch", pa.string(), nullable=True),
     ]
 )
 

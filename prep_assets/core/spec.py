@@ -20,7 +20,7 @@ from prep_assets.core.errors import SpecError
 DATASET_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 InputFormat = Literal["auto", "jsonl", "jsonl.gz", "json", "txt"]
-RecordType = Literal["text", "instruction"]
+RecordType = Literal["text", "instruction", "chat", "preference"]
 MaskAction = Literal["train", "mask"]
 Overflow = Literal["drop", "truncate_right", "truncate_left"]
 PackingStrategy = Literal["bfd", "single"]
@@ -48,6 +48,16 @@ class InputSpec(_Strict):
     prompt_separator: str = "\n\n"
     prompt_prefix: str = ""
     prompt_postfix: str = ""
+    # chat / preference: where the conversation is and how its roles are named (None = detect per record:
+    # `messages` with role/content, or `conversations` with from/value, or a list of prompt/completion pairs)
+    messages_key: str | None = None
+    role_key: str | None = None
+    content_key: str | None = None
+    role_map: dict[str, str] = {}
+    system_key: str = "system"
+    tools_key: str = "tools"
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
     max_line_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
 
     @model_validator(mode="after")
@@ -57,8 +67,23 @@ class InputSpec(_Strict):
         return self
 
     @property
+    def roles(self) -> dict[str, str]:
+        """Source role name -> chat role: the defaults, overridden by `role_map`."""
+        return {**DEFAULT_ROLE_MAP, **self.role_map}
+
+    @property
     def prompt_keys(self) -> tuple[str, ...]:
         return (self.prompt_key,) if isinstance(self.prompt_key, str) else tuple(self.prompt_key)
+
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+DEFAULT_ROLE_MAP: dict[str, str] = {
+    **{r: r for r in CHAT_ROLES},
+    "human": "user",
+    "gpt": "assistant",
+    "function_call": "assistant",
+    "observation": "tool",
+}
 
 
 class NormalizeSpec(_Strict):
@@ -109,12 +134,17 @@ class TokenizerSpec(_Strict):
     train: TrainTokenizerSpec | None = None
     add_bos: bool | None = None
     add_eos: bool = True
+    # a chat template for tokenizers without one (or to replace theirs): inline Jinja, or a file
+    chat_template: str | None = None
+    chat_template_file: str | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> TokenizerSpec:
         given = [k for k in ("path", "hub_id", "train") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of path, hub_id, train (got {given or 'none'})")
+        if self.chat_template is not None and self.chat_template_file is not None:
+            raise ValueError("give chat_template (inline) or chat_template_file, not both")
         if self.hub_id is not None and not self.revision:
             raise ValueError("hub_id needs a revision (a commit sha or tag) so the tokenizer is pinned")
         return self
@@ -173,9 +203,9 @@ class DatasetSpec(_Strict):
     def _consistent(self) -> DatasetSpec:
         if not DATASET_NAME_RE.match(self.name):
             raise ValueError(f"name {self.name!r}: use lower-case letters, digits and _ (starting with a letter)")
-        if self.input.type == "instruction" and self.input.format == "txt":
-            raise ValueError("input.format txt holds one text per line; it cannot carry instruction records")
-        allowed = _MASK_KEYS[self.input.type]
+        if self.input.type != "text" and self.input.format == "txt":
+            raise ValueError(f"input.format txt holds one text per line; it cannot carry {self.input.type} records")
+        allowed = self.mask_keys
         unknown = sorted(set(self.mask) - set(allowed))
         if unknown:
             raise ValueError(f"mask: unknown key(s) {unknown} for type {self.input.type}; allowed: {list(allowed)}")
@@ -187,7 +217,15 @@ class DatasetSpec(_Strict):
         """The action for a role/field: the spec's, else the type's default, else mask_default."""
         if field in self.mask:
             return self.mask[field]
-        return _MASK_KEYS[self.input.type].get(field) or self.mask_default
+        return self.mask_keys.get(field) or self.mask_default
+
+    @property
+    def mask_keys(self) -> dict[str, MaskAction | None]:
+        """The mask keys this spec's type allows, with their defaults; chat roles include role_map targets."""
+        keys = dict(_MASK_KEYS[self.input.type])
+        if self.input.type in ("chat", "preference"):
+            keys.update({r: None for r in self.input.roles.values() if r not in keys})
+        return keys
 
     def fingerprint(self, *sections: str) -> str:
         """A stable hash of the named sections (all when none): drives code versions and the manifest."""
@@ -201,6 +239,9 @@ class DatasetSpec(_Strict):
 _MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
     "text": {"text": "train"},
     "instruction": {"prompt": "mask", "completion": "train"},
+    "chat": {"system": "mask", "user": "mask", "assistant": "train", "tool": "mask"},
+    # preference: roles of the chosen/rejected branches; the shared prompt is always masked
+    "preference": {"system": "mask", "user": "mask", "assistant": "train", "tool": "mask"},
 }
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.

@@ -132,7 +132,20 @@ def source_digest(spec: TokenizerSpec, base: Path) -> str:
             if src.is_dir() else {}
     else:
         files = {"hub": f"{spec.hub_id}@{spec.revision}"}
+    template = chat_template_text(spec, base)
+    if template is not None:
+        files["chat_template"] = hashlib.sha256(template.encode("utf-8")).hexdigest()
     return hashlib.sha256(canonical_json(files).encode("utf-8")).hexdigest()
+
+
+def chat_template_text(spec: TokenizerSpec, base: Path) -> str | None:
+    """The spec's chat template (inline or from a file relative to the data dir), None if it gives none."""
+    if spec.chat_template_file is not None:
+        path = resolve_path(spec.chat_template_file, base)
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer.chat_template_file {spec.chat_template_file!r} is not a file ({path})")
+        return path.read_text(encoding="utf-8")
+    return spec.chat_template
 
 
 def resolve_path(value: str, base: Path) -> Path:
@@ -155,6 +168,10 @@ def pin_tokenizer(spec: TokenizerSpec, *, base: Path, dest: Path) -> dict[str, A
         assert spec.hub_id is not None and spec.revision is not None
         _copy_tokenizer_files(_resolve_hub_snapshot(spec.hub_id, spec.revision), dest)
         source = {"mode": "hub", "hub_id": spec.hub_id, "revision": spec.revision}
+    template = chat_template_text(spec, base)
+    if template is not None:  # the spec's template replaces the tokenizer's own, pinned with it
+        (dest / "chat_template.jinja").write_text(template, encoding="utf-8")
+        (dest / "chat_template.json").unlink(missing_ok=True)
     files = {p.name: sha256_file(p) for p in sorted(dest.iterdir()) if p.is_file()}
     fingerprint = hashlib.sha256(canonical_json(files).encode("utf-8")).hexdigest()
     tok = load_tokenizer(dest)

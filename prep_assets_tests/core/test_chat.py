@@ -1,0 +1,212 @@
+"""Chat masks on real templates: round trips, the inference prefix property, injection, preference pairs.
+
+Every record of the three shared conversation datasets is checked with TinyLlama's and Mistral's own
+templates and with GPT-2 + the project's ChatML template. Mismatch counts are printed (run with -s).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from prep_assets.core.chat import ChatTemplate
+from prep_assets.core.masking import tokenize_batch
+from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, extract_chat, extract_preference
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
+from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
+
+CHATML = PROJECT / "data" / "templates" / "chatml.jinja"
+# per tokenizer: its end-of-turn text, and the role map its template needs for tool results
+TOKENIZERS = {
+    "gpt2": {"eot": "<|im_end|>", "template": True, "role_map": {}},
+    "tinyllama": {"eot": "</s>", "template": False, "role_map": {"observation": "user"}},  # no tool role
+    "mistral7b": {"eot": "</s>", "template": False, "role_map": {"observation": "user"}},  # tool needs call ids
+}
+DATASETS = ("chat/glaive_toolcall_en_demo.json", "chat/fastchat_dummy_conversation.json", "dialogue/gdp_dialogue.jsonl")
+
+
+def _load(path: Path) -> list[Any]:
+    if path.suffix == ".json":
+        return json.loads(path.read_text(encoding="utf-8"))
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _spec(name: str, type_: str = "chat", max_seq_len: int = 16384, **extra: Any) -> DatasetSpec:
+    cfg = TOKENIZERS[name]
+    tokenizer: dict[str, Any] = {"path": str(shared_path(f"tokenizers/{name}"))}
+    if cfg["template"]:
+        tokenizer["chat_template_file"] = str(CHATML)
+    inp = {"type": type_, "role_map": cfg["role_map"], **extra.pop("input", {})}
+    return make_spec(input=inp, tokenizer=tokenizer,
+                     sequence={"max_seq_len": max_seq_len, **extra.pop("sequence", {})}, **extra)
+
+
+def _pinned(spec: DatasetSpec, tmp_path: Path) -> PinnedTokenizer:
+    dest = tmp_path / "tok"
+    dest.mkdir(parents=True, exist_ok=True)
+    pin_tokenizer(spec.tokenizer, base=tmp_path, dest=dest)
+    return load_pinned(dest)
+
+
+def _examples(tb):
+    return [(tb.token_ids[a:b], tb.loss_mask[a:b], tb.token_type_ids[a:b]) for a, b in zip(tb.offsets[:-1], tb.offsets[1:])]
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
+
+
+def _has_specials_in_content(pt: PinnedTokenizer, messages: list[dict[str, str]]) -> bool:
+    return any(s in m["content"] for s in pt.hf.all_special_tokens for m in messages)
+
+
+@pytest.mark.parametrize("tok", list(TOKENIZERS))
+def test_chat_mask_round_trip_every_record(tok: str, tmp_path: Path):
+    """Trained tokens decode to exactly the assistant contents + end-of-turn; all tokens to the rendering."""
+    spec = _spec(tok)
+    pt = _pinned(spec, tmp_path)
+    chat = ChatTemplate(pt)
+    eot = TOKENIZERS[tok]["eot"]
+    checked = mismatches = prefix_checked = 0
+    prefix_violations: dict[str, int] = {}
+    for rel in DATASETS:
+        contents = [extract_chat(v, spec.input) for v in _load(shared_path(f"datasets/{rel}"))]
+        tb = tokenize_batch(contents, spec, pt, chat)
+        assert tb.rejects == [], (rel, tb.rejects[:3])
+        prefix_violations[rel] = 0
+        for rec, (ids, mask, types) in zip(tb.kept.tolist(), _examples(tb), strict=True):
+            msgs, tools = contents[rec]["messages"], contents[rec].get("tools")
+            rendering = chat.render(msgs, tools)
+            added_bos = pt.info.add_bos and not rendering.startswith(pt.hf.bos_token or "\0")
+            head = 1 if added_bos else 0
+            checked += 1
+            # all tokens: exactly the template's rendering, tokenized as the tokenizer tokenizes it
+            expected_ids = pt.hf(rendering, add_special_tokens=False)["input_ids"]
+            ok = ids[head:].tolist() == expected_ids and pt.hf.decode(ids[head:].tolist()) == rendering
+            # trained tokens: the assistant contents with their end-of-turn text, nothing else
+            trained = [pt.hf.decode(ids[a:b].tolist()).strip() for a, b in _runs(mask)]
+            wanted = [m["content"].strip() + eot for m in msgs if m["role"] == "assistant"]
+            ok = ok and trained == wanted and set(types[mask == 1].tolist()) <= {TYPE_COMPLETION, TYPE_EOS}
+            mismatches += not ok
+            # the prompt seen at inference is a token prefix of the training sequence at each assistant turn
+            for i in (i for i, m in enumerate(msgs) if m["role"] == "assistant" and i > 0):
+                prompt = chat.render(msgs[:i], tools, add_generation_prompt=True)
+                prompt_ids = ([pt.info.bos_id] if added_bos else []) + pt.hf(prompt, add_special_tokens=False)["input_ids"]
+                prefix_checked += 1
+                prefix_violations[rel] += ids[: len(prompt_ids)].tolist() != prompt_ids
+    print(f"\n{tok}: {checked} records checked, {mismatches} mismatches; "
+          f"{prefix_checked} assistant turns prefix-checked, violations {prefix_violations}")
+    assert checked == 300 + 500 + 42 and mismatches == 0
+    if tok == "mistral7b":
+        # Mistral's template lists the tools before the *last* user message, so a tool-using history
+        # rendered for generation differs from the same history inside a longer conversation (README).
+        assert prefix_violations["chat/fastchat_dummy_conversation.json"] == 0
+        assert prefix_violations["dialogue/gdp_dialogue.jsonl"] == 0
+    else:
+        assert sum(prefix_violations.values()) == 0
+
+
+@pytest.mark.parametrize("tok", list(TOKENIZERS))
+def test_special_token_strings_in_user_content_stay_plain_text(tok: str, tmp_path: Path):
+    spec = _spec(tok)
+    pt = _pinned(spec, tmp_path)
+    specials = sorted(t.content for t in pt.hf.backend_tokenizer.get_added_tokens_decoder().values())
+    specials += ["<|im_start|>", "<|im_end|>", "[INST]", "</s>"]
+    injected = {"messages": [{"role": "user", "content": "look: " + " ".join(specials)},
+                             {"role": "assistant", "content": "ok " + "".join(specials[:3])}]}
+    plain = {"messages": [{"role": "user", "content": "look"}, {"role": "assistant", "content": "ok"}]}
+    tb = tokenize_batch([injected, plain], spec, pt)
+    (inj_ids, _, _), (plain_ids, _, _) = _examples(tb)
+    special_ids = set(pt.hf.backend_tokenizer.get_added_tokens_decoder())
+    emitted = sorted(i for i in inj_ids.tolist() if i in special_ids)
+    assert emitted == sorted(i for i in plain_ids.tolist() if i in special_ids)  # only the template's own
+    assert pt.hf.decode(inj_ids.tolist()).count(specials[-1]) >= 1
+
+
+def test_exactly_one_bos_whether_or_not_the_template_emits_it(tmp_path: Path):
+    conv = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    for tok in ("tinyllama", "mistral7b"):  # TinyLlama's template has no BOS, Mistral's writes one
+        pt = _pinned(_spec(tok), tmp_path / tok)
+        (ids, _, _), = _examples(tokenize_batch([conv], _spec(tok), pt))
+        assert ids[0] == pt.info.bos_id and (ids == pt.info.bos_id).sum() == 1, tok
+
+
+def test_truncation_that_leaves_no_trained_token_rejects_no_trained_tokens(tmp_path: Path):
+    spec = _spec("gpt2", max_seq_len=48, sequence={"overflow": "truncate_right"})
+    pt = _pinned(spec, tmp_path)
+    long_user = {"messages": [{"role": "user", "content": "word " * 40}, {"role": "assistant", "content": "yes"}]}
+    no_assistant = {"messages": [{"role": "user", "content": "only a question"}]}
+    fits = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    tb = tokenize_batch([long_user, no_assistant, fits], spec, pt)
+    assert tb.kept.tolist() == [2]
+    assert [(r[0], r[1]) for r in tb.rejects] == [(0, "no_trained_tokens"), (1, "no_trained_tokens")]
+
+
+def test_masks_follow_the_spec_roles_tool_turns_masked_by_default(tmp_path: Path):
+    conv = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "weather?"},
+                         {"role": "assistant", "content": '{"name": "weather"}'},
+                         {"role": "tool", "content": '{"temp": 20}'}, {"role": "assistant", "content": "20 C"}]}
+    default = _spec("gpt2")
+    pt = _pinned(default, tmp_path)
+    (ids, mask, _), = _examples(tokenize_batch([conv], default, pt))
+    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == ['{"name": "weather"}<|im_end|>', "20 C<|im_end|>"]
+    both = _spec("gpt2", mask={"tool": "train", "assistant": "mask"})
+    (ids, mask, _), = _examples(tokenize_batch([conv], both, pt))
+    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == ['{"temp": 20}<|im_end|>']
+
+
+def test_template_that_drops_a_role_rejects_the_record_never_silently(tmp_path: Path):
+    spec = _spec("tinyllama", input={"role_map": {}})  # TinyLlama's template has no tool role
+    pt = _pinned(spec, tmp_path)
+    conv = {"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"},
+                         {"role": "assistant", "content": "a"}]}
+    tb = tokenize_batch([conv], spec, pt)
+    assert len(tb.kept) == 0 and tb.rejects[0][1] == "chat_template_dropped_message"
+
+
+def test_sharegpt_roles_map_system_and_tools(tmp_path: Path):
+    spec = make_spec(input={"type": "chat", "role_map": {"bot": "assistant"}})
+    value = {"system": "sys", "tools": '[{"name": "f", "parameters": {}}]',
+             "conversations": [{"from": "human", "value": "q"}, {"from": "bot", "value": "a"}]}
+    content = extract_chat(value, spec.input)
+    assert content == {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"},
+                                    {"role": "assistant", "content": "a"}],
+                       "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
+    bad = extract_chat({"conversations": [{"from": "narrator", "value": "x"}]}, spec.input)
+    assert bad.reason == "unknown_role" and "input.role_map" in bad.detail
+
+
+def _hh_records() -> list[dict[str, Any]]:
+    with gzip.open(shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz"), "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_path: Path):
+    spec = _spec("tinyllama", type_="preference", max_seq_len=4096)
+    pt = _pinned(spec, tmp_path)
+    raw = _hh_records()
+    contents = [extract_preference(v, spec.input) for v in raw]
+    invalid = [c for c in contents if not isinstance(c, dict)]
+    assert {c.reason for c in invalid} <= {"identical_branches"}
+    contents = [c for c in contents if isinstance(c, dict)]
+    assert contents[0]["prompt"][-1]["role"] == "user" and contents[0]["chosen"][0]["role"] == "assistant"
+    tb = tokenize_batch(contents, spec, pt)
+    assert tb.branches[0::2] == ["chosen"] * (len(tb.kept) // 2) and tb.branches[1::2] == ["rejected"] * (len(tb.kept) // 2)
+    assert (tb.kept[0::2] == tb.kept[1::2]).all()
+    examples = _examples(tb)
+    same_prefix = 0
+    for (c_ids, c_mask, _), (r_ids, r_mask, _) in zip(examples[0::2], examples[1::2], strict=True):
+        c_first, r_first = int(np.argmax(c_mask)), int(np.argmax(r_mask))
+        same_prefix += c_ids[:c_first].tolist() == r_ids[:r_first].tolist()
+        assert len(c_ids) + len(r_ids) <= 4096  # a pair fits one packed row
+    print(f"\nHH preference: {len(raw)} records, {len(invalid)} identical, {len(tb.kept) // 2} pairs kept, "
+          f"{len(tb.rejects)} rejected; masked prefix identical in {same_prefix}")
+    assert same_prefix == len(tb.kept) // 2
+    assert len(tb.kept) // 2 + len(tb.rejects) == len(contents)
