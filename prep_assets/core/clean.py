@@ -57,6 +57,9 @@ def quality_verdict(content: dict[str, Any], clean: CleanSpec) -> Verdict | None
         empty = [i + 1 for i, t in enumerate(content["turns"]) if not t["completion"]]
         if empty:
             return Verdict("empty_completion", f"turn(s) {empty} have an empty completion after normalization")
+    for branch in ("chosen", "rejected"):
+        if branch in content and not any(m["content"] for m in content[branch]):
+            return Verdict("empty_completion", f"the {branch} branch is empty after normalization")
     if num_chars == 0:
         return Verdict("empty", "no characters left after normalization")
     if num_chars < clean.min_chars:

@@ -62,19 +62,21 @@ def _violating_rows(source: str, where: str, columns: str, params: dict[str, Any
 _LOCATION = "source_file || ':' || source_line AS location"
 
 
-def _one_to_one(upstream: Path, outputs: tuple[Path, Path], name: str, description: str) -> Outcome:
+def _one_to_one(upstream: Path, outputs: tuple[Path, Path], name: str, description: str, kept_where: str = "true"
+                ) -> Outcome:
     """Each upstream record_id is exactly once among the two output tables (kept + rejected)."""
     p = {"u": str(upstream), "a": str(outputs[0]), "b": str(outputs[1])}
     sql = f"""
-        WITH out AS (SELECT record_id FROM read_parquet($a) UNION ALL SELECT record_id FROM read_parquet($b)),
+        WITH out AS (SELECT record_id FROM read_parquet($a) WHERE {kept_where}
+                     UNION ALL SELECT record_id FROM read_parquet($b)),
              cnt AS (SELECT record_id, count(*) AS n FROM out GROUP BY record_id),
              up AS (SELECT record_id, {_LOCATION} FROM read_parquet($u))
         SELECT coalesce(up.record_id, cnt.record_id) AS record_id, up.location, coalesce(cnt.n, 0) AS times_out
         FROM up FULL OUTER JOIN cnt USING (record_id) WHERE coalesce(cnt.n, 0) <> 1 OR up.record_id IS NULL
     """
     n, bad = _violating_rows(f"({sql})", "true", "*", p, order="record_id")
-    facts = {k: _scalar("SELECT count(*) FROM read_parquet($x)", {"x": v})
-             for k, v in (("upstream", p["u"]), ("kept", p["a"]), ("rejected", p["b"]))}
+    facts = {k: _scalar(f"SELECT count(*) FROM read_parquet($x) WHERE {w}", {"x": v})
+             for k, v, w in (("upstream", p["u"], "true"), ("kept", p["a"], kept_where), ("rejected", p["b"], "true"))}
     return Outcome(name, n, bad, facts, description)
 
 
@@ -218,9 +220,30 @@ def gold_within_max_len(gold_dir: Path, max_seq_len: int) -> Outcome:
 
 
 def gold_accounted(gold_dir: Path, silver_dir: Path) -> Outcome:
-    """Each silver record is exactly once among gold examples or gold rejects."""
+    """Each silver record is exactly once among gold examples or gold rejects (a preference pair counts once)."""
     return _one_to_one(silver_dir / "records.parquet", (gold_dir / "examples.parquet", gold_dir / "rejects.parquet"),
-                       "tokenized_examples_accounted", "gold examples + gold rejects = silver records, one to one")
+                       "tokenized_examples_accounted", "gold examples + gold rejects = silver records, one to one "
+                       "(a preference pair counts once)", kept_where="branch IS NULL OR branch = 'chosen'")
+
+
+def gold_pairs_complete(gold_dir: Path) -> Outcome:
+    """Preference pairs: one chosen + one rejected example per pair, same split, same masked prompt tokens."""
+    sql = """
+        WITH e AS (SELECT pair_id, branch, split, source_file || ':' || source_line AS location,
+                          list_slice(token_ids, 1, coalesce(nullif(list_position(loss_mask, 1::UTINYINT), 0),
+                                                            len(token_ids) + 1) - 1) AS prompt
+                   FROM read_parquet($g) WHERE pair_id IS NOT NULL)
+        SELECT pair_id, any_value(location) AS location, count(*) AS examples,
+               count(*) FILTER (branch = 'chosen') AS chosen, count(DISTINCT split) AS splits,
+               count(DISTINCT prompt) AS prompts
+        FROM e GROUP BY pair_id
+        HAVING count(*) <> 2 OR count(*) FILTER (branch = 'chosen') <> 1 OR count(DISTINCT split) <> 1
+            OR count(DISTINCT prompt) <> 1
+    """
+    n, bad = _violating_rows(f"({sql})", "true", "*", {"g": str(gold_dir / "examples.parquet")}, order="pair_id")
+    pairs = _scalar("SELECT count(DISTINCT pair_id) FROM read_parquet($g)", {"g": str(gold_dir / "examples.parquet")})
+    return Outcome("tokenized_examples_pairs_complete", n, bad, {"pairs": pairs},
+                   "one chosen and one rejected example per pair, in one split, with identical masked prompt tokens")
 
 
 # ---------------------------------------------------------------- packed shards
@@ -320,6 +343,23 @@ def shards_tokens_conserved(files: list[Path], gold_dir: Path) -> Outcome:
         offending.extend(missing)
     facts = {"gold": {k: dict(v) for k, v in sorted(gold.items())}, "shards": {k: dict(v) for k, v in sorted(shard.items())}}
     return Outcome(name, len(offending), offending[:SAMPLE], facts, desc)
+
+
+def shards_pairs_together(files: list[Path], gold_dir: Path) -> Outcome:
+    """Both examples of a preference pair are in the same row (so the same file, row group and split)."""
+    name, desc = "packed_shards_pairs_together", "both examples of every preference pair share one row"
+    if not files:
+        return _no_shards(name, desc)
+    sql = """
+        WITH s AS (SELECT filename AS file, file_row_number AS row, unnest(example_ids) AS example_id
+                   FROM read_parquet($files, filename = true, file_row_number = true)),
+             g AS (SELECT example_id, pair_id FROM read_parquet($g) WHERE pair_id IS NOT NULL)
+        SELECT pair_id, count(DISTINCT (file, row)) AS rows, min(file) AS file, min(row) AS row
+        FROM g JOIN s USING (example_id) GROUP BY pair_id HAVING count(DISTINCT (file, row)) <> 1
+    """
+    p = {"files": _files(files), "g": str(gold_dir / "examples.parquet")}
+    n, bad = _violating_rows(f"({sql})", "true", "*", p, order="pair_id")
+    return Outcome(name, n, bad, {}, desc)
 
 
 def shards_utilization(files: list[Path], max_seq_len: int, min_utilization: float) -> Outcome:

@@ -24,7 +24,7 @@ from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, canonical_json, read_json, sha256_file, staged_dir, write_json_atomic
 from prep_assets.core.chat import ChatTemplate
 from prep_assets.core.masking import tokenize_batch
-from prep_assets.core.packing import PackedRows, materialize_rows, plan_packs
+from prep_assets.core.packing import PackedRows, materialize_rows, plan_unit_packs, unit_offsets
 from prep_assets.core.parquet_io import ParquetSink, iter_batches
 from prep_assets.core.readers import Accounting, RawReject, read_drop
 from prep_assets.core.records import (
@@ -335,7 +335,7 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
         )
     L = spec.sequence.max_seq_len
     table = pq.read_table(
-        str(gold_dir / EXAMPLES), columns=["example_id", "split", "token_ids", "loss_mask", "token_type_ids"]
+        str(gold_dir / EXAMPLES), columns=["example_id", "split", "token_ids", "loss_mask", "token_type_ids", "pair_id"]
     )
     rows_per_shard = max(1, spec.output.max_tokens_per_shard // L)
     split_stats: dict[str, Any] = {}
@@ -347,8 +347,9 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
             types, _ = flat_values(sub.column("token_type_ids"), np.uint8)
             lengths = np.diff(offsets)
             seed = (spec.packing.seed, split_no) if spec.packing.shuffle else None
-            bins = plan_packs(
+            bins = plan_unit_packs(
                 lengths,
+                unit_offsets(sub.column("pair_id").to_pylist()),
                 capacity=L,
                 strategy=spec.packing.strategy,
                 max_per_bin=spec.packing.max_sequences_per_example,

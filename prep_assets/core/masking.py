@@ -141,15 +141,19 @@ def chat_examples(content: dict[str, Any], spec: DatasetSpec) -> list[tuple[str 
     return out
 
 
-def _pair_limits(lengths: np.ndarray, max_len: int) -> np.ndarray:
+def _pair_limits(lengths: np.ndarray, max_len: int, policy: str) -> np.ndarray:
     """Per-branch length limits so both branches of each pair fit one row together.
 
-    A pair that fits keeps both; otherwise a branch that fits in half a row keeps its length and the
-    other gets the rest, else both get half a row.
+    truncate_left cuts the same number of leading tokens from both branches, so their shared prompt stays
+    identical. Otherwise a branch that fits in half a row keeps its length and the other gets the rest,
+    else both get half a row (drop then rejects the pair).
     """
     chosen, rejected = lengths[0::2], lengths[1::2]
-    half = max_len // 2
     fits = chosen + rejected <= max_len
+    if policy == "truncate_left":
+        cut = np.where(fits, 0, (chosen + rejected - max_len + 1) // 2)
+        return np.column_stack([chosen - cut, rejected - cut]).ravel()
+    half = max_len // 2
     lim_c = np.where(fits, chosen, np.where(rejected <= half, max_len - rejected, np.where(chosen <= half, chosen, half)))
     lim_r = np.where(fits, rejected, max_len - lim_c)
     return np.column_stack([lim_c, lim_r]).ravel()
@@ -180,7 +184,7 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
         return np.concatenate([getattr(e, name) for e in encoded]) if encoded else np.zeros(0, dtype)
 
     paired = spec.input.type == "preference"
-    limits = _pair_limits(lengths, spec.sequence.max_seq_len) if paired else None
+    limits = _pair_limits(lengths, spec.sequence.max_seq_len, spec.sequence.overflow) if paired else None
     tb = apply_overflow(cat("token_ids", np.int32), cat("loss_mask", np.uint8), cat("token_type_ids", np.uint8),
                         lengths, spec, head=heads, limits=limits, pairs=paired)
     src = np.array(source, dtype=np.int64)

@@ -114,6 +114,33 @@ def plan_packs(
     return bins
 
 
+def unit_offsets(keys: list[str | None]) -> np.ndarray:
+    """Offsets of packing units: runs of consecutive equal non-null keys (a preference pair) stay together."""
+    starts = [i for i, k in enumerate(keys) if i == 0 or k is None or k != keys[i - 1]]
+    return np.array([*starts, len(keys)], dtype=np.int64)
+
+
+def plan_unit_packs(
+    lengths: np.ndarray,
+    units: np.ndarray,
+    *,
+    capacity: int,
+    strategy: str,
+    max_per_bin: int | None = None,
+    shuffle_seed: int | tuple[int, ...] | None = None,
+) -> Bins:
+    """`plan_packs` over units of consecutive examples (offsets `units`): a unit never spans two rows.
+
+    `max_per_bin` still counts examples: a bin takes at most max_per_bin // (largest unit) units.
+    """
+    sizes = np.diff(units)
+    unit_lengths = np.add.reduceat(lengths, units[:-1]) if len(lengths) else np.zeros(0, dtype=np.int64)
+    per_bin = None if max_per_bin is None else max(1, max_per_bin // max(1, int(sizes.max(initial=1))))
+    bins = plan_packs(unit_lengths, capacity=capacity, strategy=strategy, max_per_bin=per_bin,
+                      shuffle_seed=shuffle_seed)
+    return [[e for u in b for e in range(int(units[u]), int(units[u + 1]))] for b in bins]
+
+
 @dataclass(frozen=True)
 class PackedRows:
     """Fixed-length rows as flat arrays of num_rows * row_len, plus per-row segment info."""

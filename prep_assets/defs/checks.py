@@ -51,6 +51,7 @@ class Gate:
     name: str
     description: str
     probe: Probe
+    applies: Callable[[DatasetSpec], bool] = lambda spec: True
 
 
 def _dir(layer: str) -> Callable[[DatasetPaths, str], Path]:
@@ -95,6 +96,9 @@ GATES: tuple[Gate, ...] = (
          lambda s, p, k: inv.gold_within_max_len(gold(p, k), s.sequence.max_seq_len)),
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_accounted", "gold examples + gold rejects = silver records",
          lambda s, p, k: inv.gold_accounted(gold(p, k), silver(p, k))),
+    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_pairs_complete", "preference: each pair has one chosen and one "
+         "rejected example, in one split, with identical masked prompt tokens",
+         lambda s, p, k: inv.gold_pairs_complete(gold(p, k)), applies=lambda s: s.input.type == "preference"),
     Gate(PACKED_SHARDS, "packed_shards_fixed_length", "every row exactly sequence.max_seq_len",
          lambda s, p, k: inv.shards_fixed_length(inv.shard_files(shards(p, k)), s.sequence.max_seq_len)),
     Gate(PACKED_SHARDS, "packed_shards_padding_masked", "padding: pad id, mask 0, segment 0",
@@ -106,7 +110,14 @@ GATES: tuple[Gate, ...] = (
     Gate(PACKED_SHARDS, "packed_shards_utilization", "sequence utilization >= checks.min_sequence_utilization",
          lambda s, p, k: inv.shards_utilization(inv.shard_files(shards(p, k)), s.sequence.max_seq_len,
                                                 s.checks.min_sequence_utilization)),
+    Gate(PACKED_SHARDS, "packed_shards_pairs_together", "preference: both examples of a pair in the same row",
+         lambda s, p, k: inv.shards_pairs_together(inv.shard_files(shards(p, k)), gold(p, k)),
+         applies=lambda s: s.input.type == "preference"),
 )
+
+
+def gates_for(spec: DatasetSpec) -> tuple[Gate, ...]:
+    return tuple(g for g in GATES if g.applies(spec))
 
 
 def outcome_result(outcome: inv.Outcome) -> AssetCheckResult:
@@ -154,13 +165,14 @@ def _manifest_gate(spec: DatasetSpec) -> AssetChecksDefinition:
 
 def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: list[str]) -> dict[str, list[str]]:
     """Per partition, the gates that did not pass on its latest materialization (failed, never run, or older)."""
-    keys = [AssetCheckKey(asset_key(spec, g.asset), g.name) for g in GATES]
+    gates = gates_for(spec)
+    keys = [AssetCheckKey(asset_key(spec, g.asset), g.name) for g in gates]
     infos = instance.event_log_storage.get_asset_check_partition_info(keys, partition_keys=partitions) if partitions else []
     latest = {(i.partition_key, i.check_key.name): i for i in infos}
     out: dict[str, list[str]] = {}
     for partition in partitions:
         problems = []
-        for gate in GATES:
+        for gate in gates:
             info = latest.get((partition, gate.name))
             if info is None:
                 problems.append(f"{gate.name}: never run")
@@ -173,4 +185,4 @@ def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: lis
 
 
 def build_checks(spec: DatasetSpec) -> list[AssetChecksDefinition]:
-    return [_partition_gate(spec, g) for g in GATES] + [_manifest_gate(spec)]
+    return [_partition_gate(spec, g) for g in gates_for(spec)] + [_manifest_gate(spec)]

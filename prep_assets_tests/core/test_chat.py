@@ -210,3 +210,42 @@ def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_p
           f"{len(tb.rejects)} rejected; masked prefix identical in {same_prefix}")
     assert same_prefix == len(tb.kept) // 2
     assert len(tb.kept) // 2 + len(tb.rejects) == len(contents)
+
+
+def test_preference_layers_keep_pairs_in_one_row_and_split(tmp_path: Path):
+    """HH through bronze -> silver -> gold -> shards: pair gates pass, every pair shares a row, so a row group."""
+    import shutil
+
+    from prep_assets.core import invariants as inv
+    from prep_assets_tests.core.test_layers import run_core
+
+    src = shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz")
+    (tmp_path / "raw" / "hh").mkdir(parents=True)
+    shutil.copyfile(src, tmp_path / "raw" / "hh" / src.name)
+    spec = make_spec("hh", input={"type": "preference"}, tokenizer={"path": str(shared_path("tokenizers/tinyllama"))},
+                     sequence={"max_seq_len": 2048, "overflow": "truncate_left"},
+                     split={"validation_ratio": 0.1}, packing={"max_sequences_per_example": 6})
+    r = next(iter(run_core(tmp_path, spec).values()))
+    b, s, g, sh = r["dirs"]
+    files = inv.shard_files(sh)
+    outcomes = [inv.silver_accounted(s, b), inv.gold_accounted(g, s), inv.gold_mask_aligned(g), inv.gold_loss_tokens(g),
+                inv.gold_within_max_len(g, 2048), inv.gold_pairs_complete(g), inv.shards_pairs_together(files, g),
+                inv.shards_tokens_conserved(files, g), inv.shards_positions_restart(files)]
+    assert [o.name for o in outcomes if not o.passed] == []
+    pairs = r["gold"]["examples"] // 2
+    print(f"\nHH layers: {r['bronze']['records']} records, {pairs} pairs in gold, silver rejects "
+          f"{r['silver']['rejects_by_reason']}, gold rejects {r['gold']['rejects_by_reason']}, "
+          f"{r['shards']['totals']['sequences']} rows, utilization {r['shards']['totals']['sequence_utilization']}")
+    assert pairs + r["gold"]["rejects"] == r["silver"]["records"] and pairs > 2000
+    # corrupt: swap the last example of the first two rows; both pairs are now split across rows
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(files[0])
+    ids = table.column("example_ids").to_pylist()
+    ids[0][-1], ids[1][-1] = ids[1][-1], ids[0][-1]
+    table = table.set_column(table.schema.get_field_index("example_ids"), "example_ids", pa.array(ids, pa.list_(pa.string())))
+    pq.write_table(table, files[0])
+    broken = inv.shards_pairs_together(files, g)
+    assert broken.violations == 2 and {o["pair_id"] for o in broken.offending} == {i.rsplit("/", 1)[0] for i in
+                                                                                 (ids[0][-1], ids[1][-1])}
