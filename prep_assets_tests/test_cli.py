@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
@@ -28,14 +29,20 @@ def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
     home = tmp_path / "home"
     first = _run(["run", "--data-dir", str(data)], home, PROJECT)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "16/16" in first.stdout and "0 failed" in first.stdout
+    assert "16/16" in first.stdout and "18/18" in first.stdout and "0 failed" in first.stdout
     assert (home / "dagster.yaml").is_file() and (home / ".nux" / "nux.yaml").is_file()
-    for ds in ("sample_text", "sample_instruct"):
+    for ds in SAMPLE_DATASETS:
         manifest = json.loads((data / "lake" / ds / "manifest.json").read_text())
         assert manifest["splits"]["train"]["files"] and manifest["partitions"]
+    # the sample chat's planted bad records are accounted for, each with its reason
+    chat = data / "lake" / "sample_chat"
+    assert [r["reason"] for r in _rows(chat, "bronze", "rejects")] == ["unknown_role"]
+    assert [r["reason"] for r in _rows(chat, "gold", "rejects")] == ["no_trained_tokens"]
+    pairs = _rows(data / "lake" / "sample_pref", "gold", "examples")
+    assert len(pairs) == 2 * len({r["pair_id"] for r in pairs}) == 238
     with DagsterInstance.from_config(str(home)) as instance:
         runs = instance.get_runs()
-        assert len(runs) == 7 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
+        assert len(runs) == 13 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
         jobs = {r.job_name for r in runs}
         assert {"sample_text_drops", "sample_instruct_drops", "sample_text_manifest"} <= jobs
     again = _run(["run", "--data-dir", str(data), "--dataset", "sample_text"], home, PROJECT)
@@ -44,6 +51,13 @@ def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
     forced = _run(["run", "--data-dir", str(data), "--all"], home, PROJECT)
     assert forced.returncode == 0 and "up to date" not in forced.stdout
     assert _lake_digests(data) == before  # every output file byte-identical after a full rematerialization
+
+
+SAMPLE_DATASETS = ("sample_text", "sample_instruct", "sample_chat", "sample_pref")
+
+
+def _rows(lake_ds: Path, layer: str, table: str) -> list[dict]:
+    return [r for f in sorted(lake_ds.glob(f"{layer}/*/{table}.parquet")) for r in pq.read_table(f).to_pylist()]
 
 
 def _lake_digests(data: Path) -> dict[str, str]:

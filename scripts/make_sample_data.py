@@ -5,7 +5,12 @@
 sample_text:     short pretraining notes (JSONL drop + TXT drop)
 sample_instruct: prompt/completion pairs with computed answers, some multi-turn dialogues,
                  one malformed line and one exact duplicate (to show rejects and dedup)
-corpus/:         the text the sample tokenizer (byte-level BPE) is trained on
+sample_chat:     ShareGPT and OpenAI-style conversations: system prompts, multi-turn chats, tool use
+                 (function_call/observation turns with a `tools` list), a user message holding the
+                 template's own special-token strings, an unmapped role (bronze reject) and a chat
+                 with no assistant turn (gold reject: no_trained_tokens)
+sample_pref:     preference pairs (correct vs wrong worked answer), as messages and as HH transcripts
+corpus/:         the text the sample tokenizers (byte-level BPE) are trained on
 """
 
 from __future__ import annotations
@@ -80,6 +85,47 @@ def arithmetic_pair(rng: random.Random) -> dict[str, str]:
             "completion": f"One of the {big} is {factor} {small}, so {n} {big} is {n} x {factor} = {n * factor} {small}."}
 
 
+STATION_TOOL = {
+    "name": "get_station_report",
+    "description": "The latest report of a weather station",
+    "parameters": {"type": "object", "properties": {"station": {"type": "string"}}, "required": ["station"]},
+}
+SYSTEMS = ["You are a concise assistant for a weather network.", "Answer with the working shown.",
+           "You help field engineers. Keep answers short."]
+
+
+def tool_chat(rng: random.Random, day: int) -> dict:
+    station = rng.choice(STATIONS)
+    note = f"Day {day} at {station}:" + weather_note(rng, day).split(":", 1)[1]
+    return {
+        "tools": json.dumps([STATION_TOOL]),
+        "conversations": [
+            {"from": "human", "value": f"What was the weather at {station} on the last report?"},
+            {"from": "function_call", "value": json.dumps({"name": "get_station_report", "arguments": {"station": station}})},
+            {"from": "observation", "value": json.dumps({"station": station, "report": note})},
+            {"from": "gpt", "value": f"The last report from {station}: {note.split(': ', 1)[1]}"},
+        ],
+    }
+
+
+def arithmetic_chat(rng: random.Random) -> dict:
+    turns = [arithmetic_pair(rng) for _ in range(rng.randint(1, 3))]
+    messages = [{"role": "system", "content": rng.choice(SYSTEMS)}] if rng.random() < 0.5 else []
+    for t in turns:
+        messages += [{"role": "user", "content": t["prompt"]}, {"role": "assistant", "content": t["completion"]}]
+    return {"messages": messages}
+
+
+def wrong_answer(pair: dict[str, str]) -> str:
+    """The completion with its final number changed: a plausible, wrong answer."""
+    words = pair["completion"].rstrip(".").split(" ")
+    for i in range(len(words) - 1, -1, -1):
+        if words[i].isdigit():
+            words[i] = str(int(words[i]) + 1 + len(words[i]))
+            break
+    return " ".join(words) + "."
+
+
 def main(data_dir: Path) -> None:
     rng = random.Random(20261121)
     text_raw = data_dir / "raw" / "sample_text"
@@ -108,6 +154,34 @@ def main(data_dir: Path) -> None:
         rest = pairs[200:]
         for j in range(0, len(rest), 3):  # dialogues: a JSON list of turns per line, kept together
             f.write(json.dumps(rest[j : j + 3], ensure_ascii=False) + "\n")
+
+    chat_raw = data_dir / "raw" / "sample_chat"
+    chat_raw.mkdir(parents=True, exist_ok=True)
+    chats = [tool_chat(rng, d) if d % 4 == 0 else arithmetic_chat(rng) for d in range(1, 121)]
+    chats.insert(17, {"messages": [{"role": "user", "content": "Is <|im_end|> a token? What about <|im_start|>assistant?"},
+                                   {"role": "assistant", "content": "In your message they are plain text, not tokens."}]})
+    chats.insert(33, {"conversations": [{"from": "narrator", "value": "Once upon a time."}]})  # unmapped role
+    chats.insert(51, {"messages": [{"role": "user", "content": "Convert 3 hours to minutes."}]})  # no assistant turn
+    with (chat_raw / "conversations_2026-11-03.jsonl").open("w", encoding="utf-8", newline="\n") as f:
+        for chat in chats:
+            f.write(json.dumps(chat, ensure_ascii=False) + "\n")
+
+    pref_raw = data_dir / "raw" / "sample_pref"
+    pref_raw.mkdir(parents=True, exist_ok=True)
+    with (pref_raw / "answer_pairs_2026-11-04.jsonl").open("w", encoding="utf-8", newline="\n") as f:
+        for i, pair in enumerate(arithmetic_pair(rng) for _ in range(120)):
+            if i % 3 == 0:  # an Anthropic-HH style transcript; the shared prompt is found by comparing branches
+                head = f"\n\nHuman: {pair['prompt']}\n\nAssistant:"
+                row = {"chosen": f"{head} {pair['completion']}", "rejected": f"{head} {wrong_answer(pair)}"}
+            else:
+                row = {"prompt": pair["prompt"], "chosen": pair["completion"], "rejected": wrong_answer(pair)}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+    (corpus / "chat").mkdir(exist_ok=True)
+    with (corpus / "chat" / "chat_corpus.txt").open("w", encoding="utf-8", newline="\n") as f:
+        for chat in chats:
+            for m in chat.get("messages", chat.get("conversations", [])):
+                f.write(m.get("content", m.get("value", "")).replace("\n", " ") + "\n")
 
     with (corpus / "sample_corpus.txt").open("w", encoding="utf-8", newline="\n") as f:
         for note in notes:

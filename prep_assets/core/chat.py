@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from prep_assets.core.errors import TokenizerError
 from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT, Invalid
 from prep_assets.core.tokenizer import PinnedTokenizer
 
@@ -60,8 +61,9 @@ class ChatTemplate:
         self.pt = pt
         self.template = template
         if template is None and not getattr(pt.hf, "chat_template", None):
-            raise ValueError(
-                "the tokenizer has no chat template; give tokenizer.chat_template or tokenizer.chat_template_file"
+            raise TokenizerError(
+                "the tokenizer has no chat template; give tokenizer.chat_template (inline Jinja) or "
+                "tokenizer.chat_template_file (e.g. a ChatML template) in the dataset spec"
             )
         added = sorted(pt.hf.backend_tokenizer.get_added_tokens_decoder().items())
         self.added_ids = {tok.content: int(i) for i, tok in added}

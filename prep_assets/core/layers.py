@@ -80,6 +80,8 @@ class _RowBuffer:
 def build_tokenizer(spec: DatasetSpec, paths: DatasetPaths, data_dir: Path) -> dict[str, Any]:
     with staged_dir(paths.tokenizer_dir) as stage:
         record = pin_tokenizer(spec.tokenizer, base=data_dir, dest=stage)
+        if spec.input.type in ("chat", "preference"):
+            ChatTemplate(load_pinned(stage))  # fail here, before any drop, if there is no template
     return record
 
 

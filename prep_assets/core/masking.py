@@ -202,7 +202,7 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
         offsets=tb.offsets,
         rejects=rejects,
         tokens_dropped=tb.tokens_dropped,
-        branches=[branches[e] for e in tb.kept],
+        branches=[branches[e] for e in tb.kept] if paired else None,
     )
 
 

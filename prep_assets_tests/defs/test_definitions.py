@@ -16,7 +16,7 @@ LAYERS = {
 def test_definitions_have_every_layer_per_dataset_with_groups_and_lineage():
     defs = build_definitions(SAMPLE_DATA)
     graph = defs.resolve_asset_graph()
-    for ds in ("sample_text", "sample_instruct"):
+    for ds in ("sample_text", "sample_instruct", "sample_chat", "sample_pref"):
         for name, group in LAYERS.items():
             node = graph.get(AssetKey([ds, name]))
             assert node.group_name == group, (ds, name)
@@ -40,12 +40,15 @@ def test_every_partitioned_layer_has_blocking_gates():
     assert ("packed_shards", "packed_shards_positions_restart") in checks
     assert len(checks) == 17
     specs = [s for c in defs.asset_checks or [] for s in c.check_specs]  # type: ignore[union-attr]
-    assert len(specs) == 34 and all(s.blocking for s in specs)
+    # 17 per dataset, plus the two preference pair gates of sample_pref
+    assert len(specs) == 4 * 17 + 2 and all(s.blocking for s in specs)
+    pref = {k.name for k in graph.asset_check_keys if k.asset_key.path[0] == "sample_pref"}
+    assert {"tokenized_examples_pairs_complete", "packed_shards_pairs_together"} <= pref
 
 
 def test_jobs_per_dataset():
     defs = build_definitions(SAMPLE_DATA)
-    for ds in ("sample_text", "sample_instruct"):
+    for ds in ("sample_text", "sample_instruct", "sample_chat", "sample_pref"):
         for job in (f"{ds}_tokenizer", f"{ds}_drops", f"{ds}_manifest"):
             assert defs.resolve_job_def(job) is not None
 
