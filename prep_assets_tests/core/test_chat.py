@@ -261,3 +261,31 @@ def test_chat_dataset_without_a_template_fails_at_the_tokenizer_with_the_remedy(
     with pytest.raises(TokenizerError, match="chat_template_file"):
         layers.build_tokenizer(spec, paths, tmp_path)
     assert not paths.tokenizer_dir.exists()  # nothing published
+
+
+def test_inline_chat_template_from_the_spec_is_pinned_and_used(tmp_path: Path):
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
+    spec = make_spec(input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")),
+                                                        "chat_template": template})
+    pt = _pinned(spec, tmp_path)
+    assert (tmp_path / "tok" / "chat_template.jinja").read_text() == template
+    conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a b"}]}
+    (ids, mask, types), = _examples(tokenize_batch([conv], spec, pt))
+    assert pt.hf.decode(ids.tolist()) == "<user>q</user>\n<assistant>a b</assistant>\n"
+    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == ["a b</assistant>"]
+    assert types[mask == 1].tolist()[-1] == TYPE_EOS
+
+
+def test_dialogue_instruction_every_completion_trained_every_prompt_masked(tmp_path: Path):
+    from prep_assets.core.records import extract_instruction
+
+    spec = make_spec(input={"type": "instruction", "prompt_postfix": "\n"},
+                     tokenizer={"path": str(shared_path("tokenizers/gpt2"))}, sequence={"max_seq_len": 4096})
+    pt = _pinned(spec, tmp_path)
+    contents = [extract_instruction(v, spec.input) for v in _load(shared_path("datasets/dialogue/gdp_dialogue.jsonl"))]
+    tb = tokenize_batch(contents, spec, pt)
+    assert tb.rejects == [] and len(tb.kept) == 42
+    for rec, (ids, mask, _) in zip(tb.kept.tolist(), _examples(tb), strict=True):
+        turns = contents[rec]["turns"]
+        assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == [t["completion"] + "<|endoftext|>" for t in turns]
+        assert pt.hf.decode(ids[mask == 0].tolist()) == "".join(t["prompt"] + "\n" for t in turns)
