@@ -78,4 +78,19 @@ def test_invalid_yaml_file_is_reported(tmp_path: Path):
 
 def test_shipped_sample_specs_are_valid():
     names = [s.name for s in load_specs(SAMPLE_DATA / "datasets")]
-    assert names == ["sample_instruct", "sample_text"]
+    assert names == ["sample_chat", "sample_instruct", "sample_pref", "sample_text"]
+
+
+def test_chat_mask_keys_are_roles_including_role_map_targets():
+    spec = make_spec(input={"type": "chat", "role_map": {"critic": "reviewer"}}, mask={"reviewer": "train"})
+    assert spec.mask_action("assistant") == "train" and spec.mask_action("tool") == "mask"
+    assert spec.mask_action("reviewer") == "train" and spec.input.roles["gpt"] == "assistant"
+    with pytest.raises(SpecError, match=r"mask: unknown key\(s\) \['prompt'\] for type chat"):
+        make_spec(input={"type": "chat"}, mask={"prompt": "train"})
+
+
+def test_chat_edge_specs_rejected_with_the_reason():
+    with pytest.raises(SpecError, match="cannot carry chat records"):
+        make_spec(input={"type": "chat", "format": "txt"})
+    with pytest.raises(SpecError, match="not both"):
+        make_spec(tokenizer={"path": "x", "chat_template": "{{ 1 }}", "chat_template_file": "t.jinja"})
