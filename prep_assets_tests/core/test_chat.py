@@ -289,3 +289,43 @@ def test_dialogue_instruction_every_completion_trained_every_prompt_masked(tmp_p
         turns = contents[rec]["turns"]
         assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == [t["completion"] + "<|endoftext|>" for t in turns]
         assert pt.hf.decode(ids[mask == 0].tolist()) == "".join(t["prompt"] + "\n" for t in turns)
+
+
+def test_whitespace_only_and_empty_contents_render_exactly(tmp_path: Path):
+    spec = _spec("gpt2", clean={"normalize": False})
+    pt = _pinned(spec, tmp_path)
+    conv = {"messages": [{"role": "user", "content": "   "}, {"role": "assistant", "content": ""},
+                         {"role": "user", "content": " q \n"}, {"role": "assistant", "content": "  a  "}]}
+    tb = tokenize_batch([conv], spec, pt)
+    (ids, mask, _), = _examples(tb)
+    assert pt.hf.decode(ids.tolist()) == ChatTemplate(pt).render(conv["messages"])
+    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == ["<|im_end|>", "  a  <|im_end|>"]
+
+
+def test_turn_starts_after_the_generation_prompt_whatever_the_contents_whitespace(tmp_path: Path):
+    """Mistral writes ' ' + trimmed answer: the space is generated, so trained, with or without a leading space
+    in the content; a template's own blank line before a trimmed content stays masked (Llama-3 style)."""
+    mistral = _spec("mistral7b")
+    pt = _pinned(mistral, tmp_path / "m")
+    convs = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]} for c in ("42", " 42")]
+    runs = [[ids[a:b].tolist() for a, b in _runs(mask)] for ids, mask, _ in _examples(tokenize_batch(convs, mistral, pt))]
+    assert runs[0] == runs[1] and pt.hf.convert_ids_to_tokens(runs[0][0])[0] == "▁"
+    llama3_like = ("{% for m in messages %}<|im_start|>{{ m.role }}\n\n{{ m.content | trim }}<|im_end|>{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n\n{% endif %}")
+    spec = make_spec(input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")),
+                                                        "chat_template": llama3_like}, clean={"normalize": False})
+    pt = _pinned(spec, tmp_path / "l")
+    convs = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]}
+             for c in ("Hello", "\n\nHello")]
+    decoded = [[pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] for ids, mask, _ in
+               _examples(tokenize_batch(convs, spec, pt))]
+    assert decoded == [["Hello<|im_end|>"], ["Hello<|im_end|>"]]
+
+
+def test_special_token_strings_in_tool_definitions_reject_the_record(tmp_path: Path):
+    spec = _spec("gpt2")
+    pt = _pinned(spec, tmp_path)
+    tools = [{"type": "function", "function": {"name": "f", "description": "stop <|endoftext|> here"}}]
+    conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "tools": tools}
+    tb = tokenize_batch([conv], spec, pt)
+    assert len(tb.kept) == 0 and tb.rejects[0][1] == "special_token_in_tools"
