@@ -53,6 +53,7 @@ class EncodedChat:
     token_ids: np.ndarray  # int32
     loss_mask: np.ndarray  # uint8
     token_type_ids: np.ndarray  # uint8
+    char_ends: np.ndarray  # int64: the character (of the rendering) each token ends at
 
 
 class ChatTemplate:
@@ -258,4 +259,4 @@ def _masked(rc: RenderedChat, tokens: list[tuple[int, int, int]]) -> EncodedChat
     in_content = content[ends] - content[starts] > 0
     in_eot = eot[ends] - eot[starts] > 0
     types = np.where(in_content, TYPE_COMPLETION, np.where(in_eot, TYPE_EOS, TYPE_PROMPT)).astype(np.uint8)
-    return EncodedChat(ids.astype(np.int32), (in_content | in_eot).astype(np.uint8), types)
+    return EncodedChat(ids.astype(np.int32), (in_content | in_eot).astype(np.uint8), types, ends)

@@ -60,6 +60,8 @@ def quality_verdict(content: dict[str, Any], clean: CleanSpec) -> Verdict | None
     for branch in ("chosen", "rejected"):
         if branch in content and not any(m["content"] for m in content[branch]):
             return Verdict("empty_completion", f"the {branch} branch is empty after normalization")
+    if "chosen" in content and content["chosen"] == content["rejected"]:
+        return Verdict("identical_branches", "chosen and rejected are the same after normalization")
     if num_chars == 0:
         return Verdict("empty", "no characters left after normalization")
     if num_chars < clean.min_chars:

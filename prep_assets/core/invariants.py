@@ -227,23 +227,25 @@ def gold_accounted(gold_dir: Path, silver_dir: Path) -> Outcome:
 
 
 def gold_pairs_complete(gold_dir: Path) -> Outcome:
-    """Preference pairs: one chosen + one rejected example per pair, same split, same masked prompt tokens."""
+    """Preference pairs: one chosen + one rejected example, one split, the same masked shared prompt tokens."""
     sql = """
         WITH e AS (SELECT pair_id, branch, split, source_file || ':' || source_line AS location,
-                          list_slice(token_ids, 1, coalesce(nullif(list_position(loss_mask, 1::UTINYINT), 0),
-                                                            len(token_ids) + 1) - 1) AS prompt
+                          shared_prefix_tokens AS shared, list_slice(token_ids, 1, shared_prefix_tokens) AS prompt,
+                          coalesce(list_sum(list_slice(loss_mask, 1, shared_prefix_tokens)), 0) AS prompt_loss
                    FROM read_parquet($g) WHERE pair_id IS NOT NULL)
         SELECT pair_id, any_value(location) AS location, count(*) AS examples,
                count(*) FILTER (branch = 'chosen') AS chosen, count(DISTINCT split) AS splits,
-               count(DISTINCT prompt) AS prompts
+               count(DISTINCT prompt) AS prompts, min(shared) AS shared, max(prompt_loss) AS prompt_loss
         FROM e GROUP BY pair_id
         HAVING count(*) <> 2 OR count(*) FILTER (branch = 'chosen') <> 1 OR count(DISTINCT split) <> 1
-            OR count(DISTINCT prompt) <> 1
+            OR count(DISTINCT prompt) <> 1 OR count(DISTINCT shared) <> 1 OR min(coalesce(shared, 0)) < 1
+            OR max(prompt_loss) > 0
     """
     n, bad = _violating_rows(f"({sql})", "true", "*", {"g": str(gold_dir / "examples.parquet")}, order="pair_id")
     pairs = _scalar("SELECT count(DISTINCT pair_id) FROM read_parquet($g)", {"g": str(gold_dir / "examples.parquet")})
     return Outcome("tokenized_examples_pairs_complete", n, bad, {"pairs": pairs},
-                   "one chosen and one rejected example per pair, in one split, with identical masked prompt tokens")
+                   "one chosen and one rejected example per pair, in one split, whose shared prompt tokens are "
+                   "identical and masked")
 
 
 # ---------------------------------------------------------------- packed shards

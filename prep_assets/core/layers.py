@@ -257,9 +257,11 @@ def build_tokenized_examples(
                 n_prompt = cum_prompt[tb.offsets[1:]] - cum_prompt[tb.offsets[:-1]]
                 kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(pa.array(tb.kept, type=pa.int64()))
                 pair_id = branch = pa.nulls(len(tb.kept), pa.string())
+                shared = pa.nulls(len(tb.kept), pa.int32())
                 example_id = kept.column("record_id")
-                if tb.branches is not None:
+                if tb.branches is not None and tb.shared_prefix is not None:
                     pair_id, branch = example_id, pa.array(tb.branches, pa.string())
+                    shared = pa.array(tb.shared_prefix.astype(np.int32))
                     example_id = pc.binary_join_element_wise(example_id, branch, "/")
                 ex_sink.write(
                     pa.table(
@@ -274,6 +276,7 @@ def build_tokenized_examples(
                             "num_prompt_tokens": pa.array(n_prompt.astype(np.int32)),
                             "pair_id": pair_id,
                             "branch": branch,
+                            "shared_prefix_tokens": shared,
                         },
                         schema=GOLD_SCHEMA,
                     )

@@ -12,6 +12,7 @@ it starts a segment and has no context to be predicted from. Overflow beyond `ma
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -54,6 +55,7 @@ class TokenizedBatch:
     rejects: list[tuple[int, str, str, int]]  # (record index, reason, detail, num_tokens before overflow)
     tokens_dropped: int  # tokens removed by truncation or dropped examples
     branches: list[str | None] | None = None  # per kept example: "chosen"/"rejected" for preference
+    shared_prefix: np.ndarray | None = None  # preference: per kept example, the shared prompt's tokens
 
 
 def trainable_types(spec: DatasetSpec) -> tuple[int, ...]:
@@ -141,22 +143,48 @@ def chat_examples(content: dict[str, Any], spec: DatasetSpec) -> list[tuple[str 
     return out
 
 
-def _pair_limits(lengths: np.ndarray, max_len: int, policy: str) -> np.ndarray:
-    """Per-branch length limits so both branches of each pair fit one row together.
+@dataclass(frozen=True)
+class PairPlan:
+    limits: np.ndarray  # per example (2 per pair): its length after overflow
+    shared: np.ndarray  # per pair: shared prompt tokens left after overflow
+    reject: np.ndarray  # per pair: bool, does not fit and cannot be cut without cutting into the responses
 
-    truncate_left cuts the same number of leading tokens from both branches, so their shared prompt stays
-    identical. Otherwise a branch that fits in half a row keeps its length and the other gets the rest,
-    else both get half a row (drop then rejects the pair).
+
+def plan_pairs(lengths: np.ndarray, shared: np.ndarray, heads: np.ndarray, max_len: int, policy: str) -> PairPlan:
+    """How each preference pair fits one row, its shared prompt (`shared` tokens, head included) identical.
+
+    - fits: nothing cut.
+    - truncate_left: the same number of tokens is cut after the head from both branches, only from the
+      shared prompt; a pair that would need more is rejected (too_long).
+    - truncate_right: the shorter branch is kept whole if the longer one still keeps the shared prompt and a
+      token more; otherwise both get half a row.
+    - drop: a pair that does not fit is rejected.
     """
-    chosen, rejected = lengths[0::2], lengths[1::2]
-    fits = chosen + rejected <= max_len
+    c, r = lengths[0::2], lengths[1::2]
+    fits = c + r <= max_len
+    head = heads[0::2]
     if policy == "truncate_left":
-        cut = np.where(fits, 0, (chosen + rejected - max_len + 1) // 2)
-        return np.column_stack([chosen - cut, rejected - cut]).ravel()
-    half = max_len // 2
-    lim_c = np.where(fits, chosen, np.where(rejected <= half, max_len - rejected, np.where(chosen <= half, chosen, half)))
-    lim_r = np.where(fits, rejected, max_len - lim_c)
-    return np.column_stack([lim_c, lim_r]).ravel()
+        cut = np.where(fits, 0, (c + r - max_len + 1) // 2)
+        reject = cut > shared - head
+        cut = np.where(reject, 0, cut)
+        return PairPlan(np.column_stack([c - cut, r - cut]).ravel(), shared - cut, reject)
+    if policy == "truncate_right":
+        short = np.minimum(c, r)
+        keep_short = short + shared + 1 <= max_len
+        lim_short = np.where(fits | keep_short, short, max_len // 2)
+        lim_long = np.where(fits, np.maximum(c, r), max_len - lim_short)
+        c_short = c <= r
+        lim_c, lim_r = np.where(c_short, lim_short, lim_long), np.where(c_short, lim_long, lim_short)
+        return PairPlan(np.column_stack([lim_c, lim_r]).ravel(), np.minimum(shared, np.minimum(lim_c, lim_r)),
+                        np.zeros(len(c), dtype=bool))
+    return PairPlan(lengths.copy(), shared, ~fits)
+
+
+def _shared_prefix(a: EncodedChat, b: EncodedChat, text_a: str, text_b: str) -> int:
+    """The shared prompt's tokens: wholly in the renderings' common character prefix, before any trained token."""
+    n = len(os.path.commonprefix([text_a, text_b]))
+    firsts = [int(np.argmax(e.loss_mask)) if e.loss_mask.any() else len(e.loss_mask) for e in (a, b)]
+    return int(min(np.count_nonzero(a.char_ends <= n), np.count_nonzero(b.char_ends <= n), *firsts))
 
 
 def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: PinnedTokenizer, chat: ChatTemplate
@@ -173,18 +201,34 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
         rendered += spans
         source += [i] * len(spans)
         branches += [b for b, _, _ in examples]
-    encoded = chat.encode(rendered)
     bos = pt.info.bos_id if pt.info.add_bos else None
-    encoded = [_with_bos(e, bos) for e in encoded]
+    encoded = [_with_bos(e, bos) for e in chat.encode(rendered)]
     lengths = np.fromiter((len(e.token_ids) for e in encoded), dtype=np.int64, count=len(encoded))
     heads = np.fromiter((int(pt.info.bos_id is not None and len(e.token_ids) > 0 and e.token_ids[0] == pt.info.bos_id)
                          for e in encoded), dtype=np.int64, count=len(encoded))
+    paired = spec.input.type == "preference"
+    limits = shared = None
+    dropped_tokens = 0
+    if paired:
+        prefix = np.array([_shared_prefix(encoded[k], encoded[k + 1], rendered[k].text, rendered[k + 1].text)
+                           for k in range(0, len(encoded), 2)], dtype=np.int64)
+        plan = plan_pairs(lengths, prefix, heads, spec.sequence.max_seq_len, spec.sequence.overflow)
+        for k in np.flatnonzero(plan.reject):
+            n = int(lengths[2 * k] + lengths[2 * k + 1])
+            rejects.append((source[2 * k], "too_long", f"the pair has {n} tokens > max_seq_len "
+                            f"{spec.sequence.max_seq_len} and its shared prompt ({int(prefix[k])} tokens) is too short "
+                            f"to cut ({spec.sequence.overflow})", n))
+        keep = np.repeat(~plan.reject, 2)
+        dropped_tokens = int(lengths[~keep].sum())
+        encoded = [e for e, k in zip(encoded, keep, strict=True) if k]
+        source = [x for x, k in zip(source, keep, strict=True) if k]
+        branches = [x for x, k in zip(branches, keep, strict=True) if k]
+        lengths, heads = lengths[keep], heads[keep]
+        limits, shared = plan.limits[keep], np.repeat(plan.shared[~plan.reject], 2)
 
     def cat(name: str, dtype: type) -> np.ndarray:
         return np.concatenate([getattr(e, name) for e in encoded]) if encoded else np.zeros(0, dtype)
 
-    paired = spec.input.type == "preference"
-    limits = _pair_limits(lengths, spec.sequence.max_seq_len, spec.sequence.overflow) if paired else None
     tb = apply_overflow(cat("token_ids", np.int32), cat("loss_mask", np.uint8), cat("token_type_ids", np.uint8),
                         lengths, spec, head=heads, limits=limits, pairs=paired)
     src = np.array(source, dtype=np.int64)
@@ -201,8 +245,9 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
         token_type_ids=tb.token_type_ids,
         offsets=tb.offsets,
         rejects=rejects,
-        tokens_dropped=tb.tokens_dropped,
+        tokens_dropped=tb.tokens_dropped + dropped_tokens,
         branches=[branches[e] for e in tb.kept] if paired else None,
+        shared_prefix=shared[tb.kept] if shared is not None else None,
     )
 
 
@@ -212,7 +257,8 @@ def _with_bos(e: EncodedChat, bos: int | None) -> EncodedChat:
         return e
     return EncodedChat(np.concatenate([[bos], e.token_ids]).astype(np.int32),
                        np.concatenate([[0], e.loss_mask]).astype(np.uint8),
-                       np.concatenate([[TYPE_PROMPT], e.token_type_ids]).astype(np.uint8))
+                       np.concatenate([[TYPE_PROMPT], e.token_type_ids]).astype(np.uint8),
+                       np.concatenate([[0], e.char_ends]).astype(np.int64))
 
 
 def apply_overflow(

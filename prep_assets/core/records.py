@@ -188,14 +188,20 @@ def extract_chat(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
     return {"messages": messages, **({"tools": tools} if tools else {})}
 
 
-_HH_TURN = re.compile(r"(?:^|\n\n)(Human|Assistant): ?")
+_HH_TURN = re.compile(r"(?:^\s*|\n\n)(Human|Assistant): ?")
 
 
-def split_transcript(text: str) -> list[dict[str, str]] | None:
-    """An Anthropic-HH transcript ("\n\nHuman: ...\n\nAssistant: ...") as messages; None if it is not one."""
+def split_transcript(text: str) -> list[dict[str, str]] | Invalid | None:
+    """An Anthropic-HH transcript ("\\n\\nHuman: ...\\n\\nAssistant: ...") as messages.
+
+    None when the text is no transcript (it has no Human turn); Invalid when it has Human/Assistant turns
+    but text before the first one, which would otherwise be trained as if the assistant said it.
+    """
     marks = list(_HH_TURN.finditer(text))
-    if not marks or marks[0].start() != 0:
+    if not any(m.group(1) == "Human" for m in marks):
         return None
+    if marks[0].start() != 0 or text[: marks[0].start()].strip():
+        return Invalid("malformed_transcript", f"text before the first Human/Assistant turn: {text[:60]!r}")
     roles = {"Human": "user", "Assistant": "assistant"}
     return [{"role": roles[m.group(1)], "content": text[m.end(): nxt.start() if nxt else len(text)]}
             for m, nxt in zip(marks, [*marks[1:], None])]
@@ -203,7 +209,8 @@ def split_transcript(text: str) -> list[dict[str, str]] | None:
 
 def _branch(value: Any, spec: InputSpec, what: str, default_role: str) -> list[dict[str, str]] | Invalid:
     if isinstance(value, str):
-        return split_transcript(value) or [{"role": default_role, "content": value}]
+        turns = split_transcript(value)
+        return [{"role": default_role, "content": value}] if turns is None else turns
     if value is None:
         return Invalid("null_value", f"{what!r} is null")
     return _messages(value, spec, what)
@@ -232,6 +239,8 @@ def extract_preference(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
             return part
     assert isinstance(chosen, list) and isinstance(rejected, list) and isinstance(prompt, list)
     assert isinstance(system, list)
+    if prompt and chosen[: len(prompt)] == prompt and rejected[: len(prompt)] == prompt:
+        chosen, rejected = chosen[len(prompt):], rejected[len(prompt):]  # branches that repeat the prompt
     if not prompt:
         k = 0
         while k < min(len(chosen), len(rejected)) - 1 and chosen[k] == rejected[k]:
@@ -334,6 +343,7 @@ GOLD_SCHEMA = pa.schema(
         # preference: both branches of a pair share pair_id (the record id); branch is chosen/rejected
         pa.field("pair_id", pa.string(), nullable=True),
         pa.field("branch", pa.string(), nullable=True),
+        pa.field("shared_prefix_tokens", pa.int32(), nullable=True),  # the pair's identical masked prompt
     ]
 )
 

@@ -209,6 +209,10 @@ class DatasetSpec(_Strict):
         unknown = sorted(set(self.mask) - set(allowed))
         if unknown:
             raise ValueError(f"mask: unknown key(s) {unknown} for type {self.input.type}; allowed: {list(allowed)}")
+        per_row = self.packing.max_sequences_per_example
+        if self.input.type == "preference" and per_row is not None and per_row < 2:
+            raise ValueError("packing.max_sequences_per_example must be at least 2 for preference data: "
+                             "both examples of a pair share a row")
         if self.output.max_tokens_per_shard < self.sequence.max_seq_len:
             raise ValueError("output.max_tokens_per_shard must be at least sequence.max_seq_len")
         return self

@@ -329,3 +329,92 @@ def test_special_token_strings_in_tool_definitions_reject_the_record(tmp_path: P
     conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "tools": tools}
     tb = tokenize_batch([conv], spec, pt)
     assert len(tb.kept) == 0 and tb.rejects[0][1] == "special_token_in_tools"
+
+
+def _pair_case(tmp_path: Path, policy: str, prompt: str, chosen: str, rejected: str, max_seq_len: int = 64):
+    spec = _spec("gpt2", type_="preference", max_seq_len=max_seq_len, sequence={"overflow": policy})
+    pt = _pinned(spec, tmp_path / policy)
+    content = extract_preference({"prompt": prompt, "chosen": chosen, "rejected": rejected}, spec.input)
+    return tokenize_batch([content], spec, pt), pt
+
+
+@pytest.mark.parametrize("policy", ["truncate_left", "truncate_right", "drop"])
+def test_lopsided_pair_fits_or_is_rejected_never_crashes_or_cuts_into_responses(policy: str, tmp_path: Path):
+    tb, _ = _pair_case(tmp_path, policy, "hi there", "ok", "word " * 80)
+    if tb.rejects:
+        assert len(tb.kept) == 0 and tb.rejects[0][1] in ("too_long", "no_trained_tokens")
+    else:
+        lengths = np.diff(tb.offsets)
+        assert lengths.sum() <= 64 and len(tb.kept) == 2
+        (c, cm, _), (r, rm, _) = _examples(tb)
+        n = int(tb.shared_prefix[0])
+        assert c[:n].tolist() == r[:n].tolist() and cm[:n].sum() == rm[:n].sum() == 0 and cm.sum() and rm.sum()
+    # a long shared prompt: truncate_left cuts it identically in both branches and keeps the pair
+    tb, pt = _pair_case(tmp_path / "long", policy, "context " * 40, "yes", "no")
+    if policy == "drop":
+        assert tb.rejects[0][1] == "too_long"
+    elif policy == "truncate_right":  # both halves end inside the prompt: nothing trainable, rejected whole
+        assert len(tb.kept) == 0 and tb.rejects[0][1] == "no_trained_tokens"
+    else:
+        (c, cm, _), (r, rm, _) = _examples(tb)
+        n = int(tb.shared_prefix[0])
+        assert len(c) + len(r) <= 64 and c[:n].tolist() == r[:n].tolist() and cm[:n].sum() == rm[:n].sum() == 0
+        if policy == "truncate_left":
+            # each response and its end-of-turn survive
+            assert [pt.hf.decode(c[cm == 1].tolist()), pt.hf.decode(r[rm == 1].tolist())] == ["yes<|im_end|>", "no<|im_end|>"]
+
+
+def test_pair_whose_branches_start_with_a_user_turn_passes_the_pair_gate(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from prep_assets.core import invariants as inv
+
+    spec = _spec("gpt2", type_="preference")
+    pt = _pinned(spec, tmp_path)
+    u, a = (lambda t: {"role": "user", "content": t}), (lambda t: {"role": "assistant", "content": t})
+    content = extract_preference({"chosen": [u("hi"), a("hello"), u("a joke?"), a("ha")],
+                                  "rejected": [u("hi"), a("hello"), u("be rude"), a("no")]}, spec.input)
+    assert len(content["prompt"]) == 2
+    tb = tokenize_batch([content], spec, pt)
+    ex = _examples(tb)
+    rows = [{"pair_id": "p", "branch": b, "split": "train", "source_file": "f", "source_line": 1,
+             "token_ids": ids.tolist(), "loss_mask": m.tolist(), "shared_prefix_tokens": int(n)}
+            for b, (ids, m, _), n in zip(tb.branches, ex, tb.shared_prefix, strict=True)]
+    (tmp_path / "g").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "g" / "examples.parquet")
+    assert inv.gold_pairs_complete(tmp_path / "g").passed
+    rows[1]["token_ids"][1] += 1  # a different prompt token in one branch
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "g" / "examples.parquet")
+    assert not inv.gold_pairs_complete(tmp_path / "g").passed
+
+
+def test_preference_extraction_edge_cases_never_mistrain(tmp_path: Path):
+    from prep_assets.core.clean import quality_verdict
+    from prep_assets.core.spec import CleanSpec
+
+    spec = make_spec(input={"type": "preference"})
+    u, a = (lambda t: {"role": "user", "content": t}), (lambda t: {"role": "assistant", "content": t})
+    # UltraFeedback layout: the prompt is given and repeated at the start of both branches
+    repeated = extract_preference({"prompt": "q", "chosen": [u("q"), a("good")], "rejected": [u("q"), a("bad")]},
+                                  spec.input)
+    assert repeated == {"prompt": [u("q")], "chosen": [a("good")], "rejected": [a("bad")]}
+    # text before the first HH turn would be trained as the assistant's: rejected instead
+    bad = extract_preference({"chosen": "Intro\n\nHuman: q\n\nAssistant: a", "rejected": "x"}, spec.input)
+    assert bad.reason == "malformed_transcript"
+    single_newline = extract_preference({"chosen": "\nHuman: q\n\nAssistant: a", "rejected": "\nHuman: q\n\nAssistant: b"},
+                                        spec.input)
+    assert single_newline["prompt"] == [u("q")] and single_newline["chosen"] == [a("a")]
+    # a plain answer that starts like a turn keeps its text
+    plain = extract_preference({"prompt": "q", "chosen": "Assistant: yes", "rejected": "no"}, spec.input)
+    assert plain["chosen"] == [a("Assistant: yes")]
+    # branches identical once normalized go to the silver rejects
+    same = {"prompt": [u("q")], "chosen": [a("yes")], "rejected": [a("yes")]}
+    assert quality_verdict(same, CleanSpec()).reason == "identical_branches"
+
+
+def test_preference_needs_two_sequences_per_row():
+    from prep_assets.core.errors import SpecError
+
+    with pytest.raises(SpecError, match="at least 2 for preference"):
+        make_spec(input={"type": "preference"}, packing={"max_sequences_per_example": 1})
