@@ -63,10 +63,6 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
 
 
-def _has_specials_in_content(pt: PinnedTokenizer, messages: list[dict[str, str]]) -> bool:
-    return any(s in m["content"] for s in pt.hf.all_special_tokens for m in messages)
-
-
 @pytest.mark.parametrize("tok", list(TOKENIZERS))
 def test_chat_mask_round_trip_every_record(tok: str, tmp_path: Path):
     """Trained tokens decode to exactly the assistant contents + end-of-turn; all tokens to the rendering."""
