@@ -237,7 +237,7 @@ def _template_specials(rc: RenderedChat, pattern: re.Pattern[str] | None) -> lis
     out: list[tuple[int, int]] = []
     cursor = 0
     for s, e in [*rc.content_spans, (len(rc.text), len(rc.text))]:
-        out += [m.span() for m in pattern.finditer(rc.text[:s], cursor)]
+        out += [m.span() for m in pattern.finditer(rc.text, cursor, s)]  # only the template text before s
         cursor = e
     return out
 
