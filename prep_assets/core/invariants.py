@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +37,10 @@ class Outcome:
 
 
 def _query(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run `sql` with the named parameters it uses (`$name`); values are always bound, never interpolated."""
+    used = set(re.findall(r"\$([A-Za-z_]\w*)", sql))
     with duckdb.connect() as con:
-        cur = con.execute(sql, params)
+        cur = con.execute(sql, {k: v for k, v in params.items() if k in used})
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
@@ -213,7 +216,13 @@ def gold_ids_in_vocab(gold_dir: Path, vocab_size: int) -> Outcome:
                       vocab_size=vocab_size)
 
 
-def gold_within_max_len(gold_dir: Path, max_seq_len: int) -> Outcome:
+def gold_within_max_len(gold_dir: Path, max_seq_len: int, splits_examples: bool = False) -> Outcome:
+    """1 <= tokens <= max_seq_len; with `splits_examples` (packing full, or window overflow) only 1 <= tokens."""
+    if splits_examples:
+        o = _gold_rows(gold_dir, "tokenized_examples_within_max_len", "len(token_ids) = 0",
+                       "1 <= tokens (packing splits longer examples)", ", len(token_ids) AS tokens")
+        return Outcome(o.name, o.violations, o.offending, {"max_seq_len": max_seq_len, "splits_examples": True},
+                       o.description)
     return _gold_rows(gold_dir, "tokenized_examples_within_max_len", "len(token_ids) > $max_seq_len OR "
                       "len(token_ids) = 0", "1 <= tokens <= sequence.max_seq_len", ", len(token_ids) AS tokens",
                       max_seq_len=max_seq_len)
@@ -267,12 +276,15 @@ def _no_shards(name: str, description: str) -> Outcome:
 
 
 def shards_fixed_length(files: list[Path], max_seq_len: int) -> Outcome:
-    name, desc = "packed_shards_fixed_length", "every row of every list column is exactly max_seq_len long"
+    name = "packed_shards_fixed_length"
+    desc = ("every row of every list column is exactly max_seq_len long; num_loss_tokens = sum(loss_mask); one "
+            "example id and offset per segment")
     if not files:
         return _no_shards(name, desc)
     p = {"files": _files(files), "L": max_seq_len}
     where = ("len(input_ids) <> $L OR len(loss_mask) <> $L OR len(position_ids) <> $L OR len(segment_ids) <> $L "
-             "OR len(token_type_ids) <> $L OR list_sum(seq_lengths) > $L OR len(seq_lengths) <> len(example_ids)")
+             "OR len(token_type_ids) <> $L OR list_sum(seq_lengths) > $L OR len(seq_lengths) <> len(example_ids) "
+             "OR len(example_offsets) <> len(example_ids) OR coalesce(list_sum(loss_mask), 0) <> num_loss_tokens")
     bad = _query(f"SELECT filename AS file, file_row_number AS row, len(input_ids) AS length FROM "
                  f"read_parquet($files, filename = true, file_row_number = true) WHERE {where} LIMIT $n",
                  {**p, "n": SAMPLE})
@@ -314,37 +326,145 @@ def shards_positions_restart(files: list[Path]) -> Outcome:
     return Outcome(name, n, bad, {}, desc)
 
 
-def shards_tokens_conserved(files: list[Path], gold_dir: Path) -> Outcome:
-    """Per split: shard non-padding tokens and loss tokens equal gold's; every gold example is in exactly one row."""
+@dataclass(frozen=True)
+class Layout:
+    """How the packer may place gold examples: what the conservation gates expect (from the spec)."""
+
+    max_seq_len: int
+    strategy: str = "bfd"
+    overflow: str = "drop"
+    overlap: int = 0
+
+    @property
+    def windowed(self) -> bool:
+        return self.overflow == "window" and self.strategy != "full"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"L": self.max_seq_len, "overlap": self.overlap, "stride": self.max_seq_len - self.overlap,
+                "windowed": self.windowed}
+
+
+_SPLIT_OF_FILE = "regexp_extract(filename, '([a-z]+)/part-[0-9]+\\.parquet$', 1)"
+# one row per segment of every shard row: where it came from (example, offset) and where it sits (file, row, seg)
+_SEGMENTS = f"""
+    SELECT {_SPLIT_OF_FILE} AS split, filename AS file, file_row_number AS row, unnest(example_ids) AS example_id,
+           unnest(example_offsets) AS off, unnest(seq_lengths) AS len, generate_subscripts(example_ids, 1) AS seg
+    FROM read_parquet($files, filename = true, file_row_number = true)
+"""
+_NO_SEGMENTS = ("(SELECT NULL::VARCHAR AS split, NULL::VARCHAR AS file, NULL::BIGINT AS row, NULL::VARCHAR AS "
+                "example_id, NULL::INTEGER AS off, NULL::INTEGER AS len, NULL::BIGINT AS seg WHERE false)")
+# the pieces each gold example should become: itself, or (windowed) its windows that keep a loss token
+_EXPECTED = """
+    WITH g AS (SELECT example_id, split, len(token_ids) AS n, loss_mask FROM read_parquet($g)),
+    w AS (SELECT *, unnest(range(0, CASE WHEN $windowed AND n > $L THEN 1 + (n - $L + $stride - 1) // $stride
+                                         ELSE 1 END)) AS k FROM g),
+    e AS (SELECT example_id, split, n, k, k * $stride AS off,
+                 CASE WHEN $windowed THEN least($L, n - k * $stride) ELSE n END AS len,
+                 CASE WHEN k = 0 THEN 0 ELSE greatest($overlap, 1) END AS masked, loss_mask FROM w)
+    SELECT example_id, split, off, len, CASE WHEN k = 0 THEN len ELSE len - $overlap END AS new_tokens,
+           CASE WHEN k = 0 THEN 0 ELSE $overlap END AS repeated,
+           NOT $windowed OR coalesce(list_sum(list_slice(loss_mask, off + masked + 1, off + len)), 0) > 0 AS kept
+    FROM e
+"""
+
+
+def shards_tokens_conserved(files: list[Path], gold_dir: Path, layout: Layout,
+                            reported: dict[str, Any] | None = None) -> Outcome:
+    """Every gold example is in the shards exactly as the layout says, and the token counts add up per split.
+
+    bfd/ffd/single: each example is one segment at offset 0. Windows: the example's windows that keep a loss
+    token, at offsets k * (max_seq_len - overlap). full: the example's segments tile it from 0 to its length.
+    Per split: shard tokens = gold tokens - tokens dropped by packing + overlap tokens; and `reported` (the
+    shards' stats.json splits), where given, must carry the same dropped and overlap figures.
+    """
     name = "packed_shards_tokens_conserved"
-    desc = "per split, shard tokens and loss tokens = gold's, and each gold example appears exactly once"
-    g = str(gold_dir / "examples.parquet")
-    gold = {r["split"]: r for r in _query(
-        "SELECT split, sum(num_tokens)::BIGINT AS tokens, sum(num_loss_tokens)::BIGINT AS loss, count(*) AS examples "
-        "FROM read_parquet($g) GROUP BY split", {"g": g})}
-    shard: dict[str, dict[str, Any]] = {}
+    desc = ("per split, shard tokens = gold tokens - tokens dropped by packing + window overlaps; every gold "
+            "example placed exactly as the packing layout requires")
+    p = {"g": str(gold_dir / "examples.parquet"), **layout.params}
     if files:
-        shard = {r["split"]: r for r in _query(
-            "SELECT regexp_extract(filename, '([a-z]+)/part-[0-9]+\\.parquet$', 1) AS split, "
-            "sum(list_count(list_filter(segment_ids, lambda s: s > 0)))::BIGINT AS tokens, "
-            "sum(num_loss_tokens)::BIGINT AS loss, sum(len(example_ids))::BIGINT AS examples "
-            "FROM read_parquet($files, filename = true) GROUP BY 1", {"files": _files(files)})}
-    offending = []
-    for split in sorted(set(gold) | set(shard)):
-        a, b = gold.get(split, {}), shard.get(split, {})
-        for key in ("tokens", "loss", "examples"):
-            if (a.get(key) or 0) != (b.get(key) or 0):
-                offending.append({"split": split, "figure": key, "gold": a.get(key) or 0, "shards": b.get(key) or 0})
-    if files:
-        missing = _query(
-            "WITH s AS (SELECT unnest(example_ids) AS example_id FROM read_parquet($files)), "
-            "c AS (SELECT example_id, count(*) AS n FROM s GROUP BY 1), gx AS (SELECT example_id FROM read_parquet($g)) "
-            "SELECT coalesce(gx.example_id, c.example_id) AS example_id, coalesce(c.n, 0) AS times_in_shards "
-            "FROM gx FULL OUTER JOIN c USING (example_id) WHERE coalesce(c.n, 0) <> 1 OR gx.example_id IS NULL "
-            "ORDER BY 1 LIMIT $n", {"files": _files(files), "g": g, "n": SAMPLE})
-        offending.extend(missing)
-    facts = {"gold": {k: dict(v) for k, v in sorted(gold.items())}, "shards": {k: dict(v) for k, v in sorted(shard.items())}}
-    return Outcome(name, len(offending), offending[:SAMPLE], facts, desc)
+        p["files"] = _files(files)
+    segments = f"({_SEGMENTS})" if files else _NO_SEGMENTS
+    if layout.strategy == "full":
+        sql = f"""
+            WITH s AS (SELECT *, lag(off + len) OVER (PARTITION BY example_id ORDER BY off, file, row) AS prev_end
+                       FROM {segments}),
+            a AS (SELECT example_id, min(off) AS first, max(off + len) AS last_end, sum(len) AS total,
+                         count(*) FILTER (prev_end IS NOT NULL AND prev_end <> off) AS gaps,
+                         count(DISTINCT split) AS splits, any_value(split) AS shard_split FROM s GROUP BY example_id),
+            g AS (SELECT example_id, split, len(token_ids) AS n FROM read_parquet($g))
+            SELECT coalesce(g.example_id, a.example_id) AS example_id, g.n AS gold_tokens, a.total AS shard_tokens,
+                   a.first, a.last_end, a.gaps, g.split, a.shard_split
+            FROM g FULL OUTER JOIN a USING (example_id)
+            WHERE a.example_id IS NULL OR g.example_id IS NULL OR a.first <> 0 OR a.last_end <> g.n
+               OR a.total <> g.n OR a.gaps > 0 OR a.splits <> 1 OR a.shard_split <> g.split
+        """
+        expected_sql = "SELECT split, sum(len(token_ids))::BIGINT AS tokens, 0::BIGINT AS dropped, 0::BIGINT AS " \
+                       "overlap FROM read_parquet($g) GROUP BY split"
+    else:
+        sql = f"""
+            WITH e AS (SELECT * FROM ({_EXPECTED}) WHERE kept),
+            s AS (SELECT *, count(*) OVER (PARTITION BY example_id, off) AS copies FROM {segments})
+            SELECT coalesce(e.example_id, s.example_id) AS example_id, coalesce(e.off, s.off) AS offset,
+                   e.len AS expected_tokens, s.len AS shard_tokens, e.split, s.split AS shard_split, s.copies
+            FROM e FULL OUTER JOIN s ON e.example_id = s.example_id AND e.off = s.off
+            WHERE e.example_id IS NULL OR s.example_id IS NULL OR e.len <> s.len OR e.split <> s.split
+               OR s.copies > 1
+        """
+        expected_sql = f"""SELECT split, sum(len) FILTER (kept)::BIGINT AS tokens,
+                              coalesce(sum(new_tokens) FILTER (NOT kept), 0)::BIGINT AS dropped,
+                              coalesce(sum(repeated) FILTER (kept), 0)::BIGINT AS overlap
+                       FROM ({_EXPECTED}) GROUP BY split"""
+    n, bad = _violating_rows(f"({sql})", "true", "*", p, order="example_id")
+    expected = {r["split"]: r for r in _query(expected_sql, p)}
+    gold = {r["split"]: r["tokens"] for r in _query(
+        "SELECT split, sum(len(token_ids))::BIGINT AS tokens FROM read_parquet($g) GROUP BY split", {"g": p["g"]})}
+    shard = {r["split"]: r["tokens"] for r in _query(
+        f"SELECT split, sum(len)::BIGINT AS tokens FROM {segments} GROUP BY split", p)}
+    offending: list[dict[str, Any]] = []
+    for split in sorted(set(expected) | set(shard)):
+        e = expected.get(split, {})
+        want = gold.get(split, 0) - (e.get("dropped") or 0) + (e.get("overlap") or 0)
+        if want != shard.get(split, 0) or (e.get("tokens") or 0) != shard.get(split, 0):
+            offending.append({"split": split, "gold_tokens": gold.get(split, 0), "dropped": e.get("dropped"),
+                              "overlap": e.get("overlap"), "expected": want, "shard_tokens": shard.get(split, 0)})
+        r = (reported or {}).get(split)
+        if r is not None and (r["tokens_dropped_by_packing"], r["overlap_tokens"]) != (e.get("dropped") or 0,
+                                                                                       e.get("overlap") or 0):
+            offending.append({"split": split, "reported_dropped": r["tokens_dropped_by_packing"],
+                              "reported_overlap": r["overlap_tokens"], "dropped": e.get("dropped"),
+                              "overlap": e.get("overlap")})
+    facts = {s: {"gold_tokens": gold.get(s, 0), "shard_tokens": shard.get(s, 0),
+                 "tokens_dropped_by_packing": expected.get(s, {}).get("dropped") or 0,
+                 "overlap_tokens": expected.get(s, {}).get("overlap") or 0} for s in sorted(set(gold) | set(shard))}
+    return Outcome(name, n + len(offending), (offending + bad)[:SAMPLE], facts, desc)
+
+
+def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0) -> Outcome:
+    """Token by token, every segment equals its gold example's tokens and types at its offset, with the gold
+    loss mask except its leading tokens (the first; a window's overlap), which are masked."""
+    name = "packed_shards_match_gold"
+    desc = "every shard token equals the gold token (id, type, mask) it came from; segment starts masked"
+    if not files:
+        return _no_shards(name, desc)
+    sql = f"""
+        WITH s AS (SELECT file, row, seg, example_id, off,
+                          coalesce(sum(len) OVER (PARTITION BY file, row ORDER BY seg
+                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS at
+                   FROM ({_SEGMENTS})),
+        t AS ({_TOKENS}),
+        ts AS (SELECT t.file, t.row, t.i, t.id, t.m, t.typ, s.example_id, s.off, t.i - 1 - s.at AS j
+               FROM t JOIN s ON t.file = s.file AND t.row = s.row AND t.seg = s.seg WHERE t.seg > 0),
+        g AS (SELECT example_id, unnest(token_ids) AS gid, unnest(loss_mask) AS gm, unnest(token_type_ids) AS gtyp,
+                     generate_subscripts(token_ids, 1) - 1 AS p FROM read_parquet($g))
+        SELECT ts.file, ts.row, ts.i AS token, ts.example_id, ts.off + ts.j AS position, ts.id, g.gid, ts.m, g.gm
+        FROM ts LEFT JOIN g ON g.example_id = ts.example_id AND g.p = ts.off + ts.j
+        WHERE g.gid IS NULL OR ts.id <> g.gid OR ts.typ <> g.gtyp
+           OR ts.m <> CASE WHEN ts.j < (CASE WHEN ts.off = 0 THEN 1 ELSE greatest($overlap, 1) END) THEN 0 ELSE g.gm END
+    """
+    p = {"files": _files(files), "g": str(gold_dir / "examples.parquet"), "overlap": overlap}
+    n, bad = _violating_rows(f"({sql})", "true", "*", p, order="file, row, token")
+    return Outcome(name, n, bad, {}, desc)
 
 
 def shards_pairs_together(files: list[Path], gold_dir: Path) -> Outcome:

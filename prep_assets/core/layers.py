@@ -24,7 +24,8 @@ from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, canonical_json, read_json, sha256_file, staged_dir, write_json_atomic
 from prep_assets.core.chat import ChatTemplate
 from prep_assets.core.masking import tokenize_batch
-from prep_assets.core.packing import PackedRows, materialize_rows, plan_unit_packs, unit_offsets
+from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, write_megatron, write_memmap
+from prep_assets.core.packing import PackedRows, RowPlan, materialize_rows, plan_rows, unit_offsets
 from prep_assets.core.parquet_io import ParquetSink, iter_batches
 from prep_assets.core.readers import Accounting, RawReject, read_drop
 from prep_assets.core.records import (
@@ -226,6 +227,7 @@ def build_tokenized_examples(
     chat = ChatTemplate(pt) if spec.input.type in ("chat", "preference") else None
     reasons: Counter[str] = Counter()
     totals: Counter[str] = Counter()
+    overflow_by_split: Counter[str] = Counter()
     lengths_all: list[np.ndarray] = []
     with staged_dir(out_dir) as stage:
         comp = spec.output.compression
@@ -238,6 +240,13 @@ def build_tokenized_examples(
                 contents = [json.loads(c) for c in batch.column("content").to_pylist()]
                 tb = tokenize_batch(contents, spec, pt, chat)
                 totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
+                record_split = batch.column("split").to_pylist()
+                for r in tb.rejects:
+                    if r[1] == "too_long":
+                        overflow_by_split[record_split[r[0]]] += r[3]
+                if tb.cut is not None:
+                    for e in np.flatnonzero(tb.cut).tolist():
+                        overflow_by_split[record_split[int(tb.kept[e])]] += int(tb.cut[e])
                 if tb.rejects:
                     idx = pa.array([r[0] for r in tb.rejects], type=pa.int64())
                     rej = batch.select(cols[:-1]).take(idx)
@@ -294,6 +303,8 @@ def build_tokenized_examples(
             "loss_tokens": totals["loss_tokens"],
             "prompt_tokens": totals["prompt_tokens"],
             "tokens_dropped_by_overflow": totals["tokens_dropped_by_overflow"],
+            "tokens_dropped_by_overflow_by_split": {s: overflow_by_split[s] for s in SPLITS},
+            "overflow": spec.gold_overflow,
             "example_length": _percentiles(lengths_cat),
             "tokenizer_fingerprint": pt.info.fingerprint,
             "vocab_size": pt.info.vocab_size,
@@ -323,14 +334,37 @@ def _row_table(rows: PackedRows, example_ids: pa.Array, lo: int, hi: int) -> pa.
             "token_type_ids": list_array(rows.token_type_ids[tok], row_offsets, pa.uint8()),
             "seq_lengths": list_array(rows.seg_lengths[s0:s1], seg_offsets, pa.int32()),
             "example_ids": pa.ListArray.from_arrays(pa.array(seg_offsets.astype(np.int32)), example_ids[s0:s1]),
+            "example_offsets": list_array(rows.seg_starts[s0:s1], seg_offsets, pa.int32()),
             "num_loss_tokens": pa.array(rows.num_loss_tokens[lo:hi]),
         },
         schema=SHARD_SCHEMA,
     )
 
 
+def pack_split(spec: DatasetSpec, sub: pa.Table, pad_id: int, seed: tuple[int, ...] | None) -> tuple[RowPlan, PackedRows]:
+    """Plan and materialize the rows of one split's gold examples (a table with token_ids, loss_mask, ...)."""
+    ids, offsets = flat_values(sub.column("token_ids"), np.int32)
+    mask, _ = flat_values(sub.column("loss_mask"), np.uint8)
+    types, _ = flat_values(sub.column("token_type_ids"), np.uint8)
+    plan = plan_rows(
+        np.diff(offsets),
+        capacity=spec.sequence.max_seq_len,
+        strategy=spec.packing.strategy,
+        overflow=spec.sequence.overflow,
+        overlap=spec.sequence.overlap,
+        loss_mask=mask,
+        units=unit_offsets(sub.column("pair_id").to_pylist()) if spec.input.type == "preference" else None,
+        max_per_bin=spec.packing.max_sequences_per_example,
+        shuffle_seed=seed,
+    )
+    rows = materialize_rows(plan, token_ids=ids, loss_mask=mask, token_type_ids=types, offsets=offsets,
+                            row_len=spec.sequence.max_seq_len, pad_id=pad_id)
+    return plan, rows
+
+
 def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path) -> dict[str, Any]:
-    """Shards: fixed-length packed rows per split, in Parquet files of at most max_tokens_per_shard tokens."""
+    """Shards: fixed-length packed rows per split, in Parquet files of at most max_tokens_per_shard tokens,
+    plus the optional memmap and Megatron exports."""
     info = load_pinned(tokenizer_dir).info
     gold_stats = read_json(gold_dir / STATS)
     if gold_stats["tokenizer_fingerprint"] != info.fingerprint:
@@ -338,6 +372,9 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
             "gold was tokenized with another tokenizer than the pinned one "
             f"({gold_stats['tokenizer_fingerprint'][:12]} != {info.fingerprint[:12]}); rematerialize gold"
         )
+    if gold_stats.get("overflow") != spec.gold_overflow:
+        raise DropError(f"gold was built for overflow {gold_stats.get('overflow')!r}, the spec now needs "
+                        f"{spec.gold_overflow!r}; rematerialize gold")
     L = spec.sequence.max_seq_len
     table = pq.read_table(
         str(gold_dir / EXAMPLES), columns=["example_id", "split", "token_ids", "loss_mask", "token_type_ids", "pair_id"]
@@ -347,25 +384,11 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
     with staged_dir(out_dir) as stage:
         for split_no, split in enumerate(SPLITS):
             sub = table.filter(pc.equal(table.column("split"), split))
-            ids, offsets = flat_values(sub.column("token_ids"), np.int32)
-            mask, _ = flat_values(sub.column("loss_mask"), np.uint8)
-            types, _ = flat_values(sub.column("token_type_ids"), np.uint8)
-            lengths = np.diff(offsets)
             seed = (spec.packing.seed, split_no) if spec.packing.shuffle else None
-            bins = plan_unit_packs(
-                lengths,
-                unit_offsets(sub.column("pair_id").to_pylist()),
-                capacity=L,
-                strategy=spec.packing.strategy,
-                max_per_bin=spec.packing.max_sequences_per_example,
-                shuffle_seed=seed,
-            )
-            rows = materialize_rows(
-                bins, token_ids=ids, loss_mask=mask, token_type_ids=types, offsets=offsets, row_len=L, pad_id=info.pad_id
-            )
+            plan, rows = pack_split(spec, sub, info.pad_id, seed)
             example_ids = sub.column("example_id").combine_chunks().take(pa.array(rows.example_order, type=pa.int64()))
             files = []
-            if rows.num_rows:
+            if rows.num_rows or sub.num_rows:
                 (stage / split).mkdir()
             for k, lo in enumerate(range(0, rows.num_rows, rows_per_shard)):
                 hi = min(lo + rows_per_shard, rows.num_rows)
@@ -375,65 +398,95 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
                 files.append({"path": rel, "sha256": sha256_file(stage / rel), "sequences": hi - lo,
                               "tokens": int(np.count_nonzero(rows.segment_ids[lo * L : hi * L])),
                               "loss_tokens": int(rows.num_loss_tokens[lo:hi].sum())})
-            split_stats[split] = _split_metrics(rows, lengths, types, files)
+            exports: dict[str, Any] = {}
+            if "npy" in spec.output.formats and rows.num_rows:
+                exports["npy"] = write_memmap(stage / split / MEMMAP_DIR, f"{split}/{MEMMAP_DIR}", rows, info.vocab_size)
+            if "megatron" in spec.output.formats and sub.num_rows:
+                ids, offsets = flat_values(sub.column("token_ids"), np.int32)
+                exports["megatron"] = write_megatron(stage / split / MEGATRON_PREFIX, f"{split}/{MEGATRON_PREFIX}",
+                                                     ids, offsets, info.vocab_size)
+            overflow = gold_stats.get("tokens_dropped_by_overflow_by_split", {}).get(split, 0)
+            split_stats[split] = {**split_metrics(sub, plan, rows, overflow),
+                                  "max_batch_size": min((f["sequences"] for f in files), default=0),
+                                  "files": files, "exports": exports}
         stats = {
             "tokenizer_fingerprint": info.fingerprint,
             "max_seq_len": L,
             "strategy": spec.packing.strategy,
-            "tokens_dropped_by_overflow": gold_stats["tokens_dropped_by_overflow"],
+            "overflow": spec.sequence.overflow,
+            "overlap": spec.sequence.overlap,
             "splits": split_stats,
-            "totals": _totals(split_stats.values(), gold_stats["tokens_dropped_by_overflow"]),
+            "totals": totals(split_stats.values(), L),
         }
         write_json_atomic(stage / STATS, stats)
     return stats
 
 
-def _split_metrics(rows: PackedRows, lengths: np.ndarray, types: np.ndarray, files: list[dict[str, Any]]) -> dict[str, Any]:
+def _ratio(a: int, b: int, empty: float) -> float:
+    return round(a / b, 6) if b else empty
+
+
+def split_metrics(sub: pa.Table, plan: RowPlan, rows: PackedRows, dropped_by_overflow: int) -> dict[str, Any]:
+    """DESIGN §5 metrics of one split. Input tokens are gold's plus what overflow cut or dropped in gold."""
     capacity = rows.num_rows * rows.row_len
-    tokens = int(np.count_nonzero(rows.segment_ids))
+    real = rows.segment_ids > 0
+    output = int(np.count_nonzero(real))
     loss = int(rows.loss_mask.sum(dtype=np.int64))
-    return {
-        "examples": int(len(lengths)),
+    gold_tokens = int(pc.sum(pc.list_value_length(sub.column("token_ids"))).as_py() or 0)
+    input_tokens = gold_tokens + dropped_by_overflow
+    pieces = np.bincount(plan.example, minlength=sub.num_rows) if sub.num_rows else np.zeros(0, dtype=np.int64)
+    metrics = {
+        "examples": sub.num_rows,
+        "examples_split": int(np.count_nonzero(pieces > 1)),
         "sequences": rows.num_rows,
-        "input_tokens": int(lengths.sum()),
-        "tokens": tokens,
+        "segments": int(len(plan.example)),
+        "input_tokens": input_tokens,
+        "gold_tokens": gold_tokens,
+        "output_tokens": output,
         "loss_tokens": loss,
-        "prompt_tokens": int(np.count_nonzero(types == TYPE_PROMPT)),
-        "padding_tokens": capacity - tokens,
-        "tokens_dropped_by_packing": int(lengths.sum()) - tokens,
-        "data_utilization": round(tokens / int(lengths.sum()), 6) if len(lengths) else 1.0,
-        "sequence_utilization": round(tokens / capacity, 6) if capacity else 0.0,
-        "loss_token_utilization": round(loss / capacity, 6) if capacity else 0.0,
-        "max_batch_size": min((f["sequences"] for f in files), default=0),
-        "files": files,
+        "prompt_tokens": int(np.count_nonzero(real & (rows.token_type_ids == TYPE_PROMPT))),
+        "padding_tokens": capacity - output,
+        "tokens_dropped_by_overflow": dropped_by_overflow,
+        "tokens_dropped_by_packing": plan.dropped_tokens,
+        "windows_dropped": plan.dropped_pieces,
+        "overlap_tokens": plan.overlap_tokens,
+    }
+    return {**metrics, **_utilizations(metrics, rows.row_len)}
+
+
+def _utilizations(m: dict[str, Any], row_len: int) -> dict[str, Any]:
+    capacity = m["sequences"] * row_len
+    return {
+        "data_utilization": _ratio(m["output_tokens"] - m["overlap_tokens"], m["input_tokens"], 1.0),
+        "sequence_utilization": _ratio(m["output_tokens"], capacity, 0.0),
+        "loss_token_utilization": _ratio(m["loss_tokens"], capacity, 0.0),
     }
 
 
-_SUMMED = ("examples", "sequences", "input_tokens", "tokens", "loss_tokens", "prompt_tokens", "padding_tokens",
-           "tokens_dropped_by_packing")
+SUMMED = ("examples", "examples_split", "sequences", "segments", "input_tokens", "gold_tokens", "output_tokens",
+          "loss_tokens", "prompt_tokens", "padding_tokens", "tokens_dropped_by_overflow", "tokens_dropped_by_packing",
+          "windows_dropped", "overlap_tokens")
 
 
-def _totals(splits: Iterable[dict[str, Any]], dropped_by_overflow: int) -> dict[str, Any]:
-    """Partition totals; data utilization counts tokens lost to overflow in gold as well as in packing."""
+def totals(splits: Iterable[dict[str, Any]], row_len: int) -> dict[str, Any]:
+    """Partition (or dataset) totals of split metrics; ratios recomputed, max_batch_size the smallest file's rows."""
     splits = list(splits)
-    out: dict[str, Any] = {k: sum(s[k] for s in splits) for k in _SUMMED}
-    capacity = out["tokens"] + out["padding_tokens"]
-    before_overflow = out["input_tokens"] + dropped_by_overflow
-    out["tokens_dropped_by_overflow"] = dropped_by_overflow
-    out["sequence_utilization"] = round(out["tokens"] / capacity, 6) if capacity else 0.0
-    out["data_utilization"] = round(out["tokens"] / before_overflow, 6) if before_overflow else 1.0
-    return out
+    out: dict[str, Any] = {k: sum(s.get(k, 0) for s in splits) for k in SUMMED}
+    sizes = [f["sequences"] for s in splits for f in s.get("files", [])]
+    out["max_batch_size"] = min(sizes, default=0)
+    return {**out, **_utilizations(out, row_len)}
 
 
 # ---------------------------------------------------------------- manifest
 
 
 def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> dict[str, Any]:
-    """The dataset manifest: every published shard of the given partitions, by split, with checksums."""
+    """The dataset manifest: every published shard and export of the given partitions, by split, with checksums
+    and the split metrics summed over partitions."""
     tok = read_json(paths.tokenizer_dir / "fingerprint.json")
-    by_split: dict[str, dict[str, Any]] = {
-        s: {"files": [], "sequences": 0, "tokens": 0, "loss_tokens": 0, "max_batch_size": 0} for s in SPLITS
-    }
+    files: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
+    exports: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
+    metrics: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     parts: dict[str, Any] = {}
     fingerprints = set()
     for partition in sorted(partitions):
@@ -443,25 +496,26 @@ def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]
         stats = read_json(stats_path)
         fingerprints.add(stats["tokenizer_fingerprint"])
         parts[partition] = {"tokenizer_fingerprint": stats["tokenizer_fingerprint"], **stats["totals"]}
+        base = f"shards/{partition}"
         for split, s in stats["splits"].items():
-            for f in s["files"]:
-                by_split[split]["files"].append({**f, "path": f"shards/{partition}/{f['path']}", "partition": partition})
-    for split, agg in by_split.items():
-        files = agg["files"]
-        agg["sequences"] = sum(f["sequences"] for f in files)
-        agg["tokens"] = sum(f["tokens"] for f in files)
-        agg["loss_tokens"] = sum(f["loss_tokens"] for f in files)
-        agg["max_batch_size"] = min((f["sequences"] for f in files), default=0)
+            metrics[split].append(s)
+            files[split] += [{**f, "path": f"{base}/{f['path']}", "partition": partition} for f in s["files"]]
+            for fmt, e in sorted(s.get("exports", {}).items()):
+                where = {k: f"{base}/{e[k]}" for k in ("dir", "prefix") if k in e}
+                exports[split].append({**e, **where, "format": fmt, "partition": partition,
+                                       "files": [{**f, "path": f"{base}/{f['path']}"} for f in e["files"]]})
+    L = spec.sequence.max_seq_len
     manifest = {
         "dataset": spec.name,
-        "max_seq_len": spec.sequence.max_seq_len,
+        "max_seq_len": L,
+        "strategy": spec.packing.strategy,
         "config_hash": spec.fingerprint(),
         "tokenizer_fingerprint": tok["fingerprint"],
         "tokenizer_vocab_size": tok["info"]["vocab_size"],
         "pad_id": tok["info"]["pad_id"],
         "shard_tokenizer_fingerprints": sorted(fingerprints),
         "partitions": parts,
-        "splits": by_split,
+        "splits": {s: {**totals(metrics[s], L), "files": files[s], "exports": exports[s]} for s in SPLITS},
         "schema": {f.name: str(f.type) for f in SHARD_SCHEMA},
     }
     write_json_atomic(paths.manifest_path, manifest)

@@ -53,7 +53,8 @@ class TokenizedBatch:
     token_type_ids: np.ndarray  # uint8
     offsets: np.ndarray  # int64, len(kept) + 1
     rejects: list[tuple[int, str, str, int]]  # (record index, reason, detail, num_tokens before overflow)
-    tokens_dropped: int  # tokens removed by truncation or dropped examples
+    tokens_dropped: int  # tokens lost to overflow: cut by truncation, or of examples rejected as too_long
+    cut: np.ndarray | None = None  # per kept example: tokens cut from it by truncation
     branches: list[str | None] | None = None  # per kept example: "chosen"/"rejected" for preference
     shared_prefix: np.ndarray | None = None  # preference: per kept example, the shared prompt's tokens
 
@@ -125,7 +126,8 @@ def tokenize_batch(
     owner = np.repeat(np.arange(len(contents)), [len(p) for p in per_example])
     lengths = np.bincount(owner, weights=piece_lens, minlength=len(contents)).astype(np.int64)
     head = 1 if pt.info.add_bos and pt.info.bos_id is not None else 0
-    return apply_overflow(ids, mask, types, lengths, spec, head=head)
+    return apply_overflow(ids, mask, types, lengths, policy=spec.gold_overflow, max_len=spec.sequence.max_seq_len,
+                          head=head)
 
 
 def chat_examples(content: dict[str, Any], spec: DatasetSpec) -> list[tuple[str | None, list[dict[str, str]], list[bool]]]:
@@ -230,7 +232,8 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
         return np.concatenate([getattr(e, name) for e in encoded]) if encoded else np.zeros(0, dtype)
 
     tb = apply_overflow(cat("token_ids", np.int32), cat("loss_mask", np.uint8), cat("token_type_ids", np.uint8),
-                        lengths, spec, head=heads, limits=limits, pairs=paired)
+                        lengths, policy=spec.gold_overflow, max_len=spec.sequence.max_seq_len, head=heads,
+                        limits=limits, pairs=paired)
     src = np.array(source, dtype=np.int64)
     seen: set[int] = set()
     for e, reason, detail, n in tb.rejects:  # one reject row per record (a pair is rejected once)
@@ -246,6 +249,7 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
         offsets=tb.offsets,
         rejects=rejects,
         tokens_dropped=tb.tokens_dropped + dropped_tokens,
+        cut=tb.cut,
         branches=[branches[e] for e in tb.kept] if paired else None,
         shared_prefix=shared[tb.kept] if shared is not None else None,
     )
@@ -266,21 +270,25 @@ def apply_overflow(
     mask: np.ndarray,
     types: np.ndarray,
     lengths: np.ndarray,
-    spec: DatasetSpec,
     *,
+    policy: str,
+    max_len: int,
     head: int | np.ndarray = 0,
     limits: np.ndarray | None = None,
     pairs: bool = False,
 ) -> TokenizedBatch:
     """Cut or drop examples longer than their limit, mask each first token, reject untrainable ones.
 
-    The limit is `max_seq_len` unless `limits` gives one per example. `head` tokens (the BOS) always
-    stay at the front: truncate_left keeps them plus the last tokens. With `pairs`, examples 2k and 2k+1
-    are one pair: when one is rejected both are (the reject names the branch).
+    `policy` is drop, truncate_right, truncate_left or keep (no limit: `full` packing and windows split
+    long examples later). The limit is `max_len` unless `limits` gives one per example. `head` tokens (the
+    BOS) always stay at the front: truncate_left keeps them plus the last tokens. With `pairs`, examples 2k
+    and 2k+1 are one pair: when one is rejected both are (the reject names the branch).
     """
-    policy = spec.sequence.overflow
     n = len(lengths)
-    max_len = np.full(n, spec.sequence.max_seq_len, dtype=np.int64) if limits is None else limits.astype(np.int64)
+    limit = np.full(n, max_len, dtype=np.int64) if limits is None else limits.astype(np.int64)
+    if policy == "keep":
+        limit = np.maximum(limit, lengths)
+    max_len = limit
     heads = np.broadcast_to(np.asarray(head, dtype=np.int64), (n,))
     starts = offsets_from_lengths(lengths)[:-1]
     over = lengths > max_len
@@ -322,6 +330,7 @@ def apply_overflow(
     kept = np.flatnonzero(~rejected)
     final_index = ranges_index(out_offsets[:-1][kept], keep_len[kept])
     rejects.sort()
+    cut = (lengths - keep_len)[kept]
     return TokenizedBatch(
         kept=kept,
         token_ids=out_ids[final_index],
@@ -329,5 +338,6 @@ def apply_overflow(
         token_type_ids=out_types[final_index],
         offsets=offsets_from_lengths(keep_len[kept]),
         rejects=rejects,
-        tokens_dropped=int(lengths.sum() - keep_len[kept].sum()),
+        tokens_dropped=int(cut.sum() + lengths[dropped].sum()),
+        cut=cut,
     )

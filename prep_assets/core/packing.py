@@ -1,13 +1,32 @@
-"""Packing: planned, then materialized.
+"""Packing: planned, then materialized (DESIGN §5).
 
-`plan_packs` is a pure function from example lengths to bins (lists of example indices);
-`materialize_rows` gathers the token arrays into fixed-length rows with numpy, no per-token loop.
+`plan_rows` is a pure function from example lengths to a `RowPlan`: which piece of which example goes
+into which row. A piece is a whole example (`bfd`, `ffd`, `single`), a window of a long example
+(`sequence.overflow: window`) or a cut of the concatenated stream (`full`). `materialize_rows` gathers
+the token arrays into fixed-length rows with numpy, no per-token loop.
 
-Worked example (capacity 8): lengths [5, 3, 4, 2, 6] with `bfd`
-    sorted by length: 6(#4) 5(#0) 4(#2) 3(#1) 2(#3)
-    6 -> new bin A (free 2); 5 -> new bin B (free 3); 4 -> new bin C (free 4);
-    3 -> best fit is B (free 3 -> 0); 2 -> best fit is A (free 2 -> 0)
-    bins: [[4, 3], [0, 1], [2]]
+Strategies (examples are never split except by `full` and by windows):
+- `bfd`: best fit decreasing, bin by bin ("minimum bin slack"): each row opens with the longest
+  remaining example and is completed with the subset of the remaining examples that leaves the least
+  free space (an exact subset sum over their lengths, longest examples preferred). Item-by-item best-fit
+  decreasing is also run and the plan with fewer rows is kept.
+- `ffd`: first fit decreasing: longest first, each into the first row with room.
+- `single`: one example (or window) per row, in input order.
+- `full`: the examples concatenated in input order and cut every `capacity` tokens; an example cut at a
+  row end continues at the start of the next row as a new segment. The last row is padded.
+
+Worked example (capacity 8), lengths [5, 3, 4, 2, 6] with `bfd`:
+    6(#4) opens row A, free 2: the best completion is 2(#3) -> A = [4, 3], full
+    5(#0) opens row B, free 3: 3(#1) -> B = [0, 1], full
+    4(#2) opens row C, nothing left -> C = [2]
+    rows: [[4, 3], [0, 1], [2]]
+
+Window overflow (capacity 8, overlap 2, an example of 13 tokens): stride 6, windows start at 0, 6, 12
+(while a window still has a token not seen before): [0, 8) [6, 13): the second window's first 2 tokens
+repeat the first window's last 2 and are masked. A window with no loss token left is not emitted (its
+new tokens are counted as dropped).
+
+The first token of every piece has loss_mask 0 (with block-diagonal attention it has no context).
 """
 
 from __future__ import annotations
@@ -21,6 +40,14 @@ from prep_assets.core.arrays import offsets_from_lengths, ranges_index, within_o
 from prep_assets.core.records import TYPE_PADDING
 
 Bins = list[list[int]]
+STRATEGIES = ("bfd", "ffd", "full", "single")
+
+
+def _check_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) and (lengths.min() < 1 or lengths.max() > capacity):
+        raise ValueError(f"lengths must be within 1..{capacity} (got {lengths.min()}..{lengths.max()})")
+    return lengths
 
 
 class _FreeSpaceTree:
@@ -53,15 +80,8 @@ class _FreeSpaceTree:
         return i - self.size
 
 
-def plan_bfd(lengths: np.ndarray, capacity: int, max_per_bin: int | None = None) -> Bins:
-    """Best-fit decreasing: longest first, each into the open bin it fills most tightly.
-
-    Examples are never split; every length must be in 1..capacity. Ties go to the earliest bin.
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if len(lengths) and (lengths.min() < 1 or lengths.max() > capacity):
-        raise ValueError(f"lengths must be within 1..{capacity} (got {lengths.min()}..{lengths.max()})")
-    limit = max_per_bin or capacity
+def _best_fit_items(lengths: np.ndarray, capacity: int, limit: int) -> Bins:
+    """Item-by-item best-fit decreasing: longest first, each into the open bin it fills most tightly."""
     tree = _FreeSpaceTree(capacity)
     open_bins: dict[int, deque[int]] = {}
     bins: Bins = []
@@ -87,31 +107,140 @@ def plan_bfd(lengths: np.ndarray, capacity: int, max_per_bin: int | None = None)
     return bins
 
 
+class _Pool:
+    """Unplaced items by length; each length's items leave in index order."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.items: dict[int, list[int]] = {}
+        for i in np.argsort(-lengths, kind="stable")[::-1].tolist():  # so pop() yields the lowest index
+            self.items.setdefault(int(lengths[i]), []).append(i)
+        self.sizes = sorted(self.items, reverse=True)
+        self.left = len(lengths)
+
+    def largest(self) -> int:
+        while not self.items[self.sizes[0]]:
+            self.sizes.pop(0)
+        return self.sizes[0]
+
+    def take(self, size: int, count: int = 1) -> list[int]:
+        self.left -= count
+        stack = self.items[size]
+        return [stack.pop() for _ in range(count)]
+
+    def best_subset(self, gap: int) -> list[tuple[int, int]]:
+        """(size, count) pairs of the subset of pool items with the largest sum <= gap.
+
+        A subset sum over bitsets (bit t set = sum t reachable), sizes visited longest first with counts
+        split in powers of two; walking back skips the shortest sizes where it can, so long items go first.
+        """
+        limit = (1 << (gap + 1)) - 1
+        reach, steps = 1, []
+        for size in self.sizes:
+            if size > gap:
+                continue
+            count = min(len(self.items[size]), gap // size)
+            chunk = 1
+            while count > 0:
+                take = min(chunk, count)
+                steps.append((size, take, reach))
+                reach = (reach | (reach << (size * take))) & limit
+                count -= take
+                chunk <<= 1
+            if reach >> gap & 1:
+                break
+        target = reach.bit_length() - 1
+        chosen = []
+        for size, take, before in reversed(steps):
+            if target == 0:
+                break
+            if not (before >> target) & 1:
+                target -= size * take
+                chosen.append((size, take))
+        return chosen
+
+    def greedy(self, gap: int, slots: int) -> list[tuple[int, int]]:
+        """(size, count) pairs of the longest items that fit, at most `slots` of them."""
+        chosen = []
+        for size in self.sizes:
+            n = min(len(self.items[size]), gap // size, slots)
+            if n:
+                chosen.append((size, n))
+                gap, slots = gap - size * n, slots - n
+        return chosen
+
+
+def _min_slack(lengths: np.ndarray, capacity: int, limit: int) -> Bins:
+    """Bin by bin: the longest remaining item, completed by the subset leaving the least free space."""
+    pool = _Pool(lengths)
+    bins: Bins = []
+    while pool.left:
+        first = pool.largest()
+        row = pool.take(first)
+        gap = capacity - first
+        if gap > 0 and pool.left and limit > 1:
+            chosen = pool.best_subset(gap)
+            if sum(c for _, c in chosen) > limit - 1:
+                chosen = pool.greedy(gap, limit - 1)
+            for size, count in chosen:
+                row += pool.take(size, count)
+        bins.append(row)
+    return bins
+
+
+def plan_bfd(lengths: np.ndarray, capacity: int, max_per_bin: int | None = None) -> Bins:
+    """Best fit decreasing (bin-oriented minimum slack, or item-oriented if that needs fewer rows)."""
+    lengths = _check_lengths(lengths, capacity)
+    limit = max_per_bin or capacity
+    by_bin = _min_slack(lengths, capacity, limit)
+    if len(by_bin) <= int(np.ceil(lengths.sum() / capacity)):
+        return by_bin  # already at the lower bound
+    by_item = _best_fit_items(lengths, capacity, limit)
+    return by_bin if len(by_bin) <= len(by_item) else by_item
+
+
+def plan_ffd(lengths: np.ndarray, capacity: int, max_per_bin: int | None = None) -> Bins:
+    """First fit decreasing: longest first, each into the first (oldest) row with room.
+
+    A max segment tree over rows' free space finds the leftmost row with room in O(log rows).
+    """
+    lengths = _check_lengths(lengths, capacity)
+    limit = max_per_bin or capacity
+    size = 1 << max(1, int(len(lengths)).bit_length())
+    tree = [-1] * (2 * size)  # free space per row; -1 = no such row (or closed)
+    bins: Bins = []
+
+    def update(row: int, free: int) -> None:
+        i = row + size
+        tree[i] = free
+        i >>= 1
+        while i:
+            tree[i] = max(tree[2 * i], tree[2 * i + 1])
+            i >>= 1
+
+    for idx in np.argsort(-lengths, kind="stable").tolist():
+        need = int(lengths[idx])
+        if tree[1] >= need:
+            i = 1
+            while i < size:
+                i = 2 * i if tree[2 * i] >= need else 2 * i + 1
+            row = i - size
+            bins[row].append(idx)
+            free = tree[i] - need
+        else:
+            row = len(bins)
+            bins.append([idx])
+            free = capacity - need
+        update(row, free if len(bins[row]) < limit else -1)
+    return bins
+
+
 def plan_single(lengths: np.ndarray, capacity: int, max_per_bin: int | None = None) -> Bins:
     """One example per row, in input order."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if len(lengths) and lengths.max() > capacity:
-        raise ValueError(f"lengths must be at most {capacity}")
+    lengths = _check_lengths(lengths, capacity)
     return [[i] for i in range(len(lengths))]
 
 
-PLANNERS = {"bfd": plan_bfd, "single": plan_single}
-
-
-def plan_packs(
-    lengths: np.ndarray,
-    *,
-    capacity: int,
-    strategy: str,
-    max_per_bin: int | None = None,
-    shuffle_seed: int | tuple[int, ...] | None = None,
-) -> Bins:
-    """Bins of example indices for a strategy; rows shuffled with the seed when one is given."""
-    bins = PLANNERS[strategy](lengths, capacity, max_per_bin)
-    if shuffle_seed is not None and len(bins) > 1:
-        order = np.random.default_rng(shuffle_seed).permutation(len(bins))
-        bins = [bins[i] for i in order.tolist()]
-    return bins
+PLANNERS = {"bfd": plan_bfd, "ffd": plan_ffd, "single": plan_single}
 
 
 def unit_offsets(keys: list[str | None]) -> np.ndarray:
@@ -120,25 +249,169 @@ def unit_offsets(keys: list[str | None]) -> np.ndarray:
     return np.array([*starts, len(keys)], dtype=np.int64)
 
 
-def plan_unit_packs(
-    lengths: np.ndarray,
-    units: np.ndarray,
-    *,
-    capacity: int,
-    strategy: str,
-    max_per_bin: int | None = None,
-    shuffle_seed: int | tuple[int, ...] | None = None,
-) -> Bins:
-    """`plan_packs` over units of consecutive examples (offsets `units`): a unit never spans two rows.
+def plan_unit_bins(lengths: np.ndarray, units: np.ndarray | None, *, capacity: int, strategy: str,
+                   max_per_bin: int | None = None) -> Bins:
+    """Bins over units of consecutive items (offsets `units`; None = every item alone): a unit never spans rows.
 
-    `max_per_bin` still counts examples: a bin takes at most max_per_bin // (largest unit) units.
+    `max_per_bin` still counts items: a bin takes at most max_per_bin // (largest unit) units.
     """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if units is None or len(units) == len(lengths) + 1:
+        return PLANNERS[strategy](lengths, capacity, max_per_bin)
     sizes = np.diff(units)
     unit_lengths = np.add.reduceat(lengths, units[:-1]) if len(lengths) else np.zeros(0, dtype=np.int64)
     per_bin = None if max_per_bin is None else max(1, max_per_bin // max(1, int(sizes.max(initial=1))))
-    bins = plan_packs(unit_lengths, capacity=capacity, strategy=strategy, max_per_bin=per_bin,
-                      shuffle_seed=shuffle_seed)
+    bins = PLANNERS[strategy](unit_lengths, capacity, per_bin)
     return [[e for u in b for e in range(int(units[u]), int(units[u + 1]))] for b in bins]
+
+
+# ---------------------------------------------------------------- pieces and rows
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Pieces of examples in row order: row r holds pieces row_offsets[r]..row_offsets[r+1]-1."""
+
+    example: np.ndarray  # int64 per piece: the example index
+    start: np.ndarray  # int64 per piece: offset of its first token within the example
+    length: np.ndarray  # int64 per piece
+    masked: np.ndarray  # int64 per piece: leading tokens forced to loss 0 (window overlap, continuation)
+    row_offsets: np.ndarray  # int64, num_rows + 1
+    dropped_tokens: int = 0  # tokens of windows left out (no loss token): their tokens not in any kept window
+    dropped_pieces: int = 0
+    overlap_tokens: int = 0  # tokens repeated at the start of windows (masked)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_offsets) - 1
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    example: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    masked: np.ndarray
+
+
+def _whole(lengths: np.ndarray) -> _Pieces:
+    n = len(lengths)
+    zero = np.zeros(n, dtype=np.int64)
+    return _Pieces(np.arange(n, dtype=np.int64), zero, lengths.astype(np.int64), zero.copy())
+
+
+def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: np.ndarray | None = None
+                  ) -> tuple[_Pieces, int, int, int]:
+    """Examples longer than `capacity` as windows of `capacity` tokens sharing `overlap` with the previous one.
+
+    Returns (kept pieces, tokens dropped, windows dropped, overlap tokens added). A window is dropped when
+    none of its tokens is a loss target after its overlap (and, with overlap 0, its first token) is masked.
+    `loss_mask` is the flat mask of all examples (concatenated in order); None keeps every window.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if not 0 <= 2 * overlap <= capacity:
+        raise ValueError(f"overlap must be within 0..{capacity // 2} (max_seq_len / 2), got {overlap}")
+    stride = capacity - overlap
+    over = np.maximum(lengths - capacity, 0)
+    counts = 1 + (over + stride - 1) // stride
+    example = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
+    k = within_offsets(counts)
+    start = k * stride
+    length = np.minimum(capacity, lengths[example] - start)
+    masked = np.where(k > 0, max(overlap, 1), 0).astype(np.int64)
+    pieces = _Pieces(example, start, length, masked)
+    if loss_mask is None or not len(example):
+        return pieces, 0, 0, overlap * int(np.count_nonzero(k > 0))
+    cum = np.concatenate([[0], np.cumsum(loss_mask, dtype=np.int64)])
+    first = offsets_from_lengths(lengths)[:-1][example] + start
+    keep = cum[first + length] - cum[first + masked] > 0
+    new = length - np.where(k > 0, overlap, 0)
+    kept = _Pieces(example[keep], start[keep], length[keep], masked[keep])
+    added = int(overlap * np.count_nonzero(keep & (k > 0)))
+    return kept, int(new[~keep].sum()), int(np.count_nonzero(~keep)), added
+
+
+def full_pieces(lengths: np.ndarray, capacity: int, max_per_bin: int | None = None) -> tuple[_Pieces, np.ndarray]:
+    """The examples concatenated in order and cut every `capacity` tokens (or after `max_per_bin` segments).
+
+    Returns the pieces in row order and the row offsets over them.
+    """
+    lengths = _check_lengths(lengths, capacity=np.iinfo(np.int64).max)
+    if max_per_bin is None:
+        ends = offsets_from_lengths(lengths)
+        total = int(ends[-1])
+        cuts = np.union1d(ends, np.arange(0, total, capacity, dtype=np.int64))
+        cuts = cuts[cuts <= total]
+        starts, stops = cuts[:-1], cuts[1:]
+        example = np.searchsorted(ends, starts, side="right") - 1
+        start = starts - ends[example]
+        row = starts // capacity
+        row_offsets = np.searchsorted(row, np.arange(int(row[-1]) + 2 if len(row) else 1), side="left")
+        return _Pieces(example, start, stops - starts, (start > 0).astype(np.int64)), row_offsets.astype(np.int64)
+    example_l, start_l, length_l, row_l = [], [], [], []
+    row, used, segments = 0, 0, 0
+    for e, n in enumerate(lengths.tolist()):
+        off = 0
+        while off < n:
+            if used == capacity or segments == max_per_bin:
+                row, used, segments = row + 1, 0, 0
+            take = min(n - off, capacity - used)
+            example_l.append(e)
+            start_l.append(off)
+            length_l.append(take)
+            row_l.append(row)
+            used, segments, off = used + take, segments + 1, off + take
+    start = np.array(start_l, dtype=np.int64)
+    rows = np.array(row_l, dtype=np.int64)
+    row_offsets = np.searchsorted(rows, np.arange(row + 2 if row_l else 1), side="left").astype(np.int64)
+    pieces = _Pieces(np.array(example_l, dtype=np.int64), start, np.array(length_l, dtype=np.int64),
+                     (start > 0).astype(np.int64))
+    return pieces, row_offsets
+
+
+def plan_rows(
+    lengths: np.ndarray,
+    *,
+    capacity: int,
+    strategy: str,
+    overflow: str = "drop",
+    overlap: int = 0,
+    loss_mask: np.ndarray | None = None,
+    units: np.ndarray | None = None,
+    max_per_bin: int | None = None,
+    shuffle_seed: int | tuple[int, ...] | None = None,
+) -> RowPlan:
+    """Which piece of which example goes into which row, rows shuffled with the seed when one is given.
+
+    Examples longer than `capacity` are an error unless the strategy is `full` or the overflow `window`
+    (gold has already truncated or dropped them under the other policies). `units` (offsets over examples)
+    keeps consecutive examples in one row (a preference pair); only for whole-example strategies.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown packing strategy {strategy!r}; one of {STRATEGIES}")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    windowed = overflow == "window" and strategy != "full"
+    if units is not None and len(units) != len(lengths) + 1 and (windowed or strategy == "full"):
+        raise ValueError("multi-example units (preference pairs) cannot be split by `full` or windows")
+    dropped = dropped_pieces = added = 0
+    if strategy == "full":
+        pieces, row_offsets = full_pieces(lengths, capacity, max_per_bin)
+        bins = [list(range(int(a), int(b))) for a, b in zip(row_offsets[:-1], row_offsets[1:])]
+    else:
+        if windowed:
+            _check_lengths(lengths, np.iinfo(np.int64).max)
+            pieces, dropped, dropped_pieces, added = window_pieces(lengths, capacity, overlap, loss_mask)
+            units = None
+        else:
+            pieces = _whole(_check_lengths(lengths, capacity))
+        bins = plan_unit_bins(pieces.length, units, capacity=capacity, strategy=strategy, max_per_bin=max_per_bin)
+    if shuffle_seed is not None and len(bins) > 1:
+        order = np.random.default_rng(shuffle_seed).permutation(len(bins))
+        bins = [bins[i] for i in order.tolist()]
+    counts = np.fromiter((len(b) for b in bins), dtype=np.int64, count=len(bins))
+    idx = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=int(counts.sum()))
+    return RowPlan(pieces.example[idx], pieces.start[idx], pieces.length[idx], pieces.masked[idx],
+                   offsets_from_lengths(counts), dropped, dropped_pieces, added)
 
 
 @dataclass(frozen=True)
@@ -153,7 +426,8 @@ class PackedRows:
     token_type_ids: np.ndarray  # uint8
     seg_lengths: np.ndarray  # int32, concatenated per row
     seg_offsets: np.ndarray  # int64, num_rows + 1
-    example_order: np.ndarray  # example indices in row order (aligned with seg_lengths)
+    example_order: np.ndarray  # example index per segment (aligned with seg_lengths)
+    seg_starts: np.ndarray  # int32 per segment: offset of its first token within its example
     num_loss_tokens: np.ndarray  # int32 per row
 
     @property
@@ -162,7 +436,7 @@ class PackedRows:
 
 
 def materialize_rows(
-    bins: Bins,
+    plan: RowPlan,
     *,
     token_ids: np.ndarray,
     loss_mask: np.ndarray,
@@ -171,30 +445,28 @@ def materialize_rows(
     row_len: int,
     pad_id: int,
 ) -> PackedRows:
-    """Gather examples into rows of exactly `row_len` tokens, padding the rest.
+    """Gather the planned pieces into rows of exactly `row_len` tokens, padding the rest.
 
     Padding: the pad id, loss_mask 0, segment 0, position 0, token type 2. Positions restart at 0 at
-    every segment; segments are numbered 1..k within a row.
+    every segment; segments are numbered 1..k within a row; each segment's first token and its `masked`
+    leading tokens have loss_mask 0.
     """
-    counts = np.fromiter((len(b) for b in bins), dtype=np.int64, count=len(bins))
-    order = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=int(counts.sum()))
-    lengths = (offsets[1:] - offsets[:-1])[order]
-    num_rows = len(bins)
+    counts = np.diff(plan.row_offsets)
+    lengths = plan.length
+    num_rows = plan.num_rows
     row_of_segment = np.repeat(np.arange(num_rows, dtype=np.int64), counts)
-    seg_offsets = offsets_from_lengths(counts)
-    seg_start_in_row = offsets_from_lengths(lengths)[:-1] - np.repeat(
-        offsets_from_lengths(lengths)[seg_offsets[:-1]], counts
-    )
+    seg_ends = offsets_from_lengths(lengths)
+    seg_start_in_row = seg_ends[:-1] - np.repeat(seg_ends[plan.row_offsets[:-1]], counts)
     if np.any(np.bincount(row_of_segment, weights=lengths, minlength=num_rows) > row_len):
-        raise ValueError("a bin holds more tokens than the row length")
-    src = ranges_index(offsets[order], lengths)
+        raise ValueError("a row holds more tokens than the row length")
+    src = ranges_index(offsets[plan.example] + plan.start, lengths)
     pos = within_offsets(lengths)
     dest = np.repeat(row_of_segment * row_len + seg_start_in_row, lengths) + pos
     total = num_rows * row_len
     input_ids = np.full(total, pad_id, dtype=np.int32)
     input_ids[dest] = token_ids[src]
     mask = np.zeros(total, dtype=np.uint8)
-    mask[dest] = loss_mask[src]
+    mask[dest] = loss_mask[src] * (pos >= np.repeat(np.maximum(plan.masked, 1), lengths))
     positions = np.zeros(total, dtype=np.int32)
     positions[dest] = pos
     segments = np.zeros(total, dtype=np.int32)
@@ -210,7 +482,8 @@ def materialize_rows(
         segment_ids=segments,
         token_type_ids=types,
         seg_lengths=lengths.astype(np.int32),
-        seg_offsets=seg_offsets,
-        example_order=order,
+        seg_offsets=plan.row_offsets.astype(np.int64),
+        example_order=plan.example,
+        seg_starts=plan.start.astype(np.int32),
         num_loss_tokens=row_loss.astype(np.int32),
     )

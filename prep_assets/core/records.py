@@ -366,6 +366,8 @@ SHARD_SCHEMA = pa.schema(
         pa.field("token_type_ids", pa.list_(pa.uint8()), nullable=False),
         pa.field("seq_lengths", pa.list_(pa.int32()), nullable=False),
         pa.field("example_ids", pa.list_(pa.string()), nullable=False),
+        # per segment: where its first token is in its gold example (0 unless `full` or a window split it)
+        pa.field("example_offsets", pa.list_(pa.int32()), nullable=False),
         pa.field("num_loss_tokens", pa.int32(), nullable=False),
     ]
 )

@@ -22,8 +22,9 @@ DATASET_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 InputFormat = Literal["auto", "jsonl", "jsonl.gz", "json", "txt"]
 RecordType = Literal["text", "instruction", "chat", "preference"]
 MaskAction = Literal["train", "mask"]
-Overflow = Literal["drop", "truncate_right", "truncate_left"]
-PackingStrategy = Literal["bfd", "single"]
+Overflow = Literal["drop", "truncate_right", "truncate_left", "window"]
+PackingStrategy = Literal["bfd", "ffd", "full", "single"]
+OutputFormat = Literal["parquet", "npy", "megatron"]
 Layer = Literal["bronze", "silver", "gold", "shards"]
 
 # Which file suffixes each concrete format reads; `auto` picks by suffix.
@@ -153,6 +154,16 @@ class TokenizerSpec(_Strict):
 class SequenceSpec(_Strict):
     max_seq_len: int = Field(default=2048, ge=8, le=1_048_576)
     overflow: Overflow = "drop"
+    # window: tokens each window repeats from the previous one (masked); at most max_seq_len / 2
+    overlap: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _overlap(self) -> SequenceSpec:
+        if self.overlap and self.overflow != "window":
+            raise ValueError("overlap applies only to overflow: window")
+        if 2 * self.overlap > self.max_seq_len:
+            raise ValueError(f"overlap {self.overlap} must be at most max_seq_len / 2 ({self.max_seq_len // 2})")
+        return self
 
 
 class PackingSpec(_Strict):
@@ -175,7 +186,8 @@ class SplitSpec(_Strict):
 
 
 class OutputSpec(_Strict):
-    formats: list[Literal["parquet"]] = ["parquet"]
+    # parquet always; npy: flat memmap arrays + meta.json; megatron: .bin/.idx of gold documents (text only)
+    formats: list[OutputFormat] = ["parquet"]
     max_tokens_per_shard: int = Field(default=50_000_000, ge=8)
     compression: Literal["zstd", "snappy", "none"] = "zstd"
 
@@ -213,9 +225,28 @@ class DatasetSpec(_Strict):
         if self.input.type == "preference" and per_row is not None and per_row < 2:
             raise ValueError("packing.max_sequences_per_example must be at least 2 for preference data: "
                              "both examples of a pair share a row")
+        if self.input.type == "preference" and (self.packing.strategy == "full" or self.sequence.overflow == "window"):
+            raise ValueError("preference pairs stay whole in one row: packing.strategy full and sequence.overflow "
+                             "window would split them; use bfd, ffd or single with drop or truncate_*")
+        if "megatron" in self.output.formats and self.input.type != "text":
+            raise ValueError("output.formats megatron (the .bin/.idx document layout) is for input.type text only")
+        if "parquet" not in self.output.formats:
+            raise ValueError("output.formats must include parquet (the shards the gates check)")
         if self.output.max_tokens_per_shard < self.sequence.max_seq_len:
             raise ValueError("output.max_tokens_per_shard must be at least sequence.max_seq_len")
         return self
+
+    @property
+    def gold_overflow(self) -> str:
+        """The overflow gold applies: `keep` (examples stay whole) where packing splits them (full, window)."""
+        if self.packing.strategy == "full" or self.sequence.overflow == "window":
+            return "keep"
+        return self.sequence.overflow
+
+    @property
+    def splits_examples(self) -> bool:
+        """Whether shards may hold an example in pieces (so gold examples may exceed max_seq_len)."""
+        return self.gold_overflow == "keep"
 
     def mask_action(self, field: str) -> MaskAction:
         """The action for a role/field: the spec's, else the type's default, else mask_default."""
@@ -232,9 +263,10 @@ class DatasetSpec(_Strict):
         return keys
 
     def fingerprint(self, *sections: str) -> str:
-        """A stable hash of the named sections (all when none): drives code versions and the manifest."""
+        """A stable hash of the named sections (all when none; `a.b` names one key of a section)."""
         data = self.model_dump(mode="json")
-        chosen = {k: data[k] for k in (sections or tuple(sorted(data)))}
+        chosen = {k: data[k.split(".")[0]][k.split(".")[1]] if "." in k else data[k]
+                  for k in (sections or tuple(sorted(data)))}
         blob = json.dumps(chosen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -253,7 +285,7 @@ _MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
 LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
     "bronze": ("input", "checks"),
     "silver": ("input", "checks", "clean", "split"),
-    "gold": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence"),
+    "gold": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence", "packing.strategy"),
     "shards": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence", "packing",
                "output"),
 }

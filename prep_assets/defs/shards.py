@@ -21,8 +21,13 @@ from prep_assets.defs.metadata import column_schema, md_table, user_errors
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
-_SPLIT_COLUMNS = ("examples", "sequences", "tokens", "loss_tokens", "prompt_tokens", "padding_tokens",
-                  "sequence_utilization", "loss_token_utilization", "max_batch_size")
+_SPLIT_COLUMNS = ("examples", "sequences", "input_tokens", "output_tokens", "loss_tokens", "prompt_tokens",
+                  "padding_tokens", "tokens_dropped_by_overflow", "tokens_dropped_by_packing", "overlap_tokens",
+                  "data_utilization", "sequence_utilization", "loss_token_utilization", "max_batch_size")
+
+
+_COUNTS = ("examples", "input_tokens", "output_tokens", "loss_tokens", "prompt_tokens", "padding_tokens",
+           "tokens_dropped_by_overflow", "tokens_dropped_by_packing", "overlap_tokens")
 
 
 def build_shards(spec: DatasetSpec) -> AssetsDefinition:
@@ -35,10 +40,11 @@ def build_shards(spec: DatasetSpec) -> AssetsDefinition:
         code_version=code_version(spec, "shards"),
         description=(
             f"Rows of exactly `sequence.max_seq_len` ({spec.sequence.max_seq_len}) tokens per split, packed with "
-            f"`packing.strategy` ({spec.packing.strategy}; examples never split), padded with the pad id (mask 0, "
-            "segment 0). Columns: input_ids, loss_mask, position_ids (restart per segment), segment_ids (1..k, "
-            "0 = padding), token_type_ids, seq_lengths, example_ids, num_loss_tokens. Files of at most "
-            "`output.max_tokens_per_shard` tokens under shards/<drop>/<split>/."
+            f"`packing.strategy` ({spec.packing.strategy}), overflow `{spec.sequence.overflow}`, padded with the pad "
+            "id (mask 0, segment 0). Columns: input_ids, loss_mask, position_ids (restart per segment), segment_ids "
+            "(1..k, 0 = padding), token_type_ids, seq_lengths, example_ids, example_offsets, num_loss_tokens. Files "
+            "of at most `output.max_tokens_per_shard` tokens under shards/<drop>/<split>/, plus the exports in "
+            f"`output.formats` ({', '.join(spec.output.formats)})."
         ),
         metadata={"dagster/column_schema": column_schema(SHARD_SCHEMA)},
         tags={"layer": "gold"},
@@ -54,14 +60,14 @@ def build_shards(spec: DatasetSpec) -> AssetsDefinition:
         return MaterializeResult(
             metadata={
                 "dagster/row_count": totals["sequences"],
-                "num_tokens": totals["tokens"],
-                "num_loss_tokens": totals["loss_tokens"],
-                "num_padding_tokens": totals["padding_tokens"],
-                "num_tokens_dropped_by_overflow": stats["tokens_dropped_by_overflow"],
-                "sequence_utilization": totals["sequence_utilization"],
-                "data_utilization": totals["data_utilization"],
+                **{f"num_{k}": totals[k] for k in _COUNTS},
+                **{k: totals[k] for k in ("data_utilization", "sequence_utilization", "loss_token_utilization",
+                                          "max_batch_size")},
+                "strategy": f"{spec.packing.strategy} / overflow {spec.sequence.overflow}",
                 "splits": md_table(per_split),
                 "files": MetadataValue.json([f["path"] for m in stats["splits"].values() for f in m["files"]]),
+                "exports": MetadataValue.json([f["path"] for m in stats["splits"].values()
+                                               for e in m["exports"].values() for f in e["files"]]),
                 "tokenizer_fingerprint": stats["tokenizer_fingerprint"],
                 "path": MetadataValue.path(str(out)),
             }
@@ -98,15 +104,15 @@ def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
         with user_errors():
             manifest = layers.build_manifest(spec, paths, [p for p in registered if p not in excluded])
         per_split = [
-            {"split": s, "files": len(m["files"]), "sequences": m["sequences"], "tokens": m["tokens"],
-             "loss_tokens": m["loss_tokens"], "max_batch_size": m["max_batch_size"]}
+            {"split": s, "files": len(m["files"]), "exports": len(m["exports"]),
+             **{c: m[c] for c in _SPLIT_COLUMNS}}
             for s, m in manifest["splits"].items()
         ]
         return MaterializeResult(
             metadata={
                 "num_partitions": len(manifest["partitions"]),
                 "num_sequences": sum(m["sequences"] for m in manifest["splits"].values()),
-                "num_tokens": sum(m["tokens"] for m in manifest["splits"].values()),
+                "num_tokens": sum(m["output_tokens"] for m in manifest["splits"].values()),
                 "splits": md_table(per_split),
                 "num_partitions_excluded": len(excluded),
                 "excluded_partitions": md_table([{"partition": k, "why": v} for k, v in sorted(excluded.items())]),

@@ -213,6 +213,7 @@ def test_preference_layers_keep_pairs_in_one_row_and_split(tmp_path: Path):
     import shutil
 
     from prep_assets.core import invariants as inv
+    from prep_assets.core.gates import layout
     from prep_assets_tests.core.test_layers import run_core
 
     src = shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz")
@@ -226,7 +227,8 @@ def test_preference_layers_keep_pairs_in_one_row_and_split(tmp_path: Path):
     files = inv.shard_files(sh)
     outcomes = [inv.silver_accounted(s, b), inv.gold_accounted(g, s), inv.gold_mask_aligned(g), inv.gold_loss_tokens(g),
                 inv.gold_within_max_len(g, 2048), inv.gold_pairs_complete(g), inv.shards_pairs_together(files, g),
-                inv.shards_tokens_conserved(files, g), inv.shards_positions_restart(files)]
+                inv.shards_tokens_conserved(files, g, layout(spec)), inv.shards_match_gold(files, g),
+                inv.shards_positions_restart(files)]
     assert [o.name for o in outcomes if not o.passed] == []
     pairs = r["gold"]["examples"] // 2
     print(f"\nHH layers: {r['bronze']['records']} records, {pairs} pairs in gold, silver rejects "

@@ -52,7 +52,7 @@ def _shard(path: Path, rows: list[dict]) -> Path:
 def _row(**over) -> dict:
     row = {"input_ids": [5, 6, 7, 0], "loss_mask": [0, 1, 1, 0], "position_ids": [0, 1, 2, 0],
            "segment_ids": [1, 1, 1, 0], "token_type_ids": [1, 1, 3, 2], "seq_lengths": [3],
-           "example_ids": ["d:1"], "num_loss_tokens": 2}
+           "example_ids": ["d:1"], "example_offsets": [0], "num_loss_tokens": 2}
     row.update(over)
     return row
 
@@ -61,7 +61,8 @@ def test_good_shard_passes_every_shard_invariant(tmp_path: Path):
     f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row()])]
     g = _gold(tmp_path / "g", [GOOD])
     for out in (inv.shards_fixed_length(f, 4), inv.shards_padding_masked(f, 0), inv.shards_positions_restart(f),
-                inv.shards_tokens_conserved(f, g), inv.shards_utilization(f, 4, 0.7)):
+                inv.shards_tokens_conserved(f, g, inv.Layout(4)), inv.shards_match_gold(f, g),
+                inv.shards_utilization(f, 4, 0.7)):
         assert out.passed, out
 
 
@@ -75,11 +76,17 @@ def test_good_shard_passes_every_shard_invariant(tmp_path: Path):
         ({"position_ids": [1, 2, 3, 0]}, lambda f, g: inv.shards_positions_restart(f)),
         ({"loss_mask": [1, 1, 1, 0], "num_loss_tokens": 3}, lambda f, g: inv.shards_positions_restart(f)),
         ({"segment_ids": [2, 2, 2, 0]}, lambda f, g: inv.shards_positions_restart(f)),
-        ({"num_loss_tokens": 1}, lambda f, g: inv.shards_tokens_conserved(f, g)),
-        ({"example_ids": ["d:9"]}, lambda f, g: inv.shards_tokens_conserved(f, g)),
+        ({"num_loss_tokens": 1}, lambda f, g: inv.shards_fixed_length(f, 4)),
+        ({"example_ids": ["d:9"]}, lambda f, g: inv.shards_tokens_conserved(f, g, inv.Layout(4))),
+        ({"example_offsets": [1]}, lambda f, g: inv.shards_tokens_conserved(f, g, inv.Layout(4))),
+        ({"seq_lengths": [2]}, lambda f, g: inv.shards_tokens_conserved(f, g, inv.Layout(4))),
+        ({"input_ids": [5, 7, 6, 0]}, lambda f, g: inv.shards_match_gold(f, g)),
+        ({"loss_mask": [0, 0, 1, 0], "num_loss_tokens": 1}, lambda f, g: inv.shards_match_gold(f, g)),
+        ({"token_type_ids": [1, 1, 1, 2]}, lambda f, g: inv.shards_match_gold(f, g)),
     ],
     ids=["short_row", "padding_trained", "padding_not_pad_id", "position_gap", "position_not_restarted",
-         "segment_start_trained", "segments_not_from_one", "loss_tokens_lost", "unknown_example"],
+         "segment_start_trained", "segments_not_from_one", "loss_count_wrong", "unknown_example", "wrong_offset",
+         "tokens_lost", "tokens_swapped", "loss_lost", "eos_type_lost"],
 )
 def test_corrupted_shard_fails_its_invariant(tmp_path: Path, corruption, invariant):
     f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row(**corruption)])]

@@ -66,7 +66,7 @@ def test_gsm8k_every_record_flows_to_shards(gsm_run):
     assert r["silver"]["records"] + r["silver"]["rejects"] == 7473
     assert r["gold"]["examples"] == r["silver"]["records"]
     totals = r["shards"]["totals"]
-    assert totals["tokens"] == r["gold"]["tokens"] and totals["loss_tokens"] == r["gold"]["loss_tokens"]
+    assert totals["output_tokens"] == r["gold"]["tokens"] and totals["loss_tokens"] == r["gold"]["loss_tokens"]
     assert totals["sequence_utilization"] > 0.95
     assert len(r["shards"]["splits"]["train"]["files"]) > 1  # max_tokens_per_shard splits files
 
@@ -81,7 +81,8 @@ def test_gsm8k_all_invariants_hold(gsm_run):
         inv.gold_mask_aligned(g), inv.gold_loss_tokens(g), inv.gold_ids_in_vocab(g, 50257),
         inv.gold_within_max_len(g, L), inv.gold_accounted(g, s),
         inv.shards_fixed_length(files, L), inv.shards_padding_masked(files, 50256),
-        inv.shards_positions_restart(files), inv.shards_tokens_conserved(files, g), inv.shards_utilization(files, L, 0.9),
+        inv.shards_positions_restart(files), inv.shards_tokens_conserved(files, g, inv.Layout(L)),
+        inv.shards_match_gold(files, g), inv.shards_utilization(files, L, 0.9),
     ]
     assert [(o.name, o.violations, o.offending[:1]) for o in outcomes if not o.passed] == []
 
@@ -127,12 +128,12 @@ def test_shards_verified_independently_with_duckdb(gsm_run):
         assert no_loss == 0
 
 
-def test_bfd_rows_close_to_lower_bound_per_split(gsm_run):
+def test_bfd_rows_within_a_thousandth_of_the_lower_bound_per_split(gsm_run):
     _, _, r = gsm_run
     for split, m in r["shards"]["splits"].items():
-        if m["tokens"]:
-            bound = math.ceil(m["tokens"] / L)
-            assert m["sequences"] <= math.ceil(1.02 * bound), (split, m["sequences"], bound)
+        if m["gold_tokens"]:
+            bound = math.ceil(m["gold_tokens"] / L)
+            assert m["sequences"] <= 1.001 * bound, (split, m["sequences"], bound)
 
 
 def test_rerun_with_other_batch_size_is_byte_identical(gsm_run, tmp_path: Path):

@@ -1,14 +1,185 @@
+"""Packing on tiny integer lists: exact rows for every strategy x overflow policy, and the edge cases.
+
+Capacity 8 throughout. Examples A (5 tokens), B (3), C (11, longer than a row) and D (2); token ids
+name the example (A = 11..15, B = 21..23, C = 31..41, D = 51, 52). The gold step (`apply_overflow` with the
+spec's effective policy) runs first, as in the pipeline; pad id 0; no row shuffle.
+"""
+
 import math
 
 import numpy as np
 import pytest
 
 from prep_assets.core.arrays import offsets_from_lengths
-from prep_assets.core.packing import materialize_rows, plan_bfd, plan_packs, plan_single
+from prep_assets.core.errors import SpecError
+from prep_assets.core.masking import apply_overflow
+from prep_assets.core.packing import (
+    RowPlan,
+    materialize_rows,
+    plan_bfd,
+    plan_ffd,
+    plan_rows,
+    plan_single,
+    unit_offsets,
+    window_pieces,
+)
+from prep_assets_tests.conftest import make_spec
+
+CAP = 8
+A, B, C, D = list(range(11, 16)), [21, 22, 23], list(range(31, 42)), [51, 52]
+
+
+def _pad(ids: list[int]) -> list[int]:
+    return ids + [0] * (CAP - len(ids))
+
+
+def pack(examples, strategy, overflow="drop", overlap=0, max_per=None, masks=None, types=None):
+    """Gold overflow then plan + materialize; returns (rows as lists, PackedRows, plan, gold batch)."""
+    spec = make_spec(sequence={"max_seq_len": CAP, "overflow": overflow, "overlap": overlap},
+                     packing={"strategy": strategy, "max_sequences_per_example": max_per})
+    lengths = np.array([len(e) for e in examples], dtype=np.int64)
+    ids = np.array([t for e in examples for t in e], dtype=np.int32)
+    mask = np.array([m for e in (masks or [[0] + [1] * (len(e) - 1) for e in examples]) for m in e], dtype=np.uint8)
+    typ = np.array([t for e in (types or [[1] * len(e) for e in examples]) for t in e], dtype=np.uint8)
+    gold = apply_overflow(ids, mask, typ, lengths, policy=spec.gold_overflow, max_len=CAP)
+    plan = plan_rows(np.diff(gold.offsets), capacity=CAP, strategy=strategy, overflow=overflow, overlap=overlap,
+                     loss_mask=gold.loss_mask, max_per_bin=max_per)
+    rows = materialize_rows(plan, token_ids=gold.token_ids, loss_mask=gold.loss_mask,
+                            token_type_ids=gold.token_type_ids, offsets=gold.offsets, row_len=CAP, pad_id=0)
+    return rows.input_ids.reshape(-1, CAP).tolist(), rows, plan, gold
+
+
+EXPECTED = {
+    ("bfd", "drop"): [A + B, _pad(D)],
+    ("ffd", "drop"): [A + B, _pad(D)],
+    ("single", "drop"): [_pad(A), _pad(B), _pad(D)],
+    ("bfd", "truncate_right"): [C[:8], A + B, _pad(D)],
+    ("ffd", "truncate_right"): [C[:8], A + B, _pad(D)],
+    ("single", "truncate_right"): [_pad(A), _pad(B), C[:8], _pad(D)],
+    ("bfd", "truncate_left"): [C[3:], A + B, _pad(D)],
+    ("ffd", "truncate_left"): [C[3:], A + B, _pad(D)],
+    ("single", "truncate_left"): [_pad(A), _pad(B), C[3:], _pad(D)],
+    # overlap 2: C becomes windows C[0:8] and C[6:11]; the second packs with D
+    ("bfd", "window"): [C[:8], A + B, _pad(C[6:] + D)],
+    ("ffd", "window"): [C[:8], A + B, _pad(C[6:] + D)],
+    ("single", "window"): [_pad(A), _pad(B), C[:8], _pad(C[6:]), _pad(D)],
+}
+FULL_ROWS = [A + B, C[:8], _pad(C[8:] + D)]  # full ignores the overflow policy: C continues in the next row
+
+
+@pytest.mark.parametrize(("strategy", "overflow"), sorted(EXPECTED))
+def test_every_strategy_and_overflow_policy_gives_exact_rows(strategy, overflow):
+    rows, packed, _, gold = pack([A, B, C, D], strategy, overflow, overlap=2 if overflow == "window" else 0)
+    assert rows == EXPECTED[(strategy, overflow)]
+    if overflow == "drop":
+        assert gold.rejects[0][:2] == (2, "too_long") and gold.tokens_dropped == 11
+    elif overflow.startswith("truncate"):
+        assert gold.tokens_dropped == 3 and gold.cut.tolist() == [0, 0, 3, 0]
+    else:
+        assert gold.tokens_dropped == 0  # windows are cut at packing, gold keeps C whole
+    assert int(packed.loss_mask.sum()) == sum(int(r) for r in packed.num_loss_tokens)
+
+
+@pytest.mark.parametrize("overflow", ["drop", "truncate_right", "truncate_left", "window"])
+def test_full_concatenates_across_rows_whatever_the_overflow_policy(overflow):
+    rows, packed, plan, gold = pack([A, B, C, D], "full", overflow, overlap=2 if overflow == "window" else 0)
+    assert rows == FULL_ROWS and gold.tokens_dropped == 0 and gold.rejects == []
+    seg = packed.segment_ids.reshape(-1, CAP).tolist()
+    pos = packed.position_ids.reshape(-1, CAP).tolist()
+    mask = packed.loss_mask.reshape(-1, CAP).tolist()
+    assert seg == [[1] * 5 + [2] * 3, [1] * 8, [1, 1, 1, 2, 2, 0, 0, 0]]
+    assert pos == [[0, 1, 2, 3, 4, 0, 1, 2], list(range(8)), [0, 1, 2, 0, 1, 0, 0, 0]]
+    # each segment start is masked, including where C continues (its offsets 0 and 8 in rows 2 and 3)
+    assert mask == [[0, 1, 1, 1, 1, 0, 1, 1], [0] + [1] * 7, [0, 1, 1, 0, 1, 0, 0, 0]]
+    assert plan.start.tolist() == [0, 0, 0, 8, 0] and plan.example.tolist() == [0, 1, 2, 2, 3]
+
+
+def test_window_layout_masks_the_overlap_and_keeps_eos_only_in_the_last_window():
+    types = [[1] * 4 + [3], [1, 1, 3], [1] * 10 + [3], [1, 3]]
+    _, packed, plan, _ = pack([A, B, C, D], "single", "window", overlap=2, types=types)
+    rows = {tuple(r) for r in packed.input_ids.reshape(-1, CAP).tolist()}
+    assert tuple(_pad(C[6:])) in rows
+    k = plan.example.tolist().index(2)  # C's first window, then its second
+    assert plan.start.tolist()[k : k + 2] == [0, 6] and plan.masked.tolist()[k : k + 2] == [0, 2]
+    second = packed.loss_mask.reshape(-1, CAP)[k + 1].tolist()
+    assert second == [0, 0, 1, 1, 1, 0, 0, 0]  # 37, 38 repeat the first window and are masked; 39..41 train
+    t = packed.token_type_ids.reshape(-1, CAP)
+    assert 3 not in t[k].tolist() and t[k + 1].tolist()[4] == 3  # EOS only at the end of the last window
+    assert plan.overlap_tokens == 2 and plan.dropped_tokens == 0
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "ffd", "single", "full"])
+def test_every_strategy_empty_example_is_an_error(strategy):
+    with pytest.raises(ValueError, match="lengths must be within 1"):
+        plan_rows(np.array([3, 0, 2]), capacity=CAP, strategy=strategy)
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "ffd", "single"])
+def test_exactly_max_seq_len_is_one_full_row_with_no_window(strategy):
+    rows, _, plan, gold = pack([C[:8]], strategy, "window", overlap=2)
+    assert rows == [C[:8]] and plan.overlap_tokens == 0 and gold.tokens_dropped == 0
+
+
+def test_max_seq_len_plus_one_under_each_policy():
+    nine = C[:9]
+    assert pack([nine], "bfd", "drop")[3].rejects[0][1] == "too_long"
+    assert pack([nine], "bfd", "truncate_right")[0] == [C[:8]]
+    assert pack([nine], "bfd", "truncate_left")[0] == [C[1:9]]
+    rows, packed, _, _ = pack([nine], "bfd", "window", overlap=2)
+    assert rows == [C[:8], _pad(C[6:9])]  # the second window: 2 overlap tokens and the one new token
+    assert packed.loss_mask.reshape(-1, CAP)[1].tolist() == [0, 0, 1, 0, 0, 0, 0, 0]
+
+
+def test_window_overlap_half_of_max_seq_len():
+    twelve = list(range(100, 112))
+    rows, _, plan, _ = pack([twelve], "single", "window", overlap=4)
+    assert rows == [twelve[:8], twelve[4:]] and plan.overlap_tokens == 4
+
+
+def test_window_overlap_above_half_is_a_spec_error():
+    with pytest.raises(SpecError, match="at most max_seq_len / 2"):
+        make_spec(sequence={"max_seq_len": 8, "overflow": "window", "overlap": 5})
+    with pytest.raises(SpecError, match="only to overflow: window"):
+        make_spec(sequence={"max_seq_len": 8, "overflow": "drop", "overlap": 2})
+
+
+def test_window_with_no_loss_token_left_is_dropped_and_counted():
+    ex = list(range(100, 114))  # 14 tokens; only the first 6 train: the second window [6, 14) has none
+    mask = [[0] + [1] * 5 + [0] * 8]
+    rows, _, plan, _ = pack([ex], "single", "window", overlap=2, masks=mask)
+    assert rows == [ex[:8]] and plan.dropped_pieces == 1 and plan.dropped_tokens == 6 and plan.overlap_tokens == 0
+
+
+def test_window_overlap_zero_masks_each_window_start():
+    pieces, dropped, windows, added = window_pieces(np.array([17]), 8, 0, np.ones(17, dtype=np.uint8))
+    assert pieces.start.tolist() == [0, 8] and pieces.length.tolist() == [8, 8] and pieces.masked.tolist() == [0, 1]
+    assert (dropped, windows, added) == (1, 1, 0)  # the third window [16, 17) is one masked token: not emitted
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "ffd"])
+def test_one_token_over_a_row_opens_a_second_row(strategy):
+    assert pack([A, [61, 62, 63, 64]], strategy)[0] == [_pad(A), _pad([61, 62, 63, 64])]
+    assert pack([A, [61, 62, 63]], strategy)[0] == [A + [61, 62, 63]]
+
+
+def test_full_one_token_over_continues_in_a_padded_row():
+    rows, _, plan, _ = pack([A, [61, 62, 63, 64]], "full")
+    assert rows == [A + [61, 62, 63], _pad([64])] and plan.masked.tolist() == [0, 0, 1]
+
+
+def test_full_max_sequences_per_example_closes_rows():
+    rows, _, plan, _ = pack([B, B, B], "full", max_per=2)
+    assert rows == [_pad(B + B), _pad(B)] and plan.row_offsets.tolist() == [0, 2, 3]
 
 
 def test_bfd_worked_example_from_docstring():
     assert plan_bfd(np.array([5, 3, 4, 2, 6]), 8) == [[4, 3], [0, 1], [2]]
+
+
+def test_bfd_reaches_the_bound_where_first_and_best_fit_by_item_do_not():
+    lengths = np.array([4, 4, 3, 3, 3, 3])  # 20 tokens in rows of 10: [4, 3, 3] twice
+    assert sorted(map(sorted, plan_bfd(lengths, 10))) == [[0, 2, 3], [1, 4, 5]]
+    assert len(plan_ffd(lengths, 10)) == 3
 
 
 def test_bfd_exactly_capacity_gets_its_own_row():
@@ -20,41 +191,48 @@ def test_bfd_capacity_plus_one_is_an_error():
         plan_bfd(np.array([9]), 8)
 
 
-def test_bfd_with_empty_input_and_empty_example():
-    assert plan_bfd(np.array([], dtype=np.int64), 8) == []
-    with pytest.raises(ValueError):
-        plan_bfd(np.array([0, 3]), 8)
+@pytest.mark.parametrize("planner", [plan_bfd, plan_ffd])
+def test_max_sequences_per_example_closes_rows(planner):
+    assert planner(np.array([1, 1, 1, 1, 1]), 8, max_per_bin=2) == [[0, 1], [2, 3], [4]]
 
 
-def test_bfd_max_sequences_per_example_closes_bins():
-    assert plan_bfd(np.array([1, 1, 1, 1, 1]), 8, max_per_bin=2) == [[0, 1], [2, 3], [4]]
-
-
-def test_bfd_prefers_tightest_bin_then_earliest():
-    # free after first three: A=1 (7), B=3 (5), C=3 (5); a 3 goes to B (tightest, earliest of equals)
-    assert plan_bfd(np.array([7, 5, 5, 3]), 8) == [[0], [1, 3], [2]]
+def test_ffd_puts_each_example_in_the_first_row_with_room():
+    # rows after 7, 5, 5: free 1, 3, 3; a 3 goes to the first with room (row 2), a 1 to row 1
+    assert plan_ffd(np.array([7, 5, 5, 3, 1]), 8) == [[0, 4], [1, 3], [2]]
 
 
 def test_single_one_example_per_row_in_order():
     assert plan_single(np.array([3, 1, 2]), 8) == [[0], [1], [2]]
 
 
-def test_bfd_invariants_on_random_lengths_near_lower_bound():
+@pytest.mark.parametrize("planner", [plan_bfd, plan_ffd])
+def test_planners_place_everything_within_capacity_near_the_bound(planner):
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 1025, size=5000)
-    bins = plan_bfd(lengths, 1024)
-    used = sorted(i for b in bins for i in b)
-    assert used == list(range(len(lengths)))
+    bins = planner(lengths, 1024)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
     assert max(lengths[b].sum() for b in bins) <= 1024
-    assert len(bins) <= math.ceil(1.02 * lengths.sum() / 1024)
+    assert len(bins) <= math.ceil(1.01 * lengths.sum() / 1024)
 
 
-def test_shuffle_is_seeded():
+def test_pairs_stay_in_one_row_as_units():
+    lengths = np.array([3, 4, 2, 2, 6])  # pair (0, 1), pair (2, 3), single 4
+    units = unit_offsets(["p", "p", "q", "q", None])
+    plan = plan_rows(lengths, capacity=8, strategy="bfd", units=units)
+    rows = [plan.example[a:b].tolist() for a, b in zip(plan.row_offsets[:-1], plan.row_offsets[1:])]
+    assert sorted(rows) == [[0, 1], [4, 2, 3]] or sorted(rows) == [[0, 1], [2, 3], [4]]
+    assert all(({0, 1} <= set(r)) or not ({0, 1} & set(r)) for r in rows)
+    with pytest.raises(ValueError, match="units"):
+        plan_rows(lengths, capacity=8, strategy="full", units=units)
+
+
+def test_shuffle_is_seeded_and_only_reorders_rows():
     lengths = np.arange(1, 50)
-    a = plan_packs(lengths, capacity=64, strategy="bfd", shuffle_seed=(1, 0))
-    b = plan_packs(lengths, capacity=64, strategy="bfd", shuffle_seed=(1, 0))
-    c = plan_packs(lengths, capacity=64, strategy="bfd", shuffle_seed=(2, 0))
-    assert a == b and sorted(map(tuple, a)) == sorted(map(tuple, c)) and a != c
+    a = plan_rows(lengths, capacity=64, strategy="bfd", shuffle_seed=(1, 0))
+    b = plan_rows(lengths, capacity=64, strategy="bfd", shuffle_seed=(1, 0))
+    c = plan_rows(lengths, capacity=64, strategy="bfd", shuffle_seed=(2, 0))
+    assert a.example.tolist() == b.example.tolist() and a.row_offsets.tolist() == b.row_offsets.tolist()
+    assert a.example.tolist() != c.example.tolist() and sorted(a.example.tolist()) == sorted(c.example.tolist())
 
 
 def test_materialize_rows_exact_layout():
@@ -63,8 +241,10 @@ def test_materialize_rows_exact_layout():
     ids = np.array([10, 11, 12, 20, 21, 30, 31, 32, 33], dtype=np.int32)
     mask = np.array([0, 1, 1, 0, 1, 0, 1, 1, 1], dtype=np.uint8)
     types = np.array([1, 1, 3, 1, 3, 0, 1, 1, 3], dtype=np.uint8)
-    rows = materialize_rows([[2, 1], [0]], token_ids=ids, loss_mask=mask, token_type_ids=types,
-                            offsets=offsets, row_len=7, pad_id=99)
+    zero = np.zeros(3, dtype=np.int64)
+    plan = RowPlan(np.array([2, 1, 0]), zero, lengths[[2, 1, 0]], zero, np.array([0, 2, 3]))
+    rows = materialize_rows(plan, token_ids=ids, loss_mask=mask, token_type_ids=types, offsets=offsets,
+                            row_len=7, pad_id=99)
     assert rows.input_ids.reshape(2, 7).tolist() == [[30, 31, 32, 33, 20, 21, 99], [10, 11, 12, 99, 99, 99, 99]]
     assert rows.loss_mask.reshape(2, 7).tolist() == [[0, 1, 1, 1, 0, 1, 0], [0, 1, 1, 0, 0, 0, 0]]
     assert rows.position_ids.reshape(2, 7).tolist() == [[0, 1, 2, 3, 0, 1, 0], [0, 1, 2, 0, 0, 0, 0]]
@@ -72,11 +252,4 @@ def test_materialize_rows_exact_layout():
     assert rows.token_type_ids.reshape(2, 7).tolist() == [[0, 1, 1, 3, 1, 3, 2], [1, 1, 3, 2, 2, 2, 2]]
     assert rows.seg_lengths.tolist() == [4, 2, 3] and rows.seg_offsets.tolist() == [0, 2, 3]
     assert rows.example_order.tolist() == [2, 1, 0] and rows.num_loss_tokens.tolist() == [4, 2]
-
-
-def test_materialize_rows_rejects_overfull_bin():
-    offsets = offsets_from_lengths(np.array([4, 4]))
-    z = np.zeros(8, dtype=np.int32)
-    with pytest.raises(ValueError, match="more tokens"):
-        materialize_rows([[0, 1]], token_ids=z, loss_mask=z.astype(np.uint8), token_type_ids=z.astype(np.uint8),
-                         offsets=offsets, row_len=7, pad_id=0)
+    assert rows.seg_starts.tolist() == [0, 0, 0]

@@ -35,12 +35,13 @@ def test_gsm8k_instruction_through_every_layer(tmp_path: Path, gpt2_dir: Path, i
     (key, result), = materialize_drops(data, "gsm", instance).items()
     assert result.success
     checks = result.get_asset_check_evaluations()
-    assert len(checks) == 16 and all(c.passed for c in checks)
+    assert len(checks) == 17 and all(c.passed for c in checks)
     bronze = metadata(result, "gsm", "raw_records")
     assert bronze["dagster/row_count"] == 7473 and bronze["num_rejects"] == 0
     gold = metadata(result, "gsm", "tokenized_examples")
     shards = metadata(result, "gsm", "packed_shards")
-    assert gold["num_tokens"] == shards["num_tokens"] > 1_000_000
+    assert gold["num_tokens"] == shards["num_output_tokens"] == shards["num_input_tokens"] > 1_000_000
+    assert shards["num_tokens_dropped_by_overflow"] == 0 and shards["max_batch_size"] >= 1
     assert 0 < gold["num_loss_tokens"] < gold["num_tokens"]
     assert shards["sequence_utilization"] > 0.95
     lake = data / "lake" / "gsm"

@@ -38,10 +38,10 @@ def test_every_partitioned_layer_has_blocking_gates():
     assert by_asset == {"raw_records", "clean_records", "tokenized_examples", "packed_shards", "dataset_manifest"}
     assert ("tokenized_examples", "tokenized_examples_mask_aligned") in checks
     assert ("packed_shards", "packed_shards_positions_restart") in checks
-    assert len(checks) == 17
+    assert len(checks) == 18
     specs = [s for c in defs.asset_checks or [] for s in c.check_specs]  # type: ignore[union-attr]
-    # 17 per dataset, plus the two preference pair gates of sample_pref
-    assert len(specs) == 4 * 17 + 2 and all(s.blocking for s in specs)
+    # 18 per dataset, plus the two preference pair gates of sample_pref
+    assert len(specs) == 4 * 18 + 2 and all(s.blocking for s in specs)
     pref = {k.name for k in graph.asset_check_keys if k.asset_key.path[0] == "sample_pref"}
     assert {"tokenized_examples_pairs_complete", "packed_shards_pairs_together"} <= pref
 

@@ -1,0 +1,121 @@
+"""The blocking quality gates between layers, as data: which invariant runs on which asset with which spec values.
+
+The Dagster asset checks (`defs/checks.py`) and the tests both run these, so a gate is written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prep_assets.core import invariants as inv
+from prep_assets.core.drops import resolve_drop
+from prep_assets.core.errors import DropError
+from prep_assets.core.lake import DatasetPaths, read_json
+from prep_assets.core.masking import trainable_types
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.tokenizer import FINGERPRINT_FILE
+
+RAW_RECORDS, CLEAN_RECORDS, TOKENIZED_EXAMPLES, PACKED_SHARDS = (
+    "raw_records", "clean_records", "tokenized_examples", "packed_shards")
+
+Probe = Callable[[DatasetSpec, DatasetPaths, str], inv.Outcome]
+
+
+@dataclass(frozen=True)
+class Gate:
+    asset: str
+    name: str
+    description: str
+    probe: Probe
+    applies: Callable[[DatasetSpec], bool] = lambda spec: True
+
+
+def _dir(layer: str) -> Callable[[DatasetPaths, str], Path]:
+    return lambda p, k: p.partition_dir(layer, k)
+
+
+bronze, silver, gold, shards = _dir("bronze"), _dir("silver"), _dir("gold"), _dir("shards")
+
+
+def _source(p: DatasetPaths, k: str) -> Path | None:
+    try:
+        return resolve_drop(p, k)[1]
+    except DropError:
+        return None  # the file is gone or changed: account against the reader's own line count
+
+
+def _pinned(p: DatasetPaths) -> dict[str, Any]:
+    return read_json(p.tokenizer_dir / FINGERPRINT_FILE)["info"]
+
+
+def layout(spec: DatasetSpec) -> inv.Layout:
+    seq = spec.sequence
+    return inv.Layout(seq.max_seq_len, spec.packing.strategy, seq.overflow, seq.overlap)
+
+
+def _reported(shards_dir: Path) -> dict[str, Any] | None:
+    stats = shards_dir / "stats.json"
+    return read_json(stats)["splits"] if stats.is_file() else None
+
+
+GATES: tuple[Gate, ...] = (
+    Gate(RAW_RECORDS, "raw_records_accounted", "records + rejects + blank lines = lines in the drop file "
+         "(recounted independently of the reader)", lambda s, p, k: inv.bronze_accounted(bronze(p, k), _source(p, k))),
+    Gate(RAW_RECORDS, "raw_records_reject_rate", "rejects / lines <= checks.max_reject_rate",
+         lambda s, p, k: inv.bronze_reject_rate(bronze(p, k), s.checks.max_reject_rate)),
+    Gate(RAW_RECORDS, "raw_records_required_fields", "provenance present, record ids unique, content valid JSON",
+         lambda s, p, k: inv.bronze_required_fields(bronze(p, k))),
+    Gate(CLEAN_RECORDS, "clean_records_unique", "no two kept records share a content sha256",
+         lambda s, p, k: inv.silver_unique(silver(p, k))),
+    Gate(CLEAN_RECORDS, "clean_records_length_bounds", "clean.min_chars <= chars <= clean.max_chars",
+         lambda s, p, k: inv.silver_lengths(silver(p, k), s.clean.min_chars, s.clean.max_chars)),
+    Gate(CLEAN_RECORDS, "clean_records_accounted", "silver records + silver rejects = bronze records, one to one",
+         lambda s, p, k: inv.silver_accounted(silver(p, k), bronze(p, k))),
+    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_mask_aligned", "ids, mask and types of equal length; mask in {0,1} "
+         "and 1 only on the token types `mask` trains (completion/EOS by default)",
+         lambda s, p, k: inv.gold_mask_aligned(gold(p, k), trainable_types(s))),
+    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_have_loss_tokens", "every example has at least one loss token",
+         lambda s, p, k: inv.gold_loss_tokens(gold(p, k))),
+    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_ids_in_vocab", "every token id < the tokenizer's vocab size",
+         lambda s, p, k: inv.gold_ids_in_vocab(gold(p, k), _pinned(p)["vocab_size"])),
+    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_within_max_len", "1 <= tokens <= sequence.max_seq_len (any "
+         "length >= 1 where packing splits examples: strategy full or overflow window)",
+         lambda s, p, k: inv.gold_within_max_len(gold(p, k), s.sequence.max_seq_len, s.splits_examples)),
+    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_accounted", "gold examples + gold rejects = silver records",
+         lambda s, p, k: inv.gold_accounted(gold(p, k), silver(p, k))),
+    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_pairs_complete", "preference: each pair has one chosen and one "
+         "rejected example, in one split, with identical masked prompt tokens",
+         lambda s, p, k: inv.gold_pairs_complete(gold(p, k)), applies=lambda s: s.input.type == "preference"),
+    Gate(PACKED_SHARDS, "packed_shards_fixed_length", "every row exactly sequence.max_seq_len",
+         lambda s, p, k: inv.shards_fixed_length(inv.shard_files(shards(p, k)), s.sequence.max_seq_len)),
+    Gate(PACKED_SHARDS, "packed_shards_padding_masked", "padding: pad id, mask 0, segment 0",
+         lambda s, p, k: inv.shards_padding_masked(inv.shard_files(shards(p, k)), _pinned(p)["pad_id"])),
+    Gate(PACKED_SHARDS, "packed_shards_positions_restart", "positions restart at segment starts; first token masked",
+         lambda s, p, k: inv.shards_positions_restart(inv.shard_files(shards(p, k)))),
+    Gate(PACKED_SHARDS, "packed_shards_tokens_conserved", "per split, shard tokens = gold tokens - tokens dropped "
+         "by packing + window overlaps (recomputed from gold, and equal to the packer's own figures); every example "
+         "placed as the strategy requires (whole, its windows, or tiled by `full`)",
+         lambda s, p, k: inv.shards_tokens_conserved(inv.shard_files(shards(p, k)), gold(p, k), layout(s),
+                                                     _reported(shards(p, k)))),
+    Gate(PACKED_SHARDS, "packed_shards_match_gold", "every shard token equals the gold token it came from (id, "
+         "type, mask); segment starts and window overlaps masked",
+         lambda s, p, k: inv.shards_match_gold(inv.shard_files(shards(p, k)), gold(p, k), s.sequence.overlap)),
+    Gate(PACKED_SHARDS, "packed_shards_utilization", "sequence utilization >= checks.min_sequence_utilization",
+         lambda s, p, k: inv.shards_utilization(inv.shard_files(shards(p, k)), s.sequence.max_seq_len,
+                                                s.checks.min_sequence_utilization)),
+    Gate(PACKED_SHARDS, "packed_shards_pairs_together", "preference: both examples of a pair in the same row",
+         lambda s, p, k: inv.shards_pairs_together(inv.shard_files(shards(p, k)), gold(p, k)),
+         applies=lambda s: s.input.type == "preference"),
+)
+
+
+def gates_for(spec: DatasetSpec) -> tuple[Gate, ...]:
+    return tuple(g for g in GATES if g.applies(spec))
+
+
+def evaluate(spec: DatasetSpec, paths: DatasetPaths, partition: str, asset: str | None = None) -> list[inv.Outcome]:
+    """Run the gates of one partition (of one asset, or all), as the asset checks do."""
+    return [g.probe(spec, paths, partition) for g in gates_for(spec) if asset is None or g.asset == asset]
