@@ -125,7 +125,8 @@ def source_digest(spec: TokenizerSpec, base: Path) -> str:
     if spec.train is not None:
         paths = [Path(p) for pattern in spec.train.files
                  for p in sorted(glob.glob(pattern if os.path.isabs(pattern) else str(base / pattern), recursive=True))]
-        files = {str(p): sha256_file(p) for p in paths}
+        # keyed relative to the data dir, so a moved or cloned data dir keeps its digest
+        files = {(p.relative_to(base) if p.is_relative_to(base) else p).as_posix(): sha256_file(p) for p in paths}
     elif spec.path is not None:
         src = resolve_path(spec.path, base)
         files = {p.name: sha256_file(p) for p in sorted(src.iterdir()) if p.is_file() and _is_tokenizer_file(p.name)} \
