@@ -122,6 +122,20 @@ def test_decode_prints_masked_spans_and_segments(in_process: Path, capsys: pytes
     assert "--- segment 1 ·" in text and "«" in text
 
 
+def test_decode_names_where_a_continued_segment_starts(in_process: Path, capsys: pytest.CaptureFixture[str]):
+    data = in_process  # sample_text packs `full`: notes continue across rows
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
+    capsys.readouterr()
+    shard = sorted((data / "lake" / "sample_text" / "shards").glob("*/train/part-00000.parquet"))[0]
+    rows = pq.read_table(shard, columns=["example_offsets"]).column(0).to_pylist()
+    row = next(i for i, offs in enumerate(rows) if offs[0] > 0)
+    assert main(["decode", str(shard), "--row", str(row), "--format", "json"]) == 0
+    first = json.loads(capsys.readouterr().out)["segments"][0]
+    assert first["example_offset"] == rows[row][0] and not first["spans"][0]["trained"]
+    assert main(["decode", str(shard), "--row", str(row)]) == 0
+    assert f"from token {rows[row][0]} ·" in capsys.readouterr().out
+
+
 def test_failed_gate_keeps_partition_out_of_manifest_and_stale_until_fixed(tmp_path: Path):
     data = copy_sample_data(tmp_path / "data")
     spec_path = data / "datasets" / "sample_instruct.yaml"

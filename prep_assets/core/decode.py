@@ -29,7 +29,8 @@ def decode_row(shard: Path, row: int, tokenizer_dir: Path | None = None) -> dict
     r = table.slice(row, 1).to_pylist()[0]
     ids, mask, seg = np.array(r["input_ids"]), np.array(r["loss_mask"]), np.array(r["segment_ids"])
     segments = []
-    for n, example_id in enumerate(r["example_ids"], start=1):
+    offsets = r.get("example_offsets") or [0] * len(r["example_ids"])
+    for n, (example_id, offset) in enumerate(zip(r["example_ids"], offsets, strict=True), start=1):
         idx = np.flatnonzero(seg == n)
         spans = []
         start = 0
@@ -41,7 +42,8 @@ def decode_row(shard: Path, row: int, tokenizer_dir: Path | None = None) -> dict
             spans.append({"trained": bool(mask[idx[start]]), "tokens": len(tokens),
                           "text": pt.hf.decode(tokens, skip_special_tokens=False)})
             start = end + 1
-        segments.append({"segment": n, "example_id": example_id, "tokens": int(len(idx)), "spans": spans})
+        segments.append({"segment": n, "example_id": example_id, "example_offset": int(offset),
+                         "tokens": int(len(idx)), "spans": spans})
     return {
         "shard": str(shard),
         "row": row,
@@ -58,7 +60,8 @@ def render_text(decoded: dict[str, Any]) -> str:
              f"{decoded['num_loss_tokens']} trained, {decoded['padding_tokens']} padding "
              f"(masked text in {MASK_OPEN}{MASK_CLOSE})"]
     for s in decoded["segments"]:
-        lines.append(f"--- segment {s['segment']} · {s['example_id']} · {s['tokens']} tokens ---")
+        where = f" from token {s['example_offset']}" if s["example_offset"] else ""
+        lines.append(f"--- segment {s['segment']} · {s['example_id']}{where} · {s['tokens']} tokens ---")
         lines.append("".join(sp["text"] if sp["trained"] else f"{MASK_OPEN}{sp['text']}{MASK_CLOSE}"
                              for sp in s["spans"]))
     if decoded["padding_tokens"]:

@@ -1,0 +1,146 @@
+"""Benchmarks that print figures (speed is measured here, never by timed tests).
+
+    python -m prep_assets.bench packing [--source FILE] [--tokenizer DIR] [--max-seq-len N] [--work DIR]
+
+`packing` tokenizes a prompt/completion drop once through the real bronze -> silver -> gold layers (cached in
+--work; by default ../shared/datasets/bench/bench_pc.jsonl.gz, 22.8M GPT-2 tokens), then packs that gold with
+each strategy, printing tokens/s for planning, for building the rows, and for the whole shards layer
+(Parquet written), plus rows against the lower bound ceil(tokens / max_seq_len). Gold keeps long examples
+whole (`window` overflow), so `bfd`/`ffd`/`single` window them and `full` cuts them across rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from prep_assets.core import layers
+from prep_assets.core.arrays import flat_values
+from prep_assets.core.drops import register_drops, resolve_drop
+from prep_assets.core.lake import dataset_paths, read_json
+from prep_assets.core.packing import materialize_rows, plan_rows
+from prep_assets.core.spec import DatasetSpec, parse_spec
+from prep_assets.core.tokenizer import load_pinned
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+DEFAULT_SOURCE = SHARED / "datasets" / "bench" / "bench_pc.jsonl.gz"
+DEFAULT_TOKENIZER = SHARED / "tokenizers" / "gpt2"
+
+
+def _spec(tokenizer: Path, max_seq_len: int, strategy: str = "bfd") -> DatasetSpec:
+    raw = {
+        "input": {"type": "instruction"},
+        "tokenizer": {"path": str(tokenizer)},
+        "sequence": {"max_seq_len": max_seq_len, "overflow": "window", "overlap": 0},
+        "packing": {"strategy": strategy},
+        "checks": {"max_reject_rate": 0.2},
+    }
+    return parse_spec(raw, path=Path("bench.yaml"), default_name="bench")
+
+
+def _line(label: str, seconds: float, tokens: int) -> str:
+    return f"  {label:<34} {seconds:8.2f} s  {tokens / seconds / 1e6:8.2f} M tokens/s"
+
+
+def build_gold(source: Path, tokenizer: Path, max_seq_len: int, work: Path) -> tuple[Path, Path, dict]:
+    """Bronze, silver and gold of `source` under `work` (reused when already built for the same inputs)."""
+    data = work / "data"
+    paths = dataset_paths(data, "bench")
+    marker = work / "gold.json"
+    want = {"source": str(source), "size": source.stat().st_size, "tokenizer": str(tokenizer), "L": max_seq_len}
+    spec = _spec(tokenizer, max_seq_len)
+    if marker.is_file() and read_json(marker)["want"] == want:
+        done = read_json(marker)
+        return Path(done["gold"]), paths.tokenizer_dir, done["stats"]
+    shutil.rmtree(work, ignore_errors=True)
+    paths.raw_dir.mkdir(parents=True)
+    shutil.copyfile(source, paths.raw_dir / source.name)  # drops are regular files (symlinks are skipped)
+    register_drops(paths)
+    layers.build_tokenizer(spec, paths, data)
+    key = sorted(p.stem for p in paths.drops_dir.glob("*.json"))[0]
+    drop, src = resolve_drop(paths, key)
+    b, s, g = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold"))
+    print(f"building gold of {source.name} once (cached in {work})", flush=True)
+    t = time.perf_counter()
+    bronze = layers.build_raw_records(spec, drop, src, b)
+    t_b = time.perf_counter() - t
+    silver = layers.build_clean_records(spec, b, s)
+    t_s = time.perf_counter() - t - t_b
+    gold = layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
+    t_g = time.perf_counter() - t - t_b - t_s
+    stats = {"records": bronze["records"], "kept": silver["records"], "examples": gold["examples"],
+             "tokens": gold["tokens"], "seconds": {"bronze": t_b, "silver": t_s, "gold": t_g}}
+    marker.write_text(json.dumps({"want": want, "gold": str(g), "stats": stats}), encoding="utf-8")
+    return g, paths.tokenizer_dir, stats
+
+
+def bench_packing(args: argparse.Namespace) -> int:
+    source, tokenizer = Path(args.source), Path(args.tokenizer)
+    for p in (source, tokenizer):
+        if not p.exists():
+            print(f"error: {p} not found (pass --source / --tokenizer)", file=sys.stderr)
+            return 2
+    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "prep_assets_bench"
+    L = args.max_seq_len
+    gold_dir, tok_dir, gs = build_gold(source, tokenizer, L, work)
+    tokens = gs["tokens"]
+    print(f"\n{source.name}: {gs['records']:,} records, {gs['kept']:,} kept, {gs['examples']:,} examples, "
+          f"{tokens:,} tokens; max_seq_len {L}")
+    for layer, sec in gs["seconds"].items():
+        print(_line(f"{layer} layer (when cached)", sec, tokens))
+    table = pq.read_table(str(gold_dir / "examples.parquet"), columns=["token_ids", "loss_mask", "token_type_ids"])
+    ids, offsets = flat_values(table.column("token_ids"), np.int32)
+    mask, _ = flat_values(table.column("loss_mask"), np.uint8)
+    types, _ = flat_values(table.column("token_type_ids"), np.uint8)
+    lengths = np.diff(offsets)
+    pad = load_pinned(tok_dir).info.pad_id
+    bound = -(-int(lengths.sum()) // L)
+    for strategy in args.strategies.split(","):
+        spec = _spec(tokenizer, L, strategy)
+        t = time.perf_counter()
+        plan = plan_rows(lengths, capacity=L, strategy=strategy, overflow="window", loss_mask=mask, shuffle_seed=(0, 0))
+        t_plan = time.perf_counter() - t
+        rows = materialize_rows(plan, token_ids=ids, loss_mask=mask, token_type_ids=types, offsets=offsets,
+                                row_len=L, pad_id=pad)
+        t_rows = time.perf_counter() - t - t_plan
+        out = work / f"shards_{strategy}"
+        t = time.perf_counter()
+        st = layers.build_packed_shards(spec, gold_dir, tok_dir, out)
+        t_layer = time.perf_counter() - t
+        m = st["totals"]
+        print(f"\n{strategy}: {rows.num_rows:,} rows (lower bound {bound:,}, x{rows.num_rows / bound:.5f}), "
+              f"sequence utilization {m['sequence_utilization']:.4f}, {m['examples_split']:,} examples split")
+        print(_line("plan", t_plan, tokens))
+        print(_line("plan + materialize rows", t_plan + t_rows, tokens))
+        print(_line("shards layer (read, pack, write)", t_layer, tokens))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\npeak RSS of this process: {peak:,.0f} MiB")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prep_assets.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    pk = sub.add_parser("packing", help="tokens/s of each packing strategy over ~20M real tokens")
+    pk.add_argument("--source", default=str(DEFAULT_SOURCE), help="a prompt/completion JSONL(.gz) drop")
+    pk.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="a local tokenizer directory")
+    pk.add_argument("--max-seq-len", type=int, default=1024)
+    pk.add_argument("--strategies", default="bfd,full,ffd,single")
+    pk.add_argument("--work", help="where gold and shards are written (default: $TMPDIR/prep_assets_bench)")
+    pk.set_defaults(fn=bench_packing)
+    args = parser.parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""The benchmark script keeps working (its figures are printed, never asserted as timings)."""
+
+from pathlib import Path
+
+import pytest
+
+from prep_assets import bench
+from prep_assets_tests.conftest import shared_path
+
+
+def test_packing_benchmark_prints_figures_for_each_strategy(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    src = shared_path("datasets/instruction/gdp_generative_tuning.jsonl")
+    args = ["packing", "--source", str(src), "--tokenizer", str(shared_path("tokenizers/gpt2")),
+            "--max-seq-len", "512", "--strategies", "bfd,full", "--work", str(tmp_path / "work")]
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert "bfd: " in out and "full: " in out and out.count("M tokens/s") == 3 + 2 * 3
+    assert bench.main(args) == 0 and "building gold" not in capsys.readouterr().out  # gold reused
+
+
+def test_packing_benchmark_missing_source_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    assert bench.main(["packing", "--source", str(tmp_path / "none.jsonl")]) == 2
+    assert "not found" in capsys.readouterr().err
