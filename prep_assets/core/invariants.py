@@ -362,10 +362,20 @@ _EXPECTED = """
     e AS (SELECT example_id, split, n, k, k * $stride AS off,
                  CASE WHEN $windowed THEN least($L, n - k * $stride) ELSE n END AS len,
                  CASE WHEN k = 0 THEN 0 ELSE greatest($overlap, 1) END AS masked, loss_mask FROM w)
-    SELECT example_id, split, off, len, CASE WHEN k = 0 THEN len ELSE len - $overlap END AS new_tokens,
-           CASE WHEN k = 0 THEN 0 ELSE $overlap END AS repeated,
+    SELECT example_id, split, off, len,
            NOT $windowed OR coalesce(list_sum(list_slice(loss_mask, off + masked + 1, off + len)), 0) > 0 AS kept
     FROM e
+"""
+# per split: gold tokens, and of the expected kept pieces their tokens and those repeated from the previous one
+_EXPECTED_TOTALS = f"""
+    WITH e AS (SELECT * FROM ({_EXPECTED}) WHERE kept),
+    r AS (SELECT split, len, greatest(0, coalesce(lag(off + len) OVER (PARTITION BY example_id ORDER BY off), 0)
+                                         - off) AS repeated FROM e),
+    t AS (SELECT split, sum(len)::BIGINT AS tokens, sum(repeated)::BIGINT AS overlap FROM r GROUP BY split),
+    g AS (SELECT split, sum(len(token_ids))::BIGINT AS gold FROM read_parquet($g) GROUP BY split)
+    SELECT g.split, coalesce(t.tokens, 0) AS tokens, g.gold - coalesce(t.tokens - t.overlap, 0) AS dropped,
+           coalesce(t.overlap, 0) AS overlap
+    FROM g LEFT JOIN t USING (split)
 """
 
 
@@ -411,10 +421,7 @@ def shards_tokens_conserved(files: list[Path], gold_dir: Path, layout: Layout,
             WHERE e.example_id IS NULL OR s.example_id IS NULL OR e.len <> s.len OR e.split <> s.split
                OR s.copies > 1
         """
-        expected_sql = f"""SELECT split, sum(len) FILTER (kept)::BIGINT AS tokens,
-                              coalesce(sum(new_tokens) FILTER (NOT kept), 0)::BIGINT AS dropped,
-                              coalesce(sum(repeated) FILTER (kept), 0)::BIGINT AS overlap
-                       FROM ({_EXPECTED}) GROUP BY split"""
+        expected_sql = _EXPECTED_TOTALS
     n, bad = _violating_rows(f"({sql})", "true", "*", p, order="example_id")
     expected = {r["split"]: r for r in _query(expected_sql, p)}
     gold = {r["split"]: r["tokens"] for r in _query(

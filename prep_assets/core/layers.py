@@ -241,9 +241,8 @@ def build_tokenized_examples(
                 tb = tokenize_batch(contents, spec, pt, chat)
                 totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
                 record_split = batch.column("split").to_pylist()
-                for r in tb.rejects:
-                    if r[1] == "too_long":
-                        overflow_by_split[record_split[r[0]]] += r[3]
+                for rec, n in tb.lost or []:
+                    overflow_by_split[record_split[rec]] += n
                 if tb.cut is not None:
                     for e in np.flatnonzero(tb.cut).tolist():
                         overflow_by_split[record_split[int(tb.kept[e])]] += int(tb.cut[e])

@@ -53,8 +53,9 @@ class TokenizedBatch:
     token_type_ids: np.ndarray  # uint8
     offsets: np.ndarray  # int64, len(kept) + 1
     rejects: list[tuple[int, str, str, int]]  # (record index, reason, detail, num_tokens before overflow)
-    tokens_dropped: int  # tokens lost to overflow: cut by truncation, or of examples rejected as too_long
+    tokens_dropped: int  # tokens lost to overflow: cut from kept examples, plus all of `lost`
     cut: np.ndarray | None = None  # per kept example: tokens cut from it by truncation
+    lost: list[tuple[int, int]] | None = None  # (record index, tokens) of records rejected because of overflow
     branches: list[str | None] | None = None  # per kept example: "chosen"/"rejected" for preference
     shared_prefix: np.ndarray | None = None  # preference: per kept example, the shared prompt's tokens
 
@@ -210,7 +211,7 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
                          for e in encoded), dtype=np.int64, count=len(encoded))
     paired = spec.input.type == "preference"
     limits = shared = None
-    dropped_tokens = 0
+    lost_pairs: list[tuple[int, int]] = []
     if paired:
         prefix = np.array([_shared_prefix(encoded[k], encoded[k + 1], rendered[k].text, rendered[k + 1].text)
                            for k in range(0, len(encoded), 2)], dtype=np.int64)
@@ -221,7 +222,7 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
                             f"{spec.sequence.max_seq_len} and its shared prompt ({int(prefix[k])} tokens) is too short "
                             f"to cut ({spec.sequence.overflow})", n))
         keep = np.repeat(~plan.reject, 2)
-        dropped_tokens = int(lengths[~keep].sum())
+        lost_pairs = [(source[2 * k], int(lengths[2 * k] + lengths[2 * k + 1])) for k in np.flatnonzero(plan.reject)]
         encoded = [e for e, k in zip(encoded, keep, strict=True) if k]
         source = [x for x, k in zip(source, keep, strict=True) if k]
         branches = [x for x, k in zip(branches, keep, strict=True) if k]
@@ -241,6 +242,9 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
             seen.add(int(src[e]))
             rejects.append((int(src[e]), reason, detail, n))
     rejects.sort()
+    lost: dict[int, int] = {}
+    for e, n in [*((int(src[e]), n) for e, n in tb.lost or []), *lost_pairs]:
+        lost[e] = lost.get(e, 0) + n
     return TokenizedBatch(
         kept=src[tb.kept],
         token_ids=tb.token_ids,
@@ -248,8 +252,9 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
         token_type_ids=tb.token_type_ids,
         offsets=tb.offsets,
         rejects=rejects,
-        tokens_dropped=tb.tokens_dropped + dropped_tokens,
+        tokens_dropped=int(tb.cut.sum()) + sum(lost.values()),
         cut=tb.cut,
+        lost=sorted(lost.items()),
         branches=[branches[e] for e in tb.kept] if paired else None,
         shared_prefix=shared[tb.kept] if shared is not None else None,
     )
@@ -331,6 +336,8 @@ def apply_overflow(
     final_index = ranges_index(out_offsets[:-1][kept], keep_len[kept])
     rejects.sort()
     cut = (lengths - keep_len)[kept]
+    # a record rejected after its overflow (dropped, or truncated to nothing trainable) lost its tokens to it
+    lost = [(int(i), int(lengths[i])) for i in np.flatnonzero(over & rejected)]
     return TokenizedBatch(
         kept=kept,
         token_ids=out_ids[final_index],
@@ -338,6 +345,7 @@ def apply_overflow(
         token_type_ids=out_types[final_index],
         offsets=offsets_from_lengths(keep_len[kept]),
         rejects=rejects,
-        tokens_dropped=int(cut.sum() + lengths[dropped].sum()),
+        tokens_dropped=int(cut.sum()) + sum(n for _, n in lost),
         cut=cut,
+        lost=lost,
     )

@@ -21,10 +21,10 @@ Worked example (capacity 8), lengths [5, 3, 4, 2, 6] with `bfd`:
     4(#2) opens row C, nothing left -> C = [2]
     rows: [[4, 3], [0, 1], [2]]
 
-Window overflow (capacity 8, overlap 2, an example of 13 tokens): stride 6, windows start at 0, 6, 12
-(while a window still has a token not seen before): [0, 8) [6, 13): the second window's first 2 tokens
-repeat the first window's last 2 and are masked. A window with no loss token left is not emitted (its
-new tokens are counted as dropped).
+Window overflow (capacity 8, overlap 2, an example of 13 tokens): stride 6, windows [0, 8) and [6, 13)
+(windows start every 6 tokens while one still has a token not seen before): the second window's first 2
+tokens repeat the first window's last 2 and are masked. A window with no loss token left is not emitted
+(tokens then in no window are counted as dropped).
 
 The first token of every piece has loss_mask 0 (with block-diagonal attention it has no context).
 """
@@ -304,9 +304,11 @@ def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: n
                   ) -> tuple[_Pieces, int, int, int]:
     """Examples longer than `capacity` as windows of `capacity` tokens sharing `overlap` with the previous one.
 
-    Returns (kept pieces, tokens dropped, windows dropped, overlap tokens added). A window is dropped when
-    none of its tokens is a loss target after its overlap (and, with overlap 0, its first token) is masked.
-    `loss_mask` is the flat mask of all examples (concatenated in order); None keeps every window.
+    Returns (kept pieces, tokens dropped, windows dropped, overlap tokens). A window is dropped when none of
+    its tokens is a loss target after its overlap (and, with overlap 0, its first token) is masked. Tokens
+    dropped = gold tokens in no kept window; overlap tokens = tokens in two kept windows (each counted once
+    more), so kept window tokens = gold tokens - dropped + overlap. `loss_mask` is the flat mask of all
+    examples (concatenated in order); None keeps every window.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if not 0 <= 2 * overlap <= capacity:
@@ -319,16 +321,18 @@ def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: n
     start = k * stride
     length = np.minimum(capacity, lengths[example] - start)
     masked = np.where(k > 0, max(overlap, 1), 0).astype(np.int64)
-    pieces = _Pieces(example, start, length, masked)
-    if loss_mask is None or not len(example):
-        return pieces, 0, 0, overlap * int(np.count_nonzero(k > 0))
-    cum = np.concatenate([[0], np.cumsum(loss_mask, dtype=np.int64)])
-    first = offsets_from_lengths(lengths)[:-1][example] + start
-    keep = cum[first + length] - cum[first + masked] > 0
-    new = length - np.where(k > 0, overlap, 0)
+    keep = np.ones(len(example), dtype=bool)
+    if loss_mask is not None and len(example):
+        cum = np.concatenate([[0], np.cumsum(loss_mask, dtype=np.int64)])
+        first = offsets_from_lengths(lengths)[:-1][example] + start
+        keep = cum[first + length] - cum[first + masked] > 0
     kept = _Pieces(example[keep], start[keep], length[keep], masked[keep])
-    added = int(overlap * np.count_nonzero(keep & (k > 0)))
-    return kept, int(new[~keep].sum()), int(np.count_nonzero(~keep)), added
+    # windows of one example are in start order and only neighbours overlap (stride >= capacity / 2)
+    same = np.concatenate([[False], kept.example[1:] == kept.example[:-1]])
+    prev_end = np.concatenate([[0], kept.start[:-1] + kept.length[:-1]])
+    repeated = int(np.where(same, np.maximum(prev_end - kept.start, 0), 0).sum())
+    dropped = int(lengths.sum() - (kept.length.sum() - repeated))
+    return kept, dropped, int(np.count_nonzero(~keep)), repeated
 
 
 def full_pieces(lengths: np.ndarray, capacity: int, max_per_bin: int | None = None) -> tuple[_Pieces, np.ndarray]:

@@ -228,6 +228,9 @@ class DatasetSpec(_Strict):
         if self.input.type == "preference" and (self.packing.strategy == "full" or self.sequence.overflow == "window"):
             raise ValueError("preference pairs stay whole in one row: packing.strategy full and sequence.overflow "
                              "window would split them; use bfd, ffd or single with drop or truncate_*")
+        if self.packing.strategy == "full" and self.sequence.overlap:
+            raise ValueError("sequence.overlap applies to windows (overflow: window with bfd, ffd or single); "
+                             "packing.strategy full cuts examples across rows without repeating tokens")
         if "megatron" in self.output.formats and self.input.type != "text":
             raise ValueError("output.formats megatron (the .bin/.idx document layout) is for input.type text only")
         if "parquet" not in self.output.formats:
@@ -263,10 +266,17 @@ class DatasetSpec(_Strict):
         return keys
 
     def fingerprint(self, *sections: str) -> str:
-        """A stable hash of the named sections (all when none; `a.b` names one key of a section)."""
+        """A stable hash of the named sections (all when none; `a.b` names one key of a section, and a name
+        that is no section names a derived property such as `gold_overflow`)."""
         data = self.model_dump(mode="json")
-        chosen = {k: data[k.split(".")[0]][k.split(".")[1]] if "." in k else data[k]
-                  for k in (sections or tuple(sorted(data)))}
+
+        def value(k: str) -> Any:
+            if "." in k:
+                section, key = k.split(".", 1)
+                return data[section][key]
+            return data[k] if k in data else getattr(self, k)
+
+        chosen = {k: value(k) for k in (sections or tuple(sorted(data)))}
         blob = json.dumps(chosen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -285,7 +295,9 @@ _MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
 LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
     "bronze": ("input", "checks"),
     "silver": ("input", "checks", "clean", "split"),
-    "gold": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence", "packing.strategy"),
+    # gold depends on the overflow it applies (keep under full/window), not on the packing strategy itself
+    "gold": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence.max_seq_len",
+             "gold_overflow"),
     "shards": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence", "packing",
                "output"),
 }

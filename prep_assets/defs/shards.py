@@ -21,13 +21,15 @@ from prep_assets.defs.metadata import column_schema, md_table, user_errors
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
-_SPLIT_COLUMNS = ("examples", "sequences", "input_tokens", "output_tokens", "loss_tokens", "prompt_tokens",
-                  "padding_tokens", "tokens_dropped_by_overflow", "tokens_dropped_by_packing", "overlap_tokens",
-                  "data_utilization", "sequence_utilization", "loss_token_utilization", "max_batch_size")
+_SPLIT_COLUMNS = ("examples", "examples_split", "sequences", "segments", "input_tokens", "gold_tokens",
+                  "output_tokens", "loss_tokens", "prompt_tokens", "padding_tokens", "tokens_dropped_by_overflow",
+                  "tokens_dropped_by_packing", "windows_dropped", "overlap_tokens", "data_utilization",
+                  "sequence_utilization", "loss_token_utilization", "max_batch_size")
 
 
-_COUNTS = ("examples", "input_tokens", "output_tokens", "loss_tokens", "prompt_tokens", "padding_tokens",
-           "tokens_dropped_by_overflow", "tokens_dropped_by_packing", "overlap_tokens")
+_COUNTS = ("examples", "examples_split", "segments", "input_tokens", "gold_tokens", "output_tokens", "loss_tokens",
+           "prompt_tokens", "padding_tokens", "tokens_dropped_by_overflow", "tokens_dropped_by_packing",
+           "windows_dropped", "overlap_tokens")
 
 
 def build_shards(spec: DatasetSpec) -> AssetsDefinition:

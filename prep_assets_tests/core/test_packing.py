@@ -82,7 +82,7 @@ def test_every_strategy_and_overflow_policy_gives_exact_rows(strategy, overflow)
 
 @pytest.mark.parametrize("overflow", ["drop", "truncate_right", "truncate_left", "window"])
 def test_full_concatenates_across_rows_whatever_the_overflow_policy(overflow):
-    rows, packed, plan, gold = pack([A, B, C, D], "full", overflow, overlap=2 if overflow == "window" else 0)
+    rows, packed, plan, gold = pack([A, B, C, D], "full", overflow)
     assert rows == FULL_ROWS and gold.tokens_dropped == 0 and gold.rejects == []
     seg = packed.segment_ids.reshape(-1, CAP).tolist()
     pos = packed.position_ids.reshape(-1, CAP).tolist()
@@ -148,6 +148,25 @@ def test_window_with_no_loss_token_left_is_dropped_and_counted():
     mask = [[0] + [1] * 5 + [0] * 8]
     rows, _, plan, _ = pack([ex], "single", "window", overlap=2, masks=mask)
     assert rows == [ex[:8]] and plan.dropped_pieces == 1 and plan.dropped_tokens == 6 and plan.overlap_tokens == 0
+
+
+def test_full_refuses_an_overlap():
+    with pytest.raises(SpecError, match="full cuts examples across rows"):
+        make_spec(sequence={"max_seq_len": 8, "overflow": "window", "overlap": 2}, packing={"strategy": "full"})
+
+
+def test_window_dropped_counts_only_tokens_in_no_kept_window():
+    ex = list(range(100, 116))  # 16 tokens, loss only on 10..15; windows [0,8) [4,12) [8,16) at overlap 4
+    rows, _, plan, _ = pack([ex], "single", "window", overlap=4, masks=[[0] * 10 + [1] * 6])
+    assert rows == [ex[4:12], ex[8:16]] and plan.dropped_pieces == 1
+    assert plan.dropped_tokens == 4 and plan.overlap_tokens == 4  # 0..3 are in no window; 8..11 are in two
+
+
+def test_truncation_leaving_nothing_trainable_counts_the_record_as_lost_to_overflow():
+    ex = list(range(100, 112))  # trained only at the front: truncate_left keeps the last 8, all masked
+    _, _, plan, gold = pack([ex, B], "bfd", "truncate_left", masks=[[0, 1, 1] + [0] * 9, [0, 1, 1]])
+    assert [r[1] for r in gold.rejects] == ["no_trained_tokens"]
+    assert gold.lost == [(0, 12)] and gold.tokens_dropped == 12 and gold.kept.tolist() == [1]
 
 
 def test_window_overlap_zero_masks_each_window_start():
