@@ -1,0 +1,136 @@
+"""Tabular records as training examples (DESIGN §6, Safe Synthesizer semantics): rendering and assembly plans.
+
+Pure functions over token counts; the gold layer tokenizes and the planner decides which records go into
+which example. Not wired into the pipeline yet (the `tabular` input type is issue 5's remaining work).
+
+Every example is: schema prompt (masked) + one or more BOS ... EOS units of records (trained), each record a
+compact JSON line. `budget` below is what the records and their BOS/EOS pairs may use: max_seq_len minus the
+schema prompt's tokens.
+- flat: records shuffled with the seed, greedily packed under one BOS/EOS pair until `max_per` records or
+  the next record would not fit.
+- grouped: each group (records in `order_by` order) is one unit with its own BOS/EOS; groups shuffled with
+  the seed and packed greedily, at most `max_per` groups per example.
+- sequential: one group per example, records in order, never shuffled; a group longer than an example
+  continues in the next. Each training example's record budget is drawn uniformly in [0.7, 1.0] x the full
+  record budget with the seeded RNG (validation/test use the full budget); a first record larger than the
+  draw expands it; flush on group change, budget, or `max_per` records.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+AUTO_MAX_PER_EXAMPLE = 10
+INITIAL_PREFILL_RECORDS = 3
+MIN_BUDGET_FRACTION = 0.7
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # NaN / inf are not JSON: a missing value
+    if isinstance(value, np.generic):
+        return _json_value(value.item())
+    return value
+
+
+def render_record(row: dict[str, Any], columns: list[str]) -> str:
+    """One record as a compact JSON object, columns in schema order, missing values as null.
+
+    Numbers stay numbers; newlines and carriage returns inside values are escaped by JSON, so a record is
+    always one line.
+    """
+    return json.dumps({c: _json_value(row.get(c)) for c in columns}, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False)
+
+
+def schema_prompt(columns: list[str]) -> str:
+    """The masked prompt every example starts with: the column names, in schema order."""
+    return ", ".join(columns) + "\n"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training example: units of record indices, each unit wrapped in its own BOS/EOS pair."""
+
+    units: list[list[int]]
+    budget: int  # flat/grouped: the budget; sequential: the record tokens it was filled against (the draw)
+
+
+class BudgetError(ValueError):
+    """A record or group cannot fit one example; raised before anything is written."""
+
+
+def check_fits(unit_tokens: dict[str, int], budget: int, what: str, remedies: str) -> None:
+    """Fail naming the largest units (with their tokens) that exceed the budget."""
+    over = sorted(((t, k) for k, t in unit_tokens.items() if t > budget), reverse=True)
+    if over:
+        worst = ", ".join(f"{k!r} ({t} tokens)" for t, k in over[:5])
+        raise BudgetError(f"{len(over)} {what}(s) exceed the budget of {budget} tokens: {worst}{' ...' * (len(over) > 5)}"
+                          f"; {remedies}")
+
+
+def plan_flat(record_tokens: list[int], budget: int, max_per: int, seed: int) -> list[Example]:
+    """Shuffle, then fill each example until max_per records or the next record would not fit."""
+    order = np.random.default_rng(seed).permutation(len(record_tokens)).tolist()
+    examples: list[Example] = []
+    unit: list[int] = []
+    used = 2  # BOS + EOS
+    for i in order:
+        need = record_tokens[i]
+        if unit and (len(unit) == max_per or used + need > budget):
+            examples.append(Example([unit], budget))
+            unit, used = [], 2
+        unit.append(i)
+        used += need
+    if unit:
+        examples.append(Example([unit], budget))
+    return examples
+
+
+def plan_grouped(groups: list[list[int]], record_tokens: list[int], budget: int, max_per: int, seed: int
+                 ) -> list[Example]:
+    """Groups (each a unit with its own BOS/EOS) shuffled, then packed greedily, at most max_per per example."""
+    order = np.random.default_rng(seed).permutation(len(groups)).tolist()
+    examples: list[Example] = []
+    units: list[list[int]] = []
+    used = 0
+    for g in order:
+        need = 2 + sum(record_tokens[i] for i in groups[g])
+        if units and (len(units) == max_per or used + need > budget):
+            examples.append(Example(units, budget))
+            units, used = [], 0
+        units.append(list(groups[g]))
+        used += need
+    if units:
+        examples.append(Example(units, budget))
+    return examples
+
+
+def plan_sequential(groups: list[list[int]], record_tokens: list[int], budget: int, max_per: int,
+                    rng: np.random.Generator | None) -> list[Example]:
+    """One group per example, in order, continuing across examples; `rng` None = full budget (validation/test)."""
+    examples: list[Example] = []
+    record_budget = budget - 2  # BOS + EOS
+    for records in groups:
+        k = 0
+        while k < len(records):
+            draw = record_budget if rng is None else int(rng.uniform(MIN_BUDGET_FRACTION, 1.0) * record_budget)
+            limit = max(draw, record_tokens[records[k]])  # a first record larger than the draw expands it
+            unit, used = [records[k]], record_tokens[records[k]]
+            k += 1
+            while k < len(records) and len(unit) < max_per and used + record_tokens[records[k]] <= limit:
+                used += record_tokens[records[k]]
+                unit.append(records[k])
+                k += 1
+            examples.append(Example([unit], limit))
+    return examples
+
+
+def initial_prefill(groups: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The first 3 rendered training records of each group (sequential mode), kept with the manifest."""
+    return {g: rows[:INITIAL_PREFILL_RECORDS] for g, rows in sorted(groups.items())}

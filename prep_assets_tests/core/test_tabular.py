@@ -1,0 +1,99 @@
+"""Tabular assembly plans on hand-made tables: exact examples per mode (pure functions over token counts)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from prep_assets.core.tabular import (
+    BudgetError,
+    check_fits,
+    initial_prefill,
+    plan_flat,
+    plan_grouped,
+    plan_sequential,
+    render_record,
+    schema_prompt,
+)
+
+COLS = ["id", "when", "amount", "note"]
+
+
+def test_render_record_keeps_schema_order_numbers_nulls_and_escapes_line_breaks():
+    row = {"note": "a\r\nb", "amount": 42.5, "id": 7, "when": None}
+    line = render_record(row, COLS)
+    assert line == '{"id":7,"when":null,"amount":42.5,"note":"a\\r\\nb"}' and "\n" not in line
+    assert json.loads(line) == {"id": 7, "when": None, "amount": 42.5, "note": "a\r\nb"}
+    assert render_record({"id": float("nan"), "when": np.int64(3)}, COLS) == \
+        '{"id":null,"when":3,"amount":null,"note":null}'
+    assert schema_prompt(COLS) == "id, when, amount, note\n"
+
+
+def test_flat_fills_until_max_records_or_the_next_would_not_fit():
+    tokens = [5, 5, 5, 5, 5, 9]
+    order = np.random.default_rng(0).permutation(6).tolist()
+    examples = plan_flat(tokens, budget=2 + 15, max_per=3, seed=0)
+    flat = [i for e in examples for u in e.units for i in u]
+    assert flat == order  # seeded shuffle, nothing lost or repeated
+    for e in examples:
+        assert len(e.units) == 1 and len(e.units[0]) <= 3 and 2 + sum(tokens[i] for i in e.units[0]) <= 17
+
+
+def test_flat_exact_examples_without_shuffle_effects():
+    tokens = [4, 4, 4, 4]
+    ex = plan_flat(tokens, budget=2 + 8, max_per=10, seed=1)
+    order = np.random.default_rng(1).permutation(4).tolist()
+    assert [e.units for e in ex] == [[order[:2]], [order[2:]]]  # two records of 4 fill 8
+
+
+def test_grouped_each_group_its_own_unit_packed_counting_groups():
+    groups = [[0, 1], [2], [3, 4, 5]]
+    tokens = [3, 3, 4, 2, 2, 2]  # group tokens with BOS/EOS: 8, 6, 8
+    order = np.random.default_rng(0).permutation(3).tolist()
+    ex = plan_grouped(groups, tokens, budget=16, max_per=2, seed=0)
+    assert [u for e in ex for u in e.units] == [groups[g] for g in order]
+    assert all(len(e.units) <= 2 and sum(2 + sum(tokens[i] for i in u) for u in e.units) <= 16 for e in ex)
+    one = plan_grouped(groups, tokens, budget=100, max_per=1, seed=0)
+    assert [len(e.units) for e in one] == [1, 1, 1]
+
+
+def test_sequential_continues_a_long_group_and_flushes_on_group_change():
+    groups = [[0, 1, 2, 3, 4], [5, 6]]
+    tokens = [3] * 7
+    ex = plan_sequential(groups, tokens, budget=2 + 9, max_per=10, rng=None)  # full budget: 3 records each
+    assert [e.units for e in ex] == [[[0, 1, 2]], [[3, 4]], [[5, 6]]]
+    capped = plan_sequential(groups, tokens, budget=2 + 9, max_per=2, rng=None)
+    assert [e.units for e in capped] == [[[0, 1]], [[2, 3]], [[4]], [[5, 6]]]
+
+
+def test_sequential_first_record_larger_than_the_draw_expands_the_budget():
+    # record budget 58; seed 3 draws 42 then 44: the 50-token first record expands the first draw to 50 and
+    # is flushed alone (50 + 3 > 50); the next example fills four 3-token records against 44
+    ex = plan_sequential([[0, 1, 2, 3, 4]], [50, 3, 3, 3, 3], budget=60, max_per=10, rng=np.random.default_rng(3))
+    assert [e.units for e in ex] == [[[0]], [[1, 2, 3, 4]]] and [e.budget for e in ex] == [50, 44]
+
+
+def test_sequential_randomized_budget_stays_within_seventy_to_hundred_percent():
+    groups = [list(range(400))]
+    tokens = [1] * 400
+    ex = plan_sequential(groups, tokens, budget=102, max_per=1000, rng=np.random.default_rng(0))
+    budgets = [e.budget for e in ex]
+    assert all(70 <= b <= 100 for b in budgets) and len(set(budgets)) > 3
+    again = plan_sequential(groups, tokens, budget=102, max_per=1000, rng=np.random.default_rng(0))
+    assert [e.units for e in again] == [e.units for e in ex]  # seeded
+    full = plan_sequential(groups, tokens, budget=102, max_per=1000, rng=None)
+    assert {e.budget for e in full} == {100}
+
+
+def test_over_budget_group_is_an_error_naming_the_largest_and_the_remedies():
+    with pytest.raises(BudgetError) as err:
+        check_fits({"alice": 120, "bob": 30, "carol": 150}, 100, "group",
+                   "group by another column, raise max_seq_len, or lower max_sequences_per_example")
+    msg = str(err.value)
+    assert msg.startswith("2 group(s) exceed the budget of 100 tokens: 'carol' (150 tokens), 'alice' (120 tokens)")
+    assert "raise max_seq_len" in msg
+    check_fits({"a": 100}, 100, "group", "")
+
+
+def test_initial_prefill_keeps_the_first_three_records_per_group():
+    assert initial_prefill({"b": ["1", "2", "3", "4"], "a": ["x"]}) == {"a": ["x"], "b": ["1", "2", "3"]}
