@@ -112,6 +112,21 @@ def count_elements(path: Path) -> int | None:
     return len(value) if isinstance(value, list) else None
 
 
+def count_csv_rows(path: Path) -> int | None:
+    """Data rows of a CSV (header excluded, blank lines skipped), parsed by Arrow rather than the reader;
+    None where Arrow cannot parse it (ragged rows), and the reader's count then stands."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    try:
+        with pacsv.open_csv(str(path), read_options=pacsv.ReadOptions(block_size=1 << 22),
+                            convert_options=pacsv.ConvertOptions(column_types={}, strings_can_be_null=False),
+                            parse_options=pacsv.ParseOptions(newlines_in_values=True)) as reader:
+            return sum(batch.num_rows for batch in reader)
+    except (pa.ArrowInvalid, OSError):
+        return None
+
+
 def bronze_accounted(bronze_dir: Path, source: Path | None) -> Outcome:
     """Every input line is a record, a reject or a blank line (records + rejects + blank = lines in)."""
     acct = read_json(bronze_dir / "accounting.json")
@@ -120,7 +135,13 @@ def bronze_accounted(bronze_dir: Path, source: Path | None) -> Outcome:
     lines_in = acct["lines_in"]
     recount = None
     if source is not None and source.is_file():
-        recount = count_lines(source, acct["format"]) if acct["unit"] == "line" else count_elements(source)
+        if acct["unit"] == "line":
+            recount = count_lines(source, acct["format"])
+        elif acct["unit"] == "row":
+            recount = count_csv_rows(source)
+            recount = None if recount is None else recount + acct["blank_lines"]
+        else:
+            recount = count_elements(source)
         lines_in = recount if recount is not None else lines_in
     accounted = records + rejects + acct["blank_lines"]
     facts = {"lines_in": lines_in, "records": records, "rejects": rejects, "blank_lines": acct["blank_lines"],

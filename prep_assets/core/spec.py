@@ -19,7 +19,7 @@ from prep_assets.core.errors import SpecError
 
 DATASET_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
-InputFormat = Literal["auto", "jsonl", "jsonl.gz", "json", "txt"]
+InputFormat = Literal["auto", "jsonl", "jsonl.gz", "json", "txt", "csv"]
 RecordType = Literal["text", "instruction", "chat", "preference"]
 MaskAction = Literal["train", "mask"]
 Overflow = Literal["drop", "truncate_right", "truncate_left", "window"]
@@ -33,6 +33,7 @@ FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "jsonl": (".jsonl", ".ndjson"),
     "json": (".json",),
     "txt": (".txt",),
+    "csv": (".csv",),
 }
 
 

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core import invariants as inv
@@ -164,3 +165,22 @@ def test_manifest_lists_every_shard_with_checksums(gsm_run):
     assert manifest["max_seq_len"] == L and manifest["config_hash"] == spec.fingerprint()
     assert manifest["splits"]["train"]["max_batch_size"] == min(
         f["sequences"] for f in manifest["splits"]["train"]["files"])
+
+
+def test_csv_drop_through_every_layer_with_every_gate(tmp_path: Path):
+    from prep_assets.core import gates
+
+    src = shared_path("datasets/tabular/clinc_oos.csv")
+    (tmp_path / "raw" / "clinc").mkdir(parents=True)
+    shutil.copyfile(src, tmp_path / "raw" / "clinc" / src.name)
+    spec = make_spec("clinc", input={"type": "text", "text_key": "text"},
+                     tokenizer={"path": str(shared_path("tokenizers/gpt2"))}, sequence={"max_seq_len": 256})
+    out = run_core(tmp_path, spec)
+    key, r = next(iter(out.items()))
+    rows = sum(1 for _ in src.open(encoding="utf-8")) - 1
+    assert r["bronze"]["unit"] == "row" and r["bronze"]["records"] == rows and r["bronze"]["rejects"] == 0
+    failed = [(o.name, o.offending[:1]) for o in gates.evaluate(spec, dataset_paths(tmp_path, "clinc"), key)
+              if not o.passed]
+    assert failed == []
+    first = pq.read_table(r["dirs"][0] / "records.parquet").slice(0, 1).to_pylist()[0]
+    assert first["source_line"] == 2 and first["content"] == '{"text":"define sonogram"}'

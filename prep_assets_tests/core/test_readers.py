@@ -126,3 +126,29 @@ def test_json_array_with_bom_has_true_byte_offsets(tmp_path: Path):
     (tmp_path / "d.json").write_bytes(raw)
     items, _, _ = _read(tmp_path / "d.json", "json")
     assert [raw[i.byte_offset :].startswith(i.text.encode()) for i in items] == [True, True]
+
+
+def test_csv_rows_keep_their_start_line_and_offset_across_quoted_newlines(tmp_path: Path):
+    lines = [b"\xef\xbb\xbfprompt,completion\r\n", b'"two\n', b'lines",ok\r\n', b"\r\n", b"a,b,c\r\n",
+             b'"cr\rinside",x\n', b"\xff\xfe,y\n", b"last,row"]
+    (tmp_path / "d.csv").write_bytes(b"".join(lines))
+    items, rejects, acct = _read(tmp_path / "d.csv", "csv")
+    off = [len(b"".join(lines[:k])) for k in range(len(lines))]
+    assert [(i.line, i.byte_offset, i.value) for i in items] == [
+        (2, off[1], {"prompt": "two\nlines", "completion": "ok"}),
+        (6, off[5], {"prompt": "cr\rinside", "completion": "x"}),
+        (8, off[7], {"prompt": "last", "completion": "row"}),
+    ]
+    assert [(r.line, r.byte_offset, r.reason) for r in rejects] == [(5, off[4], "csv_field_count"),
+                                                                     (7, off[6], "invalid_utf8")]
+    assert acct.unit == "row" and acct.lines_in == 6 and acct.blank_lines == 1
+    assert acct.lines_in == len(items) + len(rejects) + acct.blank_lines
+
+
+def test_csv_unterminated_quote_and_bad_header_are_rejects(tmp_path: Path):
+    (tmp_path / "q.csv").write_bytes(b'a,b\n1,2\n"open,3\n')
+    items, rejects, _ = _read(tmp_path / "q.csv", "csv")
+    assert [i.value for i in items] == [{"a": "1", "b": "2"}] and rejects[0].reason == "malformed_csv"
+    (tmp_path / "h.csv").write_bytes(b"a,a\n1,2\n")
+    items, rejects, _ = _read(tmp_path / "h.csv", "csv")
+    assert items == [] and rejects[0].reason == "bad_csv_header"
