@@ -127,6 +127,14 @@ def count_csv_rows(path: Path) -> int | None:
         return None
 
 
+def count_parquet_rows(path: Path) -> int | None:
+    """Rows of a Parquet file by DuckDB (not the reader); None where DuckDB cannot read it."""
+    try:
+        return int(_scalar("SELECT count(*) FROM read_parquet($p)", {"p": str(path)}))
+    except duckdb.Error:
+        return None
+
+
 def bronze_accounted(bronze_dir: Path, source: Path | None) -> Outcome:
     """Every input line is a record, a reject or a blank line (records + rejects + blank = lines in)."""
     acct = read_json(bronze_dir / "accounting.json")
@@ -137,6 +145,8 @@ def bronze_accounted(bronze_dir: Path, source: Path | None) -> Outcome:
     if source is not None and source.is_file():
         if acct["unit"] == "line":
             recount = count_lines(source, acct["format"])
+        elif acct["unit"] == "row" and acct["format"] == "parquet":
+            recount = count_parquet_rows(source)
         elif acct["unit"] == "row":
             recount = count_csv_rows(source)
             recount = None if recount is None else recount + acct["blank_lines"]

@@ -19,7 +19,7 @@ from prep_assets.core.errors import SpecError
 
 DATASET_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
-InputFormat = Literal["auto", "jsonl", "jsonl.gz", "json", "txt", "csv"]
+InputFormat = Literal["auto", "jsonl", "jsonl.gz", "json", "txt", "csv", "parquet"]
 RecordType = Literal["text", "instruction", "chat", "preference"]
 MaskAction = Literal["train", "mask"]
 Overflow = Literal["drop", "truncate_right", "truncate_left", "window"]
@@ -34,6 +34,7 @@ FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "json": (".json",),
     "txt": (".txt",),
     "csv": (".csv",),
+    "parquet": (".parquet",),
 }
 
 

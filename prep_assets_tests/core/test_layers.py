@@ -1,6 +1,7 @@
 """The layers end to end in core (no Dagster), on real data with the real GPT-2 tokenizer."""
 
 import hashlib
+import json
 import math
 import shutil
 from pathlib import Path
@@ -184,3 +185,19 @@ def test_csv_drop_through_every_layer_with_every_gate(tmp_path: Path):
     assert failed == []
     first = pq.read_table(r["dirs"][0] / "records.parquet").slice(0, 1).to_pylist()[0]
     assert first["source_line"] == 2 and first["content"] == '{"text":"define sonogram"}'
+
+
+def test_parquet_drop_keeps_embedded_carriage_returns_through_every_gate(tmp_path: Path):
+    from prep_assets.core import gates
+
+    src = shared_path("datasets/tabular/embedded_carriage_return.parquet")
+    (tmp_path / "raw" / "cr").mkdir(parents=True)
+    shutil.copyfile(src, tmp_path / "raw" / "cr" / src.name)
+    spec = make_spec("cr", input={"type": "text", "text_key": "text"}, clean={"normalize": False},
+                     tokenizer={"path": str(shared_path("tokenizers/gpt2"))}, sequence={"max_seq_len": 64})
+    key, r = next(iter(run_core(tmp_path, spec).items()))
+    assert r["bronze"]["records"] == 2 and r["gold"]["examples"] == 2
+    assert [o.name for o in gates.evaluate(spec, dataset_paths(tmp_path, "cr"), key) if not o.passed] == []
+    contents = [json.loads(c)["text"] for c in pq.read_table(r["dirs"][1] / "records.parquet").column("content")
+                .to_pylist()]
+    assert any("\r AAAAAGAAAHHHH" in c for c in contents)

@@ -152,3 +152,22 @@ def test_csv_unterminated_quote_and_bad_header_are_rejects(tmp_path: Path):
     (tmp_path / "h.csv").write_bytes(b"a,a\n1,2\n")
     items, rejects, _ = _read(tmp_path / "h.csv", "csv")
     assert items == [] and rejects[0].reason == "bad_csv_header"
+
+
+def test_parquet_rows_as_json_records_with_row_numbers(tmp_path: Path):
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": [1, 2, 3], "x": [0.5, float("nan"), None], "note": ["a\rb", "c", None],
+                      "when": [datetime.date(2026, 1, 2)] * 3, "tags": [["p"], [], None]})
+    pq.write_table(table, tmp_path / "d.parquet", row_group_size=2)
+    items, rejects, acct = _read(tmp_path / "d.parquet", "parquet")
+    assert rejects == [] and acct.unit == "row" and acct.lines_in == 3
+    assert [i.line for i in items] == [1, 2, 3] and items[0].byte_offset != items[2].byte_offset
+    assert items[0].value == {"id": 1, "x": 0.5, "note": "a\rb", "when": "2026-01-02", "tags": ["p"]}
+    assert items[1].value["x"] is None and json.loads(items[0].text) == items[0].value
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    items, rejects, acct = _read(tmp_path / "bad.parquet", "parquet")
+    assert items == [] and rejects[0].reason == "unreadable_parquet" and acct.lines_in == 1
