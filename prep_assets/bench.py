@@ -24,7 +24,6 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from prep_assets.core import layers
-from prep_assets.core.arrays import flat_values
 from prep_assets.core.drops import register_drops, resolve_drop
 from prep_assets.core.lake import dataset_paths, read_json
 from prep_assets.core.packing import materialize_rows, plan_rows
@@ -97,20 +96,19 @@ def bench_packing(args: argparse.Namespace) -> int:
           f"{tokens:,} tokens; max_seq_len {L}")
     for layer, sec in gs["seconds"].items():
         print(_line(f"{layer} layer (when cached)", sec, tokens))
-    table = pq.read_table(str(gold_dir / "examples.parquet"), columns=["token_ids", "loss_mask", "token_type_ids"])
-    ids, offsets = flat_values(table.column("token_ids"), np.int32)
-    mask, _ = flat_values(table.column("loss_mask"), np.uint8)
-    types, _ = flat_values(table.column("token_type_ids"), np.uint8)
-    lengths = np.diff(offsets)
+    gold = layers.GoldArrays.of(pq.read_table(str(gold_dir / "examples.parquet"),
+                                              columns=["token_ids", "loss_mask", "token_type_ids"]))
+    lengths = np.diff(gold.offsets)
     pad = load_pinned(tok_dir).info.pad_id
     bound = -(-int(lengths.sum()) // L)
     for strategy in args.strategies.split(","):
         spec = _spec(tokenizer, L, strategy)
         t = time.perf_counter()
-        plan = plan_rows(lengths, capacity=L, strategy=strategy, overflow="window", loss_mask=mask, shuffle_seed=(0, 0))
+        plan = plan_rows(lengths, capacity=L, strategy=strategy, overflow="window", loss_mask=gold.loss_mask,
+                         shuffle_seed=(0, 0))
         t_plan = time.perf_counter() - t
-        rows = materialize_rows(plan, token_ids=ids, loss_mask=mask, token_type_ids=types, offsets=offsets,
-                                row_len=L, pad_id=pad)
+        rows = materialize_rows(plan, token_ids=gold.token_ids, loss_mask=gold.loss_mask,
+                                token_type_ids=gold.token_type_ids, offsets=gold.offsets, row_len=L, pad_id=pad)
         t_rows = time.perf_counter() - t - t_plan
         out = work / f"shards_{strategy}"
         t = time.perf_counter()

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
+import pyarrow.csv as pacsv
 
 from prep_assets.core.lake import read_json
 
@@ -115,9 +117,6 @@ def count_elements(path: Path) -> int | None:
 def count_csv_rows(path: Path) -> int | None:
     """Data rows of a CSV (header excluded, blank lines skipped), parsed by Arrow rather than the reader;
     None where Arrow cannot parse it (ragged rows), and the reader's count then stands."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
     try:
         with pacsv.open_csv(str(path), read_options=pacsv.ReadOptions(block_size=1 << 22),
                             convert_options=pacsv.ConvertOptions(column_types={}, strings_can_be_null=False),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -340,23 +341,39 @@ def _row_table(rows: PackedRows, example_ids: pa.Array, lo: int, hi: int) -> pa.
     )
 
 
-def pack_split(spec: DatasetSpec, sub: pa.Table, pad_id: int, seed: tuple[int, ...] | None) -> tuple[RowPlan, PackedRows]:
-    """Plan and materialize the rows of one split's gold examples (a table with token_ids, loss_mask, ...)."""
-    ids, offsets = flat_values(sub.column("token_ids"), np.int32)
-    mask, _ = flat_values(sub.column("loss_mask"), np.uint8)
-    types, _ = flat_values(sub.column("token_type_ids"), np.uint8)
+@dataclass(frozen=True)
+class GoldArrays:
+    """Gold examples as flat arrays with offsets (the columnar form packing and the exports work on)."""
+
+    token_ids: np.ndarray
+    loss_mask: np.ndarray
+    token_type_ids: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def of(cls, table: pa.Table) -> GoldArrays:
+        ids, offsets = flat_values(table.column("token_ids"), np.int32)
+        mask, _ = flat_values(table.column("loss_mask"), np.uint8)
+        types, _ = flat_values(table.column("token_type_ids"), np.uint8)
+        return cls(ids, mask, types, offsets)
+
+
+def pack_split(spec: DatasetSpec, sub: pa.Table, gold: GoldArrays, pad_id: int, seed: tuple[int, ...] | None
+               ) -> tuple[RowPlan, PackedRows]:
+    """Plan and materialize the rows of one split's gold examples (`sub` for pair ids, `gold` its arrays)."""
     plan = plan_rows(
-        np.diff(offsets),
+        np.diff(gold.offsets),
         capacity=spec.sequence.max_seq_len,
         strategy=spec.packing.strategy,
         overflow=spec.sequence.overflow,
         overlap=spec.sequence.overlap,
-        loss_mask=mask,
+        loss_mask=gold.loss_mask,
         units=unit_offsets(sub.column("pair_id").to_pylist()) if spec.input.type == "preference" else None,
         max_per_bin=spec.packing.max_sequences_per_example,
         shuffle_seed=seed,
     )
-    rows = materialize_rows(plan, token_ids=ids, loss_mask=mask, token_type_ids=types, offsets=offsets,
+    rows = materialize_rows(plan, token_ids=gold.token_ids, loss_mask=gold.loss_mask,
+                            token_type_ids=gold.token_type_ids, offsets=gold.offsets,
                             row_len=spec.sequence.max_seq_len, pad_id=pad_id)
     return plan, rows
 
@@ -384,7 +401,8 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
         for split_no, split in enumerate(SPLITS):
             sub = table.filter(pc.equal(table.column("split"), split))
             seed = (spec.packing.seed, split_no) if spec.packing.shuffle else None
-            plan, rows = pack_split(spec, sub, info.pad_id, seed)
+            gold = GoldArrays.of(sub)
+            plan, rows = pack_split(spec, sub, gold, info.pad_id, seed)
             example_ids = sub.column("example_id").combine_chunks().take(pa.array(rows.example_order, type=pa.int64()))
             files = []
             if rows.num_rows or sub.num_rows:
@@ -401,11 +419,10 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
             if "npy" in spec.output.formats and rows.num_rows:
                 exports["npy"] = write_memmap(stage / split / MEMMAP_DIR, f"{split}/{MEMMAP_DIR}", rows, info.vocab_size)
             if "megatron" in spec.output.formats and sub.num_rows:
-                ids, offsets = flat_values(sub.column("token_ids"), np.int32)
                 exports["megatron"] = write_megatron(stage / split / MEGATRON_PREFIX, f"{split}/{MEGATRON_PREFIX}",
-                                                     ids, offsets, info.vocab_size)
+                                                     gold.token_ids, gold.offsets, info.vocab_size)
             overflow = gold_stats.get("tokens_dropped_by_overflow_by_split", {}).get(split, 0)
-            split_stats[split] = {**split_metrics(sub, plan, rows, overflow),
+            split_stats[split] = {**split_metrics(gold, plan, rows, overflow),
                                   "max_batch_size": min((f["sequences"] for f in files), default=0),
                                   "files": files, "exports": exports}
         stats = {
@@ -425,17 +442,18 @@ def _ratio(a: int, b: int, empty: float) -> float:
     return round(a / b, 6) if b else empty
 
 
-def split_metrics(sub: pa.Table, plan: RowPlan, rows: PackedRows, dropped_by_overflow: int) -> dict[str, Any]:
+def split_metrics(gold: GoldArrays, plan: RowPlan, rows: PackedRows, dropped_by_overflow: int) -> dict[str, Any]:
     """DESIGN §5 metrics of one split. Input tokens are gold's plus what overflow cut or dropped in gold."""
     capacity = rows.num_rows * rows.row_len
     real = rows.segment_ids > 0
     output = int(np.count_nonzero(real))
     loss = int(rows.loss_mask.sum(dtype=np.int64))
-    gold_tokens = int(pc.sum(pc.list_value_length(sub.column("token_ids"))).as_py() or 0)
+    examples = len(gold.offsets) - 1
+    gold_tokens = int(gold.offsets[-1])
     input_tokens = gold_tokens + dropped_by_overflow
-    pieces = np.bincount(plan.example, minlength=sub.num_rows) if sub.num_rows else np.zeros(0, dtype=np.int64)
+    pieces = np.bincount(plan.example, minlength=examples)
     metrics = {
-        "examples": sub.num_rows,
+        "examples": examples,
         "examples_split": int(np.count_nonzero(pieces > 1)),
         "sequences": rows.num_rows,
         "segments": int(len(plan.example)),

@@ -10,12 +10,16 @@ from __future__ import annotations
 import csv
 import gzip
 import hashlib
+import io
 import json
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from prep_assets.core.errors import DropError
 
@@ -300,17 +304,9 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
 
 def _csv_text(row: list[str]) -> str:
     """The row re-written as one CSV line (the record as written, normalized quoting)."""
-    out: list[str] = []
-    csv.writer(_Collect(out), lineterminator="").writerow(row)
-    return "".join(out)
-
-
-class _Collect:
-    def __init__(self, out: list[str]) -> None:
-        self.out = out
-
-    def write(self, s: str) -> None:
-        self.out.append(s)
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow(row)
+    return out.getvalue()
 
 
 def _json_safe(value: Any) -> Any:
@@ -345,9 +341,6 @@ def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Ite
     starts (its first page).
     Accounting is per row; an unreadable file is one reject.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     acct.unit = "row"
     try:
         pf = pq.ParquetFile(str(path))

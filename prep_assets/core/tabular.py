@@ -69,9 +69,8 @@ def check_fits(unit_tokens: dict[str, int], budget: int, what: str, remedies: st
     """Fail naming the largest units (with their tokens) that exceed the budget."""
     over = sorted(((t, k) for k, t in unit_tokens.items() if t > budget), reverse=True)
     if over:
-        worst = ", ".join(f"{k!r} ({t} tokens)" for t, k in over[:5])
-        raise BudgetError(f"{len(over)} {what}(s) exceed the budget of {budget} tokens: {worst}{' ...' * (len(over) > 5)}"
-                          f"; {remedies}")
+        worst = ", ".join(f"{k!r} ({t} tokens)" for t, k in over[:5]) + (" ..." if len(over) > 5 else "")
+        raise BudgetError(f"{len(over)} {what}(s) exceed the budget of {budget} tokens: {worst}; {remedies}")
 
 
 def plan_flat(record_tokens: list[int], budget: int, max_per: int, seed: int) -> list[Example]:
