@@ -89,7 +89,8 @@ def _fingerprint(paths: DatasetPaths) -> str | None:
 
 
 def _failure(result: ExecuteInProcessResult) -> str:
-    reasons = [f"check {e.check_name} failed" for e in result.get_asset_check_evaluations() if not e.passed]
+    reasons = [f"check {e.check_name} failed" + (f": {e.description}" if e.description else "")
+               for e in result.get_asset_check_evaluations() if not e.passed]
     for event in result.all_events:
         if event.is_step_failure and event.step_failure_data is not None:
             error = event.step_failure_data.user_failure_data

@@ -38,11 +38,18 @@ def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
     chat = data / "lake" / "sample_chat"
     assert [r["reason"] for r in _rows(chat, "bronze", "rejects")] == ["unknown_role"]
     assert [r["reason"] for r in _rows(chat, "gold", "rejects")] == ["no_trained_tokens"]
+    # the sample table: the ragged row is a bronze reject; every other row is in exactly one example
+    sensors = data / "lake" / "sample_sensors"
+    assert [(r["reason"], r["source_line"]) for r in _rows(sensors, "bronze", "rejects")] == [("csv_field_count", 54)]
+    examples = _rows(sensors, "gold", "examples")
+    assert sum(len(e["record_ids"]) for e in examples) == 240 and all(len(e["group_keys"]) == 1 for e in examples)
+    prefill = json.loads((sensors / "manifest.json").read_text())["tabular"]["initial_prefill"]
+    assert all(len(v) == 3 for v in prefill.values()) and len(prefill) == 10 - _test_devices(examples)
     pairs = _rows(data / "lake" / "sample_pref", "gold", "examples")
     assert len(pairs) == 2 * len({r["pair_id"] for r in pairs}) == 238
     with DagsterInstance.from_config(str(home)) as instance:
         runs = instance.get_runs()
-        assert len(runs) == 13 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
+        assert len(runs) == 16 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
         jobs = {r.job_name for r in runs}
         assert {"sample_text_drops", "sample_instruct_drops", "sample_text_manifest"} <= jobs
     again = _run(["run", "--data-dir", str(data), "--dataset", "sample_text"], home, PROJECT)
@@ -65,7 +72,11 @@ def test_outputs_are_byte_identical_whatever_the_python_hash_seed(tmp_path: Path
     assert digests[0] == digests[1] and any("shards" in k for k in digests[0])
 
 
-SAMPLE_DATASETS = ("sample_text", "sample_instruct", "sample_chat", "sample_pref")
+SAMPLE_DATASETS = ("sample_text", "sample_instruct", "sample_chat", "sample_pref", "sample_sensors")
+
+
+def _test_devices(examples: list[dict]) -> int:
+    return len({e["group_keys"][0] for e in examples if e["split"] != "train"})
 
 
 def _rows(lake_ds: Path, layer: str, table: str) -> list[dict]:

@@ -10,11 +10,14 @@ sample_chat:     ShareGPT and OpenAI-style conversations: system prompts, multi-
                  template's own special-token strings, an unmapped role (bronze reject) and a chat
                  with no assistant turn (gold reject: no_trained_tokens)
 sample_pref:     preference pairs (correct vs wrong worked answer), as messages and as HH transcripts
+sample_sensors:  a tabular time series (CSV): hourly readings of 10 sensors, written out of time order, with
+                 missing cells, quoted newlines and a carriage return inside values, and one ragged row
 corpus/:         the text the sample tokenizers (byte-level BPE) are trained on
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import sys
@@ -190,6 +193,59 @@ def main(data_dir: Path) -> None:
             f.write(pair["prompt"] + " " + pair["completion"] + "\n")
         for text in TOPICS.values():
             f.write(text + "\n")
+    write_sensor_data(data_dir)
+
+
+def sensor_readings(rng: random.Random, devices: int, hours: int) -> list[dict[str, object]]:
+    """Hourly readings of a few sensors: a slow drift plus noise, some humidity missing, status by threshold."""
+    rows: list[dict[str, object]] = []
+    for d in range(devices):
+        site = rng.choice(["north", "south", "east", "west", "roof"])
+        base = rng.uniform(12.0, 24.0)
+        for h in range(hours):
+            temp = round(base + 0.15 * h + rng.gauss(0, 0.6), 1)
+            humidity = "" if rng.random() < 0.08 else rng.randint(30, 90)
+            status = "alert" if temp > 27 else "warn" if temp > 25 else "ok"
+            rows.append({"device_id": f"{site}-{d:02d}", "timestamp": f"2026-11-05T{h:02d}:00", "temp_c": temp,
+                         "humidity_pct": humidity, "status": status, "note": ""})
+    return rows
+
+
+def write_sensor_data(data_dir: Path) -> None:
+    """raw/sample_sensors/: one CSV drop of a tabular time series (sequential by device, ordered by time).
+
+    Within a device the rows are written out of time order (the spec's order_by restores it); a few notes
+    hold a quoted newline or a carriage return (escaped in the JSON lines, never breaking a record), some
+    humidity cells are empty (missing: null) and one row is ragged (a bronze reject).
+    """
+    rng = random.Random(20261105)
+    rows = sensor_readings(rng, devices=10, hours=24)
+    for i in (5, 77, 160):
+        rows[i]["note"] = "recalibrated;\nreading after reset"
+    rows[120]["note"] = "door open\rclosed at 07:10"
+    for d in range(10):  # shuffle each device's hours: the file is not in time order
+        block = rows[d * 24 : (d + 1) * 24]
+        rng.shuffle(block)
+        rows[d * 24 : (d + 1) * 24] = block
+    raw = data_dir / "raw" / "sample_sensors"
+    raw.mkdir(parents=True, exist_ok=True)
+    columns = list(rows[0])
+    with (raw / "readings_2026-11-05.csv").open("w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        quoting = csv.writer(f, lineterminator="\n", quoting=csv.QUOTE_ALL)  # QUOTE_MINIMAL leaves a \r bare
+        writer.writerow(columns)
+        for i, row in enumerate(rows):
+            cells = [row[c] for c in columns]
+            (quoting if any("\r" in str(v) for v in cells) else writer).writerow(cells)
+            if i == 50:
+                f.write("east-99,2026-11-05T03:00,21.5\n")  # ragged: 3 of 6 fields, a csv_field_count reject
+    # the tokenizer's corpus: other readings as the JSON lines the examples will hold
+    corpus = data_dir / "corpus" / "tabular"
+    corpus.mkdir(parents=True, exist_ok=True)
+    with (corpus / "sensor_corpus.txt").open("w", encoding="utf-8", newline="\n") as f:
+        f.write(", ".join(columns) + "\n")
+        for row in sensor_readings(random.Random(7), devices=20, hours=24):
+            f.write(json.dumps({k: (None if v == "" else v) for k, v in row.items()}, separators=(",", ":")) + "\n")
 
 
 if __name__ == "__main__":

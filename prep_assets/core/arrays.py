@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -42,3 +44,13 @@ def flat_values(column: pa.ChunkedArray | pa.ListArray, dtype: type) -> tuple[np
     offsets = np.asarray(arr.offsets, dtype=np.int64)
     values = np.asarray(arr.values, dtype=dtype)[offsets[0] : offsets[-1]] if len(arr) else np.zeros(0, dtype=dtype)
     return values, offsets - offsets[0]
+
+
+def percentiles(values: Any) -> dict[str, float]:
+    """A distribution in a few figures: count, min, mean, p50/p90/p99 (lower), max; zeros when empty."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == 0:
+        return {"count": 0, "min": 0, "mean": 0.0, "p50": 0, "p90": 0, "p99": 0, "max": 0}
+    q = np.percentile(v, [50, 90, 99], method="lower")
+    return {"count": int(len(v)), "min": int(v.min()), "mean": round(float(v.mean()), 2), "p50": int(q[0]),
+            "p90": int(q[1]), "p99": int(q[2]), "max": int(v.max())}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from prep_assets.core.errors import PrepAssetsError
-from prep_assets.core.tokenizer import load_pinned
+from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned
 
 MASK_OPEN, MASK_CLOSE = "«", "»"
 
@@ -26,7 +27,19 @@ def decode_row(shard: Path, row: int, tokenizer_dir: Path | None = None) -> dict
     if not 0 <= row < table.num_rows:
         raise PrepAssetsError(f"{shard}: row {row} out of range (0..{table.num_rows - 1})")
     pt = load_pinned(tokenizer_dir or tokenizer_dir_for(shard))
-    r = table.slice(row, 1).to_pylist()[0]
+    return _decode(shard, row, table.slice(row, 1).to_pylist()[0], pt)
+
+
+def decode_rows(shard: Path, tokenizer_dir: Path | None = None) -> Iterator[dict[str, Any]]:
+    """Every row of a shard decoded (the file and the tokenizer loaded once)."""
+    if not shard.is_file():
+        raise PrepAssetsError(f"{shard}: no such shard file")
+    pt = load_pinned(tokenizer_dir or tokenizer_dir_for(shard))
+    for i, r in enumerate(pq.read_table(str(shard)).to_pylist()):
+        yield _decode(shard, i, r, pt)
+
+
+def _decode(shard: Path, row: int, r: dict[str, Any], pt: PinnedTokenizer) -> dict[str, Any]:
     ids, mask, seg = np.array(r["input_ids"]), np.array(r["loss_mask"]), np.array(r["segment_ids"])
     segments = []
     offsets = r.get("example_offsets") or [0] * len(r["example_ids"])

@@ -68,8 +68,8 @@ GATES: tuple[Gate, ...] = (
          lambda s, p, k: inv.bronze_reject_rate(bronze(p, k), s.checks.max_reject_rate)),
     Gate(RAW_RECORDS, "raw_records_required_fields", "provenance present, record ids unique, content valid JSON",
          lambda s, p, k: inv.bronze_required_fields(bronze(p, k))),
-    Gate(CLEAN_RECORDS, "clean_records_unique", "no two kept records share a content sha256",
-         lambda s, p, k: inv.silver_unique(silver(p, k))),
+    Gate(CLEAN_RECORDS, "clean_records_unique", "no two kept records share a content sha256 (clean.dedup exact)",
+         lambda s, p, k: inv.silver_unique(silver(p, k)), applies=lambda s: s.clean.dedup == "exact"),
     Gate(CLEAN_RECORDS, "clean_records_length_bounds", "clean.min_chars <= chars <= clean.max_chars",
          lambda s, p, k: inv.silver_lengths(silver(p, k), s.clean.min_chars, s.clean.max_chars)),
     Gate(CLEAN_RECORDS, "clean_records_accounted", "silver records + silver rejects = bronze records, one to one",
@@ -89,6 +89,11 @@ GATES: tuple[Gate, ...] = (
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_pairs_complete", "preference: each pair has one chosen and one "
          "rejected example, in one split, with identical masked prompt tokens",
          lambda s, p, k: inv.gold_pairs_complete(gold(p, k)), applies=lambda s: s.input.type == "preference"),
+    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_tabular_budget", "tabular: every record, and in grouped mode "
+         "every group, fits one example (schema prompt + records + BOS/EOS <= sequence.max_seq_len); fails before "
+         "any shard is written, naming the largest groups, their tokens, the budget and the remedies",
+         lambda s, p, k: inv.gold_tabular_budget(gold(p, k), s.sequence.max_seq_len),
+         applies=lambda s: s.input.type == "tabular"),
     Gate(PACKED_SHARDS, "packed_shards_fixed_length", "every row exactly sequence.max_seq_len",
          lambda s, p, k: inv.shards_fixed_length(inv.shard_files(shards(p, k)), s.sequence.max_seq_len)),
     Gate(PACKED_SHARDS, "packed_shards_padding_masked", "padding: pad id, mask 0, segment 0",

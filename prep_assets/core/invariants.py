@@ -67,12 +67,13 @@ def _violating_rows(source: str, where: str, columns: str, params: dict[str, Any
 _LOCATION = "source_file || ':' || source_line AS location"
 
 
-def _one_to_one(upstream: Path, outputs: tuple[Path, Path], name: str, description: str, kept_where: str = "true"
-                ) -> Outcome:
-    """Each upstream record_id is exactly once among the two output tables (kept + rejected)."""
+def _one_to_one(upstream: Path, outputs: tuple[Path, Path], name: str, description: str, kept_where: str = "true",
+                kept_ids: str = "record_id") -> Outcome:
+    """Each upstream record_id is exactly once among the two output tables (kept + rejected); `kept_ids` is the
+    SQL naming the kept rows' record ids (our own text, e.g. an unnest of a list column)."""
     p = {"u": str(upstream), "a": str(outputs[0]), "b": str(outputs[1])}
     sql = f"""
-        WITH out AS (SELECT record_id FROM read_parquet($a) WHERE {kept_where}
+        WITH out AS (SELECT {kept_ids} AS record_id FROM read_parquet($a) WHERE {kept_where}
                      UNION ALL SELECT record_id FROM read_parquet($b)),
              cnt AS (SELECT record_id, count(*) AS n FROM out GROUP BY record_id),
              up AS (SELECT record_id, {_LOCATION} FROM read_parquet($u))
@@ -80,8 +81,9 @@ def _one_to_one(upstream: Path, outputs: tuple[Path, Path], name: str, descripti
         FROM up FULL OUTER JOIN cnt USING (record_id) WHERE coalesce(cnt.n, 0) <> 1 OR up.record_id IS NULL
     """
     n, bad = _violating_rows(f"({sql})", "true", "*", p, order="record_id")
-    facts = {k: _scalar(f"SELECT count(*) FROM read_parquet($x) WHERE {w}", {"x": v})
-             for k, v, w in (("upstream", p["u"], "true"), ("kept", p["a"], kept_where), ("rejected", p["b"], "true"))}
+    facts = {k: _scalar(f"SELECT count(*) FROM (SELECT {ids} FROM read_parquet($x) WHERE {w})", {"x": v})
+             for k, v, w, ids in (("upstream", p["u"], "true", "record_id"), ("kept", p["a"], kept_where, kept_ids),
+                                  ("rejected", p["b"], "true", "record_id"))}
     return Outcome(name, n, bad, facts, description)
 
 
@@ -259,10 +261,41 @@ def gold_within_max_len(gold_dir: Path, max_seq_len: int, splits_examples: bool 
 
 
 def gold_accounted(gold_dir: Path, silver_dir: Path) -> Outcome:
-    """Each silver record is exactly once among gold examples or gold rejects (a preference pair counts once)."""
+    """Each silver record is exactly once among gold examples or gold rejects (a preference pair counts once; a
+    tabular example counts each of its records)."""
     return _one_to_one(silver_dir / "records.parquet", (gold_dir / "examples.parquet", gold_dir / "rejects.parquet"),
                        "tokenized_examples_accounted", "gold examples + gold rejects = silver records, one to one "
-                       "(a preference pair counts once)", kept_where="branch IS NULL OR branch = 'chosen'")
+                       "(a preference pair counts once, a tabular example each of its records)",
+                       kept_where="branch IS NULL OR branch = 'chosen'",
+                       kept_ids="unnest(coalesce(record_ids, [record_id]))")
+
+
+TABULAR_REMEDIES = ("group by another column (tabular.group_by), raise sequence.max_seq_len, or lower "
+                    "packing.max_sequences_per_example")
+
+
+def gold_tabular_budget(gold_dir: Path, max_seq_len: int) -> Outcome:
+    """Tabular: no group (grouped mode) or record (any mode) was left out for not fitting max_seq_len with the
+    schema prompt and its BOS/EOS. Fails naming the largest first, with their tokens, the budget and remedies."""
+    sql = """
+        SELECT CASE WHEN reason = 'group_over_budget' THEN 'group' ELSE 'record' END AS kind,
+               CASE WHEN reason = 'group_over_budget' THEN group_key ELSE record_id END AS name,
+               max(num_tokens) AS tokens, count(*) AS records, arg_min(source_file || ':' || source_line, source_line)
+               AS location
+        FROM read_parquet($r) WHERE reason IN ('group_over_budget', 'record_over_budget')
+        GROUP BY ALL
+    """
+    n, bad = _violating_rows(f"({sql})", "true", "*", {"r": str(gold_dir / "rejects.parquet")},
+                             order="tokens DESC, kind, name")
+    description = (f"every record, and in grouped mode every group, fits max_seq_len {max_seq_len} with the schema "
+                   "prompt and its BOS/EOS")
+    if n:
+        worst = ", ".join(f"{b['kind']} {b['name']!r} ({b['tokens']} tokens, {b['records']} record(s), "
+                          f"{b['location']})" for b in bad[:5])
+        description = (f"{n} group(s)/record(s) cannot fit one example of max_seq_len {max_seq_len} tokens with "
+                       f"the schema prompt and BOS/EOS; largest: {worst}{' ...' if n > 5 else ''}. "
+                       f"Remedies: {TABULAR_REMEDIES}.")
+    return Outcome("tokenized_examples_tabular_budget", n, bad, {"max_seq_len": max_seq_len}, description)
 
 
 def gold_pairs_complete(gold_dir: Path) -> Outcome:

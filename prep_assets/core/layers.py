@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prep_assets.core.arrays import flat_values, list_array
+from prep_assets.core.arrays import flat_values, list_array, percentiles
 from prep_assets.core.clean import assign_split, content_sha256, normalize_content, num_chars, quality_verdict
 from prep_assets.core.drops import Drop, format_of
 from prep_assets.core.errors import DropError
@@ -28,12 +28,14 @@ from prep_assets.core.masking import tokenize_batch
 from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, write_megatron, write_memmap
 from prep_assets.core.packing import PackedRows, RowPlan, materialize_rows, plan_rows, unit_offsets
 from prep_assets.core.parquet_io import ParquetSink, iter_batches
-from prep_assets.core.readers import Accounting, RawReject, read_drop
+from prep_assets.core.readers import Accounting, RawItem, RawReject, read_drop
 from prep_assets.core.records import (
     BRONZE_REJECT_SCHEMA,
     BRONZE_SCHEMA,
     EXTRACTORS,
     GOLD_REJECT_SCHEMA,
+    Extractor,
+    TabularExtractor,
     GOLD_SCHEMA,
     SHARD_SCHEMA,
     SILVER_REJECT_SCHEMA,
@@ -42,7 +44,9 @@ from prep_assets.core.records import (
     TYPE_PROMPT,
     Invalid,
 )
-from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.spec import DatasetSpec, TabularSpec
+from prep_assets.core.tabular import group_identity, infer_column_types
+from prep_assets.core.tabular_gold import build_tabular_examples
 from prep_assets.core.tokenizer import load_pinned, pin_tokenizer
 
 DEFAULT_BATCH = 4096
@@ -97,12 +101,25 @@ def drop_format(spec: DatasetSpec, drop: Drop) -> str:
     return fmt
 
 
+def _extractor(spec: DatasetSpec, fmt: str, source: Path, drop: Drop) -> Extractor:
+    """The record type's extractor; for tables, one that keeps the drop's schema (CSV typed in a first pass)."""
+    if spec.input.type != "tabular":
+        return EXTRACTORS[spec.input.type]
+    tab = spec.tabular or TabularSpec()
+    csv_types = None
+    if fmt == "csv":
+        rows = read_drop(source, fmt, max_line_bytes=spec.input.max_line_bytes, acct=Accounting())
+        csv_types = infer_column_types((r.value for r in rows if isinstance(r, RawItem)), tab.null_values,
+                                       tab.column_types)
+    return TabularExtractor(tab, drop.file, csv_types)
+
+
 def build_raw_records(
     spec: DatasetSpec, drop: Drop, source: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
 ) -> dict[str, Any]:
     """Bronze: every parseable record with provenance; every other line a reject with its reason."""
     fmt = drop_format(spec, drop)
-    extract = EXTRACTORS[spec.input.type]
+    extract = _extractor(spec, fmt, source, drop)
     acct = Accounting()
     reasons: Counter[str] = Counter()
     element_no: Counter[int] = Counter()
@@ -154,6 +171,14 @@ def build_raw_records(
 # ---------------------------------------------------------------- silver
 
 
+def _split_key(spec: DatasetSpec, content: dict[str, Any], digest: str) -> str:
+    """What a record's split is drawn from: its content, or its group's value (no group in two splits)."""
+    group_by = spec.tabular.group_by if spec.tabular is not None else None
+    if group_by is None:
+        return digest
+    return "group:" + group_identity(content["values"][content["columns"].index(group_by)])
+
+
 def build_clean_records(
     spec: DatasetSpec, bronze_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
 ) -> dict[str, Any]:
@@ -190,7 +215,7 @@ def build_clean_records(
                                       "duplicate_of": first})
                         continue
                     kept_by_hash.setdefault(digest, row["record_id"])
-                    split = assign_split(digest, spec.split)
+                    split = assign_split(_split_key(spec, content, digest), spec.split)
                     splits[split] += 1
                     n = num_chars(content)
                     chars += n
@@ -213,13 +238,6 @@ def build_clean_records(
 # ---------------------------------------------------------------- gold
 
 
-def _percentiles(values: np.ndarray) -> dict[str, int]:
-    if len(values) == 0:
-        return {"min": 0, "p50": 0, "p90": 0, "p99": 0, "max": 0}
-    q = np.percentile(values, [50, 90, 99], method="lower")
-    return {"min": int(values.min()), "p50": int(q[0]), "p90": int(q[1]), "p99": int(q[2]), "max": int(values.max())}
-
-
 def build_tokenized_examples(
     spec: DatasetSpec, silver_dir: Path, tokenizer_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
 ) -> dict[str, Any]:
@@ -236,64 +254,75 @@ def build_tokenized_examples(
             ParquetSink(stage / EXAMPLES, GOLD_SCHEMA, compression=comp, row_group_size=4096) as ex_sink,
             ParquetSink(stage / REJECTS, GOLD_REJECT_SCHEMA, compression=comp) as rej_sink,
         ):
-            cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "split", "content"]
-            for batch in iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols):
-                contents = [json.loads(c) for c in batch.column("content").to_pylist()]
-                tb = tokenize_batch(contents, spec, pt, chat)
-                totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
-                record_split = batch.column("split").to_pylist()
-                for rec, n in tb.lost or []:
-                    overflow_by_split[record_split[rec]] += n
-                if tb.cut is not None:
-                    for e in np.flatnonzero(tb.cut).tolist():
-                        overflow_by_split[record_split[int(tb.kept[e])]] += int(tb.cut[e])
-                if tb.rejects:
-                    idx = pa.array([r[0] for r in tb.rejects], type=pa.int64())
-                    rej = batch.select(cols[:-1]).take(idx)
-                    for r in tb.rejects:
-                        reasons[r[1]] += 1
-                    rej_sink.write(
-                        pa.Table.from_batches([rej]).append_column("reason", pa.array([r[1] for r in tb.rejects]))
-                        .append_column("detail", pa.array([r[2] for r in tb.rejects]))
-                        .append_column("num_tokens", pa.array([r[3] for r in tb.rejects], type=pa.int32()))
+            extra: dict[str, Any] = {}
+            if spec.input.type == "tabular":
+                tab = build_tabular_examples(spec, silver_dir / RECORDS, pt, ex_sink, rej_sink)
+                lengths_all.append(tab["lengths"])
+                totals.update({k: tab[k] for k in ("tokens", "loss_tokens", "prompt_tokens")})
+                reasons.update(tab["rejects_by_reason"])
+                extra["tabular"] = tab["tabular"]
+            else:
+                cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "split", "content"]
+                for batch in iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols):
+                    contents = [json.loads(c) for c in batch.column("content").to_pylist()]
+                    tb = tokenize_batch(contents, spec, pt, chat)
+                    totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
+                    record_split = batch.column("split").to_pylist()
+                    for rec, n in tb.lost or []:
+                        overflow_by_split[record_split[rec]] += n
+                    if tb.cut is not None:
+                        for e in np.flatnonzero(tb.cut).tolist():
+                            overflow_by_split[record_split[int(tb.kept[e])]] += int(tb.cut[e])
+                    if tb.rejects:
+                        idx = pa.array([r[0] for r in tb.rejects], type=pa.int64())
+                        rej = batch.select(cols[:-1]).take(idx)
+                        for r in tb.rejects:
+                            reasons[r[1]] += 1
+                        rej_sink.write(
+                            pa.Table.from_batches([rej]).append_column("reason", pa.array([r[1] for r in tb.rejects]))
+                            .append_column("detail", pa.array([r[2] for r in tb.rejects]))
+                            .append_column("num_tokens", pa.array([r[3] for r in tb.rejects], type=pa.int32()))
+                            .append_column("group_key", pa.nulls(len(tb.rejects), pa.string()))
+                        )
+                    if len(tb.kept) == 0:
+                        continue
+                    lengths = np.diff(tb.offsets)
+                    cum_loss = np.concatenate([[0], np.cumsum(tb.loss_mask, dtype=np.int64)])
+                    cum_prompt = np.concatenate([[0], np.cumsum(tb.token_type_ids == TYPE_PROMPT, dtype=np.int64)])
+                    n_loss = cum_loss[tb.offsets[1:]] - cum_loss[tb.offsets[:-1]]
+                    n_prompt = cum_prompt[tb.offsets[1:]] - cum_prompt[tb.offsets[:-1]]
+                    kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(pa.array(tb.kept, type=pa.int64()))
+                    pair_id = branch = pa.nulls(len(tb.kept), pa.string())
+                    shared = pa.nulls(len(tb.kept), pa.int32())
+                    example_id = kept.column("record_id")
+                    if tb.branches is not None and tb.shared_prefix is not None:
+                        pair_id, branch = example_id, pa.array(tb.branches, pa.string())
+                        shared = pa.array(tb.shared_prefix.astype(np.int32))
+                        example_id = pc.binary_join_element_wise(example_id, branch, "/")
+                    ex_sink.write(
+                        pa.table(
+                            {
+                                "example_id": example_id,
+                                **{c: kept.column(c) for c in cols[:-1]},
+                                "token_ids": list_array(tb.token_ids, tb.offsets, pa.int32()),
+                                "loss_mask": list_array(tb.loss_mask, tb.offsets, pa.uint8()),
+                                "token_type_ids": list_array(tb.token_type_ids, tb.offsets, pa.uint8()),
+                                "num_tokens": pa.array(lengths.astype(np.int32)),
+                                "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
+                                "num_prompt_tokens": pa.array(n_prompt.astype(np.int32)),
+                                "pair_id": pair_id,
+                                "branch": branch,
+                                "shared_prefix_tokens": shared,
+                                "record_ids": pa.nulls(len(tb.kept), pa.list_(pa.string())),
+                                "group_keys": pa.nulls(len(tb.kept), pa.list_(pa.string())),
+                            },
+                            schema=GOLD_SCHEMA,
+                        )
                     )
-                if len(tb.kept) == 0:
-                    continue
-                lengths = np.diff(tb.offsets)
-                cum_loss = np.concatenate([[0], np.cumsum(tb.loss_mask, dtype=np.int64)])
-                cum_prompt = np.concatenate([[0], np.cumsum(tb.token_type_ids == TYPE_PROMPT, dtype=np.int64)])
-                n_loss = cum_loss[tb.offsets[1:]] - cum_loss[tb.offsets[:-1]]
-                n_prompt = cum_prompt[tb.offsets[1:]] - cum_prompt[tb.offsets[:-1]]
-                kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(pa.array(tb.kept, type=pa.int64()))
-                pair_id = branch = pa.nulls(len(tb.kept), pa.string())
-                shared = pa.nulls(len(tb.kept), pa.int32())
-                example_id = kept.column("record_id")
-                if tb.branches is not None and tb.shared_prefix is not None:
-                    pair_id, branch = example_id, pa.array(tb.branches, pa.string())
-                    shared = pa.array(tb.shared_prefix.astype(np.int32))
-                    example_id = pc.binary_join_element_wise(example_id, branch, "/")
-                ex_sink.write(
-                    pa.table(
-                        {
-                            "example_id": example_id,
-                            **{c: kept.column(c) for c in cols[:-1]},
-                            "token_ids": list_array(tb.token_ids, tb.offsets, pa.int32()),
-                            "loss_mask": list_array(tb.loss_mask, tb.offsets, pa.uint8()),
-                            "token_type_ids": list_array(tb.token_type_ids, tb.offsets, pa.uint8()),
-                            "num_tokens": pa.array(lengths.astype(np.int32)),
-                            "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
-                            "num_prompt_tokens": pa.array(n_prompt.astype(np.int32)),
-                            "pair_id": pair_id,
-                            "branch": branch,
-                            "shared_prefix_tokens": shared,
-                        },
-                        schema=GOLD_SCHEMA,
-                    )
-                )
-                lengths_all.append(lengths)
-                totals["tokens"] += int(lengths.sum())
-                totals["loss_tokens"] += int(n_loss.sum())
-                totals["prompt_tokens"] += int(n_prompt.sum())
+                    lengths_all.append(lengths)
+                    totals["tokens"] += int(lengths.sum())
+                    totals["loss_tokens"] += int(n_loss.sum())
+                    totals["prompt_tokens"] += int(n_prompt.sum())
         lengths_cat = np.concatenate(lengths_all) if lengths_all else np.zeros(0, dtype=np.int64)
         stats = {
             "examples": ex_sink.rows,
@@ -305,10 +334,11 @@ def build_tokenized_examples(
             "tokens_dropped_by_overflow": totals["tokens_dropped_by_overflow"],
             "tokens_dropped_by_overflow_by_split": {s: overflow_by_split[s] for s in SPLITS},
             "overflow": spec.gold_overflow,
-            "example_length": _percentiles(lengths_cat),
+            "example_length": percentiles(lengths_cat),
             "tokenizer_fingerprint": pt.info.fingerprint,
             "vocab_size": pt.info.vocab_size,
             "max_seq_len": spec.sequence.max_seq_len,
+            **extra,
         }
         write_json_atomic(stage / STATS, stats)
     return stats
@@ -369,13 +399,16 @@ def pack_split(spec: DatasetSpec, sub: pa.Table, gold: GoldArrays, pad_id: int, 
         overlap=spec.sequence.overlap,
         loss_mask=gold.loss_mask,
         units=unit_offsets(sub.column("pair_id").to_pylist()) if spec.input.type == "preference" else None,
-        max_per_bin=spec.packing.max_sequences_per_example,
+        max_per_bin=spec.max_per_example,
         shuffle_seed=seed,
     )
     rows = materialize_rows(plan, token_ids=gold.token_ids, loss_mask=gold.loss_mask,
                             token_type_ids=gold.token_type_ids, offsets=gold.offsets,
                             row_len=spec.sequence.max_seq_len, pad_id=pad_id)
     return plan, rows
+
+
+TABULAR_MANIFEST_KEYS = ("mode", "columns", "schema_prompt", "bos_id", "eos_id", "initial_prefill")
 
 
 def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path) -> dict[str, Any]:
@@ -434,6 +467,8 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
             "splits": split_stats,
             "totals": totals(split_stats.values(), L),
         }
+        if "tabular" in gold_stats:  # what a generator needs beside the shards (the manifest collects it)
+            stats["tabular"] = {k: gold_stats["tabular"][k] for k in TABULAR_MANIFEST_KEYS}
         write_json_atomic(stage / STATS, stats)
     return stats
 
@@ -506,6 +541,7 @@ def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]
     metrics: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     parts: dict[str, Any] = {}
     fingerprints = set()
+    tabular: dict[str, Any] | None = None
     for partition in sorted(partitions):
         stats_path = paths.partition_dir("shards", partition) / STATS
         if not stats_path.is_file():
@@ -513,6 +549,8 @@ def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]
         stats = read_json(stats_path)
         fingerprints.add(stats["tokenizer_fingerprint"])
         parts[partition] = {"tokenizer_fingerprint": stats["tokenizer_fingerprint"], **stats["totals"]}
+        if "tabular" in stats:
+            tabular = _merge_tabular(tabular, stats["tabular"])
         base = f"shards/{partition}"
         for split, s in stats["splits"].items():
             metrics[split].append(s)
@@ -534,6 +572,20 @@ def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]
         "partitions": parts,
         "splits": {s: {**totals(metrics[s], L), "files": files[s], "exports": exports[s]} for s in SPLITS},
         "schema": {f.name: str(f.type) for f in SHARD_SCHEMA},
+        **({"tabular": tabular} if tabular is not None else {}),
     }
     write_json_atomic(paths.manifest_path, manifest)
     return manifest
+
+
+def _merge_tabular(acc: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
+    """The dataset's tabular section: the first partition's schema (in partition order); `initial_prefill` per
+    group from the first partition holding that group's training records."""
+    if acc is None:
+        return {**part, "initial_prefill": dict(part.get("initial_prefill") or {}) if part["mode"] == "sequential"
+                else None}
+    if acc["initial_prefill"] is not None:
+        for group, records in (part.get("initial_prefill") or {}).items():
+            acc["initial_prefill"].setdefault(group, records)
+        acc["initial_prefill"] = dict(sorted(acc["initial_prefill"].items()))
+    return acc

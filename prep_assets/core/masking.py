@@ -62,8 +62,8 @@ class TokenizedBatch:
 
 def trainable_types(spec: DatasetSpec) -> tuple[int, ...]:
     """The token types that may carry loss under this spec (what the mask/type gate allows)."""
-    if spec.input.type in ("chat", "preference"):
-        return (TYPE_COMPLETION, TYPE_EOS)
+    if spec.input.type in ("chat", "preference", "tabular"):
+        return (TYPE_COMPLETION, TYPE_EOS)  # tabular: records and their BOS (completion), EOS
     if spec.input.type == "text":
         return (TYPE_COMPLETION, TYPE_EOS) if spec.mask_action("text") == "train" else ()
     types = [TYPE_PROMPT] if spec.mask_action("prompt") == "train" else []

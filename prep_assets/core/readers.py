@@ -256,9 +256,10 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
     starts: list[tuple[int, int]] = []
     bad: set[int] = set()
     with path.open("rb") as f:
-        reader = csv.reader(_physical_lines(f, max_line_bytes, starts, bad), strict=True)
+        physical = _physical_lines(f, max_line_bytes, starts, bad)
+        reader = csv.reader(physical, strict=True)
         header: list[str] | None = None
-        consumed = 0
+        consumed = base = 0  # physical lines read; lines read before the current csv reader started
         while True:
             first = consumed  # index in `starts` of the row's first physical line
             try:
@@ -266,12 +267,17 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
             except StopIteration:
                 return
             except csv.Error as exc:
+                # the row that does not parse is a reject; reading resumes at the next physical line
                 line, offset = starts[first] if first < len(starts) else (consumed + 1, 0)
                 acct.lines_in += 1
                 acct.rejected += 1
-                yield RawReject(line, offset, "malformed_csv", f"{exc}; the rest of the file is unreadable", "")
-                return
-            consumed = reader.line_num
+                yield RawReject(line, offset, "malformed_csv", f"{exc} (reading resumes on the next line)", "")
+                if header is None:
+                    return
+                consumed = base = len(starts)
+                reader = csv.reader(physical, strict=True)
+                continue
+            consumed = base + reader.line_num
             line, offset = starts[first]
             lines = range(starts[first][0], starts[consumed - 1][0] + 1)
             if header is None:

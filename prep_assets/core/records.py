@@ -5,6 +5,7 @@ A record's *content* is the dict of its training-relevant fields in a canonical 
     instruction  {"turns": [{"prompt": str, "completion": str}, ...]}   (one turn, or a dialogue)
     chat         {"messages": [{"role": str, "content": str}, ...], "tools"?: [...]}
     preference   {"prompt": [messages], "chosen": [messages], "rejected": [messages], "tools"?: [...]}
+    tabular      {"columns": [name, ...], "values": [value, ...]}   (schema order; the values as typed)
 Content is stored as canonical JSON (see `lake.canonical_json`), which is also what exact dedup hashes.
 """
 
@@ -19,7 +20,9 @@ import re
 
 import pyarrow as pa
 
-from prep_assets.core.spec import InputSpec
+from prep_assets.core.errors import DropError
+from prep_assets.core.spec import InputSpec, TabularSpec
+from prep_assets.core.tabular import json_value, parse_cell, render_values
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,55 @@ def extract_preference(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected, **({"tools": tools} if tools else {})}
 
 
+class TabularExtractor:
+    """Table rows (CSV, Parquet or JSON objects) as `{columns, values}` in the drop's schema order.
+
+    The schema is the first record's keys (the CSV header, the Parquet schema); a later record with other keys
+    is rejected (`unexpected_columns`), a missing key is a missing value. CSV cells are typed with
+    `csv_types` (see `tabular.infer_column_types`); other formats keep their JSON/Parquet types.
+    """
+
+    def __init__(self, tab: TabularSpec, source: str, csv_types: dict[str, str] | None = None) -> None:
+        self.tab, self.source, self.csv_types = tab, source, csv_types
+        self.columns: list[str] | None = None
+        self.known: set[str] = set()
+
+    def _schema(self, value: dict[str, Any]) -> list[str]:
+        columns = list(value)
+        for what, col in (("group_by", self.tab.group_by), ("order_by", self.tab.order_by)):
+            if col is not None and col not in value:
+                raise DropError(f"{self.source}: tabular.{what} {col!r} is not a column of this drop "
+                                f"(columns: {columns[:30]})")
+        unknown = sorted(set(self.tab.column_types) - set(columns))
+        if unknown:
+            raise DropError(f"{self.source}: tabular.column_types names {unknown}, not columns of this drop "
+                            f"(columns: {columns[:30]})")
+        return columns
+
+    def __call__(self, value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
+        if not isinstance(value, dict):
+            return Invalid("not_an_object", f"expected a row (a JSON object), got {type(value).__name__}")
+        if not value:
+            return Invalid("empty_record", "the row has no columns")
+        if self.columns is None:
+            self.columns = self._schema(value)
+            self.known = set(self.columns)
+        extra = [k for k in value if k not in self.known]
+        if extra:
+            return Invalid("unexpected_columns", f"columns {extra[:10]} are not in the drop's schema "
+                           f"{self.columns[:30]} (taken from its first record)")
+        values = []
+        for col in self.columns:
+            v = value.get(col)
+            if self.csv_types is not None and isinstance(v, str):
+                try:
+                    v = parse_cell(v, self.csv_types.get(col, "string"), self.tab.null_values)
+                except ValueError as exc:
+                    return Invalid("wrong_type", f"column {col!r} is {self.csv_types[col]}: {exc}")
+            values.append(json_value(v))
+        return {"columns": self.columns, "values": values}
+
+
 EXTRACTORS: dict[str, Extractor] = {
     "text": extract_text,
     "instruction": extract_instruction,
@@ -264,7 +316,10 @@ _MESSAGE_LISTS = ("messages", "prompt", "chosen", "rejected")
 
 
 def content_texts(content: dict[str, Any]) -> list[str]:
-    """The text fields of a content dict, in order (used for lengths and normalization)."""
+    """The text fields of a content dict, in order (used for lengths and normalization); a table row's text is
+    its rendered JSON line."""
+    if "values" in content:
+        return [render_values(content["columns"], content["values"])]
     if "text" in content:
         return [content["text"]]
     if "turns" in content:
@@ -273,6 +328,9 @@ def content_texts(content: dict[str, Any]) -> list[str]:
 
 
 def map_content_texts(content: dict[str, Any], fn: Callable[[str], str]) -> dict[str, Any]:
+    """`fn` over every text field; table rows are returned as they are (tabular values keep their bytes)."""
+    if "values" in content:
+        return content
     if "text" in content:
         return {**content, "text": fn(content["text"])}
     if "turns" in content:
@@ -344,6 +402,10 @@ GOLD_SCHEMA = pa.schema(
         pa.field("pair_id", pa.string(), nullable=True),
         pa.field("branch", pa.string(), nullable=True),
         pa.field("shared_prefix_tokens", pa.int32(), nullable=True),  # the pair's identical masked prompt
+        # tabular: the records of the example in order (its provenance columns are the first record's) and the
+        # group of each BOS/EOS unit (null in flat mode)
+        pa.field("record_ids", pa.list_(pa.string()), nullable=True),
+        pa.field("group_keys", pa.list_(pa.string()), nullable=True),
     ]
 )
 
@@ -354,6 +416,7 @@ GOLD_REJECT_SCHEMA = pa.schema(
         pa.field("reason", pa.string(), nullable=False),
         pa.field("detail", pa.string(), nullable=False),
         pa.field("num_tokens", pa.int32(), nullable=False),
+        pa.field("group_key", pa.string(), nullable=True),  # tabular: the group that cannot fit
     ]
 )
 

@@ -20,7 +20,10 @@ from prep_assets.core.errors import SpecError
 DATASET_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 InputFormat = Literal["auto", "jsonl", "jsonl.gz", "json", "txt", "csv", "parquet"]
-RecordType = Literal["text", "instruction", "chat", "preference"]
+RecordType = Literal["text", "instruction", "chat", "preference", "tabular"]
+TabularMode = Literal["flat", "grouped", "sequential"]
+ColumnType = Literal["string", "int", "float"]
+AUTO_MAX_SEQUENCES = 10  # `max_sequences_per_example: auto` (Safe Synthesizer's default without DP)
 MaskAction = Literal["train", "mask"]
 Overflow = Literal["drop", "truncate_right", "truncate_left", "window"]
 PackingStrategy = Literal["bfd", "ffd", "full", "single"]
@@ -170,9 +173,55 @@ class SequenceSpec(_Strict):
 
 class PackingSpec(_Strict):
     strategy: PackingStrategy = "bfd"
-    max_sequences_per_example: int | None = Field(default=None, ge=1)
+    # examples per row; for tabular data, records (flat, sequential) or groups (grouped) per example.
+    # `auto` = 10; unset = no limit, except for tabular data where unset means `auto`.
+    max_sequences_per_example: int | Literal["auto"] | None = None
+
+    @model_validator(mode="after")
+    def _per_example(self) -> PackingSpec:
+        n = self.max_sequences_per_example
+        if isinstance(n, int) and not isinstance(n, bool) and n < 1:
+            raise ValueError("max_sequences_per_example must be at least 1 (or auto)")
+        return self
     seed: int = 0
     shuffle: bool = True
+
+
+class TabularSpec(_Strict):
+    """How table rows become training examples (DESIGN §6). The mode follows from the keys when not given:
+    sequential with `time_series: true`, grouped with `group_by`, else flat."""
+
+    mode: TabularMode | None = None
+    time_series: bool = False  # sequential; takes priority over grouped when group_by is set
+    group_by: str | None = None
+    order_by: str | None = None
+    # CSV cells: which strings are missing values, and column types overriding the inference
+    null_values: list[str] = [""]
+    column_types: dict[str, ColumnType] = {}
+    # the tokens wrapping each unit of records; default: the tokenizer's BOS (its EOS if it has none) and EOS
+    bos_token: str | None = None
+    eos_token: str | None = None
+
+    @model_validator(mode="after")
+    def _keys(self) -> TabularSpec:
+        mode = self.resolved_mode
+        if self.mode is not None and self.time_series and self.mode != "sequential":
+            raise ValueError(f"time_series: true makes the mode sequential, but mode is {self.mode}")
+        if mode == "sequential" and (self.group_by is None or self.order_by is None):
+            raise ValueError("sequential mode (time series) needs group_by and order_by")
+        if mode == "grouped" and self.group_by is None:
+            raise ValueError("grouped mode needs group_by")
+        if mode == "flat" and (self.group_by is not None or self.order_by is not None):
+            raise ValueError("flat mode shuffles single records: group_by/order_by need mode grouped or sequential")
+        return self
+
+    @property
+    def resolved_mode(self) -> TabularMode:
+        if self.time_series or self.mode == "sequential":
+            return "sequential"
+        if self.mode is not None:
+            return self.mode
+        return "grouped" if self.group_by is not None else "flat"
 
 
 class SplitSpec(_Strict):
@@ -209,21 +258,33 @@ class DatasetSpec(_Strict):
     tokenizer: TokenizerSpec
     sequence: SequenceSpec = SequenceSpec()
     packing: PackingSpec = PackingSpec()
+    tabular: TabularSpec | None = None
     split: SplitSpec = SplitSpec()
     output: OutputSpec = OutputSpec()
     checks: ChecksSpec = ChecksSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tabular_defaults(cls, raw: Any) -> Any:
+        """Tabular examples are assembled to fit one sequence each: packing defaults to `single`."""
+        if isinstance(raw, dict) and isinstance(raw.get("input"), dict) and raw["input"].get("type") == "tabular":
+            packing = raw.get("packing") or {}
+            if isinstance(packing, dict) and "strategy" not in packing:
+                raw = {**raw, "packing": {**packing, "strategy": "single"}}
+            raw.setdefault("tabular", {})
+        return raw
 
     @model_validator(mode="after")
     def _consistent(self) -> DatasetSpec:
         if not DATASET_NAME_RE.match(self.name):
             raise ValueError(f"name {self.name!r}: use lower-case letters, digits and _ (starting with a letter)")
-        if self.input.type != "text" and self.input.format == "txt":
+        if self.input.type not in ("text", "tabular") and self.input.format == "txt":
             raise ValueError(f"input.format txt holds one text per line; it cannot carry {self.input.type} records")
         allowed = self.mask_keys
         unknown = sorted(set(self.mask) - set(allowed))
         if unknown:
             raise ValueError(f"mask: unknown key(s) {unknown} for type {self.input.type}; allowed: {list(allowed)}")
-        per_row = self.packing.max_sequences_per_example
+        per_row = self.max_per_example
         if self.input.type == "preference" and per_row is not None and per_row < 2:
             raise ValueError("packing.max_sequences_per_example must be at least 2 for preference data: "
                              "both examples of a pair share a row")
@@ -233,6 +294,10 @@ class DatasetSpec(_Strict):
         if self.packing.strategy == "full" and self.sequence.overlap:
             raise ValueError("sequence.overlap applies to windows (overflow: window with bfd, ffd or single); "
                              "packing.strategy full cuts examples across rows without repeating tokens")
+        if self.input.type == "tabular":
+            self._check_tabular()
+        elif self.tabular is not None:
+            raise ValueError(f"tabular: applies to input.type tabular, not {self.input.type}")
         if "megatron" in self.output.formats and self.input.type != "text":
             raise ValueError("output.formats megatron (the .bin/.idx document layout) is for input.type text only")
         if "parquet" not in self.output.formats:
@@ -240,6 +305,24 @@ class DatasetSpec(_Strict):
         if self.output.max_tokens_per_shard < self.sequence.max_seq_len:
             raise ValueError("output.max_tokens_per_shard must be at least sequence.max_seq_len")
         return self
+
+    def _check_tabular(self) -> None:
+        if self.packing.strategy != "single":
+            raise ValueError("tabular examples are assembled to fit one sequence each (schema prompt + records): "
+                             f"packing.strategy must be single, not {self.packing.strategy}")
+        if self.sequence.overflow != "drop":
+            raise ValueError("tabular records are never cut: a record or group that cannot fit is an error before "
+                             "any shard is written; leave sequence.overflow at drop")
+        if self.input.format in ("jsonl.gz", "txt"):
+            raise ValueError("tabular input reads csv, parquet, jsonl or json")
+
+    @property
+    def max_per_example(self) -> int | None:
+        """`packing.max_sequences_per_example` resolved: auto = 10; unset = no limit (tabular: auto)."""
+        n = self.packing.max_sequences_per_example
+        if n == "auto" or (n is None and self.input.type == "tabular"):
+            return AUTO_MAX_SEQUENCES
+        return n
 
     @property
     def gold_overflow(self) -> str:
@@ -252,6 +335,13 @@ class DatasetSpec(_Strict):
     def splits_examples(self) -> bool:
         """Whether shards may hold an example in pieces (so gold examples may exceed max_seq_len)."""
         return self.gold_overflow == "keep"
+
+    @property
+    def tabular_packing(self) -> dict[str, Any] | None:
+        """What tabular gold takes from `packing` (its seed and records per example); None for other types."""
+        if self.input.type != "tabular":
+            return None
+        return {"seed": self.packing.seed, "max_per_example": self.max_per_example}
 
     def mask_action(self, field: str) -> MaskAction:
         """The action for a role/field: the spec's, else the type's default, else mask_default."""
@@ -290,6 +380,8 @@ _MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
     "chat": {"system": "mask", "user": "mask", "assistant": "train", "tool": "mask"},
     # preference: roles of the chosen/rejected branches; the shared prompt is always masked
     "preference": {"system": "mask", "user": "mask", "assistant": "train", "tool": "mask"},
+    # tabular: the schema prompt is always masked, records and their BOS/EOS always trained (DESIGN §6)
+    "tabular": {},
 }
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.
@@ -298,10 +390,11 @@ LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
     "bronze": ("input", "checks"),
     "silver": ("input", "checks", "clean", "split"),
     # gold depends on the overflow it applies (keep under full/window), not on the packing strategy itself
+    # tabular gold assembles examples, so it also follows the packing seed and records per example
     "gold": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence.max_seq_len",
-             "gold_overflow"),
+             "gold_overflow", "tabular", "tabular_packing"),
     "shards": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence", "packing",
-               "output"),
+               "output", "tabular"),
 }
 
 

@@ -1,7 +1,6 @@
-"""Tabular records as training examples (DESIGN §6, Safe Synthesizer semantics): rendering and assembly plans.
+"""Tabular records as training examples (DESIGN §6, Safe Synthesizer semantics): typing, rendering, assembly.
 
-Pure functions over token counts; the gold layer tokenizes and the planner decides which records go into
-which example. Not wired into the pipeline yet (the `tabular` input type is issue 5's remaining work).
+Pure functions over values and token counts; the gold layer (`tabular_gold`) tokenizes and writes.
 
 Every example is: schema prompt (masked) + one or more BOS ... EOS units of records (trained), each record a
 compact JSON line. `budget` below is what the records and their BOS/EOS pairs may use: max_seq_len minus the
@@ -14,12 +13,18 @@ schema prompt's tokens.
   continues in the next. Each training example's record budget is drawn uniformly in [0.7, 1.0] x the full
   record budget with the seeded RNG (validation/test use the full budget); a first record larger than the
   draw expands it; flush on group change, budget, or `max_per` records.
+
+CSV cells are text; a column's type is inferred over the whole drop (int if every present cell is an integer
+without leading zeros, float if every present cell is a decimal number, else string) unless the spec sets it,
+and cells in `null_values` (the empty string by default) are missing (null).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,14 +43,101 @@ def _json_value(value: Any) -> Any:
     return value
 
 
+def json_value(value: Any) -> Any:
+    """A value as JSON can hold it: non-finite floats are missing (null); numpy scalars become Python's."""
+    return _json_value(value)
+
+
 def render_record(row: dict[str, Any], columns: list[str]) -> str:
     """One record as a compact JSON object, columns in schema order, missing values as null.
 
     Numbers stay numbers; newlines and carriage returns inside values are escaped by JSON, so a record is
     always one line.
     """
-    return json.dumps({c: _json_value(row.get(c)) for c in columns}, ensure_ascii=False, separators=(",", ":"),
-                      allow_nan=False)
+    return render_values(columns, [row.get(c) for c in columns])
+
+
+def render_values(columns: list[str], values: list[Any]) -> str:
+    """`render_record` of a record stored as parallel column/value lists (the tabular content shape)."""
+    return json.dumps({c: _json_value(v) for c, v in zip(columns, values, strict=True)}, ensure_ascii=False,
+                      separators=(",", ":"), allow_nan=False)
+
+
+# ---------------------------------------------------------------- CSV cell types
+
+_INT = re.compile(r"[+-]?(0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"[+-]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def infer_column_types(rows: Iterable[dict[str, str]], null_values: Iterable[str],
+                       overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """Per column: `int`, `float` or `string`, from every row of a drop (overrides win)."""
+    nulls = set(null_values)
+    could_int: dict[str, bool] = {}
+    could_float: dict[str, bool] = {}
+    for row in rows:
+        for col, cell in row.items():
+            if cell in nulls:
+                could_int.setdefault(col, True)
+                could_float.setdefault(col, True)
+                continue
+            if could_int.get(col, True):
+                could_int[col] = _INT.fullmatch(cell) is not None
+            if could_float.get(col, True):
+                could_float[col] = _FLOAT.fullmatch(cell) is not None
+    types = {c: "int" if could_int[c] else "float" if could_float[c] else "string" for c in could_int}
+    return {**types, **(overrides or {})}
+
+
+def parse_cell(cell: str, kind: str, null_values: Iterable[str]) -> Any:
+    """A CSV cell as its column's type; ValueError names what it is not."""
+    if cell in null_values:
+        return None
+    if kind == "int":
+        if _INT.fullmatch(cell) is None:
+            raise ValueError(f"{cell[:40]!r} is not an integer")
+        return int(cell)
+    if kind == "float":
+        if _FLOAT.fullmatch(cell) is None:
+            raise ValueError(f"{cell[:40]!r} is not a number")
+        return float(cell)
+    return cell
+
+
+# ---------------------------------------------------------------- groups
+
+
+def _order_key(value: Any) -> tuple[Any, ...]:
+    """Sort key of an order_by value: numbers, then strings (ISO dates sort as text), then the rest; nulls last."""
+    if value is None:
+        return (3, 0)
+    if isinstance(value, (int, float)):
+        return (0, value)
+    if isinstance(value, str):
+        return (1, value)
+    return (2, json.dumps(value, sort_keys=True))
+
+
+def group_label(value: Any) -> str:
+    """How a group is named to users: a string as it is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def group_identity(value: Any) -> str:
+    """What groups records (and keys the split): the value's canonical JSON, so 5 and "5" differ."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def group_records(keys: list[str], order_values: list[Any] | None) -> list[list[int]]:
+    """Record indices grouped by key, groups in first-appearance order, each ordered by its order_by value
+    (stable: ties keep input order)."""
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    out = list(groups.values())
+    if order_values is not None:
+        out = [sorted(g, key=lambda i: _order_key(order_values[i])) for g in out]
+    return out
 
 
 def schema_prompt(columns: list[str]) -> str:
@@ -65,6 +157,13 @@ class BudgetError(ValueError):
     """A record or group cannot fit one example; raised before anything is written."""
 
 
+Seed = int | tuple[int, ...]
+
+
+def _seed(seed: Seed) -> int | list[int]:
+    return list(seed) if isinstance(seed, tuple) else seed
+
+
 def check_fits(unit_tokens: dict[str, int], budget: int, what: str, remedies: str) -> None:
     """Fail naming the largest units (with their tokens) that exceed the budget."""
     over = sorted(((t, k) for k, t in unit_tokens.items() if t > budget), reverse=True)
@@ -73,9 +172,9 @@ def check_fits(unit_tokens: dict[str, int], budget: int, what: str, remedies: st
         raise BudgetError(f"{len(over)} {what}(s) exceed the budget of {budget} tokens: {worst}; {remedies}")
 
 
-def plan_flat(record_tokens: list[int], budget: int, max_per: int, seed: int) -> list[Example]:
+def plan_flat(record_tokens: list[int], budget: int, max_per: int, seed: Seed) -> list[Example]:
     """Shuffle, then fill each example until max_per records or the next record would not fit."""
-    order = np.random.default_rng(seed).permutation(len(record_tokens)).tolist()
+    order = np.random.default_rng(_seed(seed)).permutation(len(record_tokens)).tolist()
     examples: list[Example] = []
     unit: list[int] = []
     used = 2  # BOS + EOS
@@ -91,10 +190,10 @@ def plan_flat(record_tokens: list[int], budget: int, max_per: int, seed: int) ->
     return examples
 
 
-def plan_grouped(groups: list[list[int]], record_tokens: list[int], budget: int, max_per: int, seed: int
+def plan_grouped(groups: list[list[int]], record_tokens: list[int], budget: int, max_per: int, seed: Seed
                  ) -> list[Example]:
     """Groups (each a unit with its own BOS/EOS) shuffled, then packed greedily, at most max_per per example."""
-    order = np.random.default_rng(seed).permutation(len(groups)).tolist()
+    order = np.random.default_rng(_seed(seed)).permutation(len(groups)).tolist()
     examples: list[Example] = []
     units: list[list[int]] = []
     used = 0

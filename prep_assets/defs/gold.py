@@ -1,6 +1,8 @@
 """Gold: the pinned tokenizer, and tokenized examples with loss masks per drop."""
 
 
+from typing import Any
+
 from dagster import AssetExecutionContext, AssetsDefinition, DataVersion, MaterializeResult, MetadataValue, asset
 
 from prep_assets.core import layers
@@ -62,7 +64,10 @@ def build_gold(spec: DatasetSpec) -> AssetsDefinition:
             "One training example per silver record: token_ids, loss_mask (1 = loss target), token_type_ids "
             "(0 prompt, 1 completion, 2 padding, 3 EOS), counts and provenance. Masks follow `mask`/`mask_default`; "
             "one EOS per completion (trained), BOS per the tokenizer; the first token of each example is masked. "
-            "Examples over `sequence.max_seq_len` follow `sequence.overflow`; untrainable ones go to rejects."
+            "Examples over `sequence.max_seq_len` follow `sequence.overflow`; untrainable ones go to rejects. "
+            "Tabular data: examples assembled from rows per `tabular.mode` (flat, grouped, sequential): the schema "
+            "prompt (masked), then BOS + compact JSON lines + EOS units (trained); records or groups that cannot fit "
+            "go to rejects and fail the blocking budget check."
         ),
         metadata={"dagster/column_schema": column_schema(GOLD_SCHEMA)},
         tags={"layer": "gold"},
@@ -76,6 +81,7 @@ def build_gold(spec: DatasetSpec) -> AssetsDefinition:
         lengths = stats["example_length"]
         return MaterializeResult(
             metadata={
+                **tabular_metadata(stats.get("tabular")),
                 "dagster/row_count": stats["examples"],
                 "num_tokens": stats["tokens"],
                 "num_loss_tokens": stats["loss_tokens"],
@@ -91,3 +97,26 @@ def build_gold(spec: DatasetSpec) -> AssetsDefinition:
         )
 
     return tokenized_examples
+
+
+DISTRIBUTIONS = ("tokens_per_record", "tokens_per_group", "tokens_per_example", "records_per_example",
+                 "groups_per_example", "examples_per_group")
+
+
+def tabular_metadata(tab: dict[str, Any] | None) -> dict[str, Any]:
+    """Tabular assembly in the UI: mode, schema prompt, budget, the per record/group/example distributions and
+    the largest units that did not fit."""
+    if not tab:
+        return {}
+    rows = [{"figure": k, **tab[k]} for k in DISTRIBUTIONS if tab.get(k)]
+    return {
+        "tabular_mode": tab["mode"],
+        "schema_prompt": MetadataValue.text(tab["schema_prompt"]),
+        "num_schema_prompt_tokens": tab["schema_prompt_tokens"],
+        "record_budget_tokens": tab["record_budget"],
+        "max_sequences_per_example": tab["max_sequences_per_example"],
+        "num_records_in_examples": tab["records_in_examples"],
+        "num_groups": tab["groups"] if tab["groups"] is not None else 0,
+        "tabular_distributions": md_table(rows),
+        "over_budget": md_table(tab["over_budget"]),
+    }

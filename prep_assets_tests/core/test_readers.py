@@ -171,3 +171,11 @@ def test_parquet_rows_as_json_records_with_row_numbers(tmp_path: Path):
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
     items, rejects, acct = _read(tmp_path / "bad.parquet", "parquet")
     assert items == [] and rejects[0].reason == "unreadable_parquet" and acct.lines_in == 1
+
+
+def test_csv_bare_carriage_return_rejects_that_row_and_reading_resumes(tmp_path: Path):
+    (tmp_path / "r.csv").write_bytes(b'a,b\n1,x\ry\n3,4\n"5\r",6\n')
+    items, rejects, acct = _read(tmp_path / "r.csv", "csv")
+    assert [(i.line, i.value) for i in items] == [(3, {"a": "3", "b": "4"}), (4, {"a": "5\r", "b": "6"})]
+    assert [(r.line, r.byte_offset, r.reason) for r in rejects] == [(2, 4, "malformed_csv")]
+    assert acct.lines_in == 3 == len(items) + len(rejects)

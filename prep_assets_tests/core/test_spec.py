@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def test_invalid_yaml_file_is_reported(tmp_path: Path):
 
 def test_shipped_sample_specs_are_valid():
     names = [s.name for s in load_specs(SAMPLE_DATA / "datasets")]
-    assert names == ["sample_chat", "sample_instruct", "sample_pref", "sample_text"]
+    assert names == ["sample_chat", "sample_instruct", "sample_pref", "sample_sensors", "sample_text"]
 
 
 def test_chat_mask_keys_are_roles_including_role_map_targets():
@@ -94,3 +95,35 @@ def test_chat_edge_specs_rejected_with_the_reason():
         make_spec(input={"type": "chat", "format": "txt"})
     with pytest.raises(SpecError, match="not both"):
         make_spec(tokenizer={"path": "x", "chat_template": "{{ 1 }}", "chat_template_file": "t.jinja"})
+
+
+def test_tabular_mode_follows_the_keys_and_sequential_takes_priority():
+    tab = {"type": "tabular"}
+    assert make_spec(input=tab).tabular.resolved_mode == "flat"
+    assert make_spec(input=tab, tabular={"group_by": "g"}).tabular.resolved_mode == "grouped"
+    seq = make_spec(input=tab, tabular={"group_by": "g", "order_by": "t", "time_series": True})
+    assert seq.tabular.resolved_mode == "sequential" and seq.packing.strategy == "single"
+    assert make_spec(input=tab).max_per_example == 10  # unset = auto for tables
+    assert make_spec(input=tab, packing={"max_sequences_per_example": "auto"}).max_per_example == 10
+    assert make_spec(input={"type": "text"}, packing={"max_sequences_per_example": "auto"}).max_per_example == 10
+    assert make_spec(input={"type": "text"}).max_per_example is None
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"tabular": {"time_series": True, "group_by": "g"}}, "sequential mode (time series) needs group_by and order_by"),
+    ({"tabular": {"mode": "grouped"}}, "grouped mode needs group_by"),
+    ({"tabular": {"mode": "flat", "group_by": "g"}}, "flat mode shuffles single records"),
+    ({"tabular": {"mode": "grouped", "group_by": "g", "time_series": True}}, "time_series: true makes the mode"),
+    ({"packing": {"strategy": "bfd"}}, "packing.strategy must be single, not bfd"),
+    ({"sequence": {"overflow": "truncate_right"}}, "tabular records are never cut"),
+    ({"tabular": {"column_types": {"a": "date"}}}, "tabular.column_types.a"),
+    ({"packing": {"max_sequences_per_example": 0}}, "max_sequences_per_example must be at least 1"),
+])
+def test_tabular_spec_errors_name_the_key(extra: dict, message: str):
+    with pytest.raises(SpecError, match=re.escape(message)):
+        make_spec(input={"type": "tabular"}, **extra)
+
+
+def test_tabular_section_only_for_tabular_type():
+    with pytest.raises(SpecError, match="tabular: applies to input.type tabular, not text"):
+        make_spec(input={"type": "text"}, tabular={})

@@ -8,7 +8,10 @@ import pytest
 from prep_assets.core.tabular import (
     BudgetError,
     check_fits,
+    group_records,
+    infer_column_types,
     initial_prefill,
+    parse_cell,
     plan_flat,
     plan_grouped,
     plan_sequential,
@@ -97,3 +100,26 @@ def test_over_budget_group_is_an_error_naming_the_largest_and_the_remedies():
 
 def test_initial_prefill_keeps_the_first_three_records_per_group():
     assert initial_prefill({"b": ["1", "2", "3", "4"], "a": ["x"]}) == {"a": ["x"], "b": ["1", "2", "3"]}
+
+
+
+def test_csv_column_types_inferred_over_the_drop_leading_zeros_stay_text():
+    rows = [{"n": "3", "x": ".2", "zip": "02134", "t": "2014-02-21", "m": ""},
+            {"n": "-12", "x": "3", "zip": "10001", "t": "2014-02-24", "m": "NA"},
+            {"n": "", "x": "1e-3", "zip": "", "t": "", "m": ""}]
+    types = infer_column_types(rows, [""])
+    assert types == {"n": "int", "x": "float", "zip": "string", "t": "string", "m": "string"}
+    assert infer_column_types(rows, ["", "NA"])["m"] == "int"  # every cell missing: no evidence against int
+    assert infer_column_types(rows, [""], {"zip": "int", "n": "string"})["n"] == "string"
+    assert [parse_cell(c, "float", [""]) for c in (".2", "3", "1e-3", "")] == [0.2, 3.0, 0.001, None]
+    assert parse_cell("02134", "string", [""]) == "02134" and parse_cell("-12", "int", [""]) == -12
+    with pytest.raises(ValueError, match="'0x1' is not an integer"):
+        parse_cell("0x1", "int", [""])
+
+
+def test_groups_in_first_appearance_order_each_sorted_by_order_by_nulls_last():
+    keys = ["b", "a", "b", "a", "b"]
+    order = ["2024-03", "2024-01", None, "2023-12", "2024-01"]
+    assert group_records(keys, order) == [[4, 0, 2], [3, 1]]
+    assert group_records(keys, None) == [[0, 2, 4], [1, 3]]
+    assert group_records(["x", "x", "x"], [2, 1, 2]) == [[1, 0, 2]]  # ties keep input order

@@ -8,7 +8,7 @@ from prep_assets.core.drops import register_drops
 from prep_assets.core.lake import dataset_paths
 from prep_assets.core.spec import load_spec
 from prep_assets.definitions import dataset_assets
-from prep_assets.defs.keys import PARTITIONED, TOKENIZER
+from prep_assets.defs.keys import DATASET_MANIFEST, PARTITIONED, TOKENIZER
 from prep_assets.defs.resources import LakeResource
 
 
@@ -40,3 +40,9 @@ def metadata(result: ExecuteInProcessResult, name: str, asset: str) -> dict:
     mats = [m for m in result.asset_materializations_for_node(f"{name}__{asset}")]
     assert len(mats) == 1, f"{asset} not materialized once"
     return {k: getattr(v, "value", v) for k, v in mats[0].metadata.items()}
+
+
+def materialize_manifest(data_dir: Path, name: str, instance: DagsterInstance) -> ExecuteInProcessResult:
+    """The (unpartitioned) dataset manifest over every partition materialized so far, with its check."""
+    return materialize(dataset_defs(data_dir, name), selection=[AssetKey([name, DATASET_MANIFEST])], instance=instance,
+                       resources={"lake": LakeResource(data_dir=str(data_dir))})

@@ -1,0 +1,283 @@
+"""Gold for tabular datasets: rows rendered as JSON lines, tokenized in one batch, assembled into examples.
+
+Each example: [tokenizer BOS if it adds one] + schema prompt (masked, type prompt) + units of
+BOS + record lines + EOS (trained; BOS and records type completion, EOS type end-of-record). Records are
+encoded as continuations (each line as it reads after the text before it), so an example's tokens are the
+concatenation of its pieces and decode back to the rows.
+
+Assembly needs a drop's records at once (groups are ordered and budgets drawn over them), so this reads the
+silver partition whole: one drop of a table, not a corpus. A record, or in grouped mode a group, that cannot
+fit `max_seq_len` with the schema prompt is not assembled: it becomes a gold reject (`record_over_budget`,
+`group_over_budget`) and the blocking budget gate fails before any shard is written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prep_assets.core.arrays import list_array, percentiles
+from prep_assets.core.errors import TokenizerError
+from prep_assets.core.parquet_io import ParquetSink
+from prep_assets.core.records import GOLD_REJECT_SCHEMA, GOLD_SCHEMA, SPLITS, TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
+from prep_assets.core.spec import DatasetSpec, TabularSpec
+from prep_assets.core.tabular import (
+    INITIAL_PREFILL_RECORDS,
+    Example,
+    group_identity,
+    group_label,
+    group_records,
+    plan_flat,
+    plan_grouped,
+    plan_sequential,
+    render_values,
+    schema_prompt,
+)
+from prep_assets.core.tokenizer import PinnedTokenizer
+
+RECORD_OVER_BUDGET, GROUP_OVER_BUDGET = "record_over_budget", "group_over_budget"
+BUDGET_REASONS = (RECORD_OVER_BUDGET, GROUP_OVER_BUDGET)
+_PROVENANCE = ["record_id", "drop", "source_file", "source_line", "byte_offset"]
+
+
+def unit_token_ids(tab: TabularSpec, pt: PinnedTokenizer) -> tuple[int, int]:
+    """The (BOS, EOS) ids wrapping each unit: the spec's tokens, else the tokenizer's BOS (its EOS if it has
+    none) and EOS."""
+    vocab = pt.hf.get_vocab()
+
+    def resolve(name: str, token: str | None, default: int) -> int:
+        if token is None:
+            return default
+        if token not in vocab:
+            raise TokenizerError(f"tabular.{name} {token!r} is not a token of the pinned tokenizer; name one "
+                                 "token of its vocabulary (e.g. a special token)")
+        return int(vocab[token])
+
+    bos_default = pt.info.bos_id if pt.info.bos_id is not None else pt.info.eos_id
+    return resolve("bos_token", tab.bos_token, bos_default), resolve("eos_token", tab.eos_token, pt.info.eos_id)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """One drop's silver rows, rendered and tokenized."""
+
+    table: pa.Table  # provenance + split, silver order
+    columns: list[str]
+    lines: list[str]  # rendered records without their newline
+    ids: list[list[int]]  # tokens of each record line (newline included)
+    lengths: list[int]
+    keys: list[str] | None  # group identity per record
+    labels: list[str] | None  # group label per record
+    order: list[Any] | None
+
+
+def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedTokenizer) -> _Rows:
+    table = pq.read_table(str(silver_records), columns=[*_PROVENANCE, "split", "content"])
+    contents = [json.loads(c) for c in table.column("content").to_pylist()]
+    columns = contents[0]["columns"] if contents else []
+    for c in contents:
+        if c["columns"] != columns:  # one drop has one schema (bronze keeps it); guard the assumption
+            raise ValueError(f"records of one drop with different columns: {c['columns']} != {columns}")
+    lines = [render_values(columns, c["values"]) for c in contents]
+    ids = pt.encode_batch([line + "\n" for line in lines], continuation=True)
+    keys = labels = order = None
+    if tab.group_by is not None:
+        gi = columns.index(tab.group_by)
+        keys = [group_identity(c["values"][gi]) for c in contents]
+        labels = [group_label(c["values"][gi]) for c in contents]
+    if tab.order_by is not None:
+        oi = columns.index(tab.order_by)
+        order = [c["values"][oi] for c in contents]
+    return _Rows(table.drop_columns(["content"]), columns, lines, ids, [len(x) for x in ids], keys, labels, order)
+
+
+@dataclass
+class _Assembled:
+    examples: list[tuple[str, Example]]  # (split, example)
+    rejects: list[tuple[int, str, str, int, str | None]]  # (record, reason, detail, tokens, group label)
+    prefill: dict[str, list[str]]
+    examples_per_group: Counter[str]
+    group_tokens: list[int]
+
+
+def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: int) -> _Assembled:
+    L = spec.sequence.max_seq_len
+    budget = L - prompt_tokens  # what records and their BOS/EOS pairs may use
+    max_per = spec.max_per_example or 10
+    mode = tab.resolved_mode
+    out = _Assembled([], [], {}, Counter(), [])
+    splits = rows.table.column("split").to_pylist()
+    for split_no, split in enumerate(SPLITS):
+        idx = [i for i, s in enumerate(splits) if s == split]
+        if not idx:
+            continue
+        fits = []
+        for i in idx:
+            need = prompt_tokens + 2 + rows.lengths[i]
+            if need > L:
+                label = rows.labels[i] if rows.labels is not None else None
+                out.rejects.append((i, RECORD_OVER_BUDGET, f"this record alone needs {need} tokens (schema prompt "
+                                    f"{prompt_tokens} + record {rows.lengths[i]} + BOS/EOS 2) > max_seq_len {L}",
+                                    need, label))
+            else:
+                fits.append(i)
+        seed = (spec.packing.seed, split_no)
+        if mode == "flat":
+            plan = plan_flat([rows.lengths[i] for i in fits], budget, max_per, seed)
+            out.examples += [(split, Example([[fits[k] for k in u] for u in ex.units], ex.budget)) for ex in plan]
+            continue
+        assert rows.keys is not None and rows.labels is not None
+        local = group_records([rows.keys[i] for i in idx], [rows.order[i] for i in idx] if rows.order else None)
+        groups = [[idx[k] for k in g] for g in local]
+        out.group_tokens += [prompt_tokens + 2 + sum(rows.lengths[i] for i in g) for g in groups]
+        if mode == "grouped":
+            placeable = []
+            for g in groups:
+                need = prompt_tokens + 2 + sum(rows.lengths[i] for i in g)
+                if need <= L:
+                    placeable.append(g)
+                    continue
+                detail = (f"group {rows.labels[g[0]]!r} needs {need} tokens (schema prompt {prompt_tokens} + "
+                          f"{len(g)} records {need - prompt_tokens - 2} + BOS/EOS 2) > max_seq_len {L}")
+                out.rejects += [(i, GROUP_OVER_BUDGET, detail, need, rows.labels[i]) for i in g]
+            plan = plan_grouped(placeable, rows.lengths, budget, max_per, seed)
+        else:
+            rng = np.random.default_rng([spec.packing.seed, split_no]) if split == "train" else None
+            fitting = set(fits)
+            kept = [[i for i in g if i in fitting] for g in groups]
+            plan = plan_sequential([g for g in kept if g], rows.lengths, budget, max_per, rng)
+            if split == "train":
+                for g in kept:
+                    if g:
+                        out.prefill[rows.labels[g[0]]] = [rows.lines[i] for i in g[:INITIAL_PREFILL_RECORDS]]
+        for ex in plan:
+            out.examples.append((split, ex))
+            for u in ex.units:
+                out.examples_per_group[rows.keys[u[0]]] += 1
+    out.rejects.sort()
+    return out
+
+
+def build_tabular_examples(spec: DatasetSpec, silver_records: Path, pt: PinnedTokenizer,
+                           ex_sink: ParquetSink, rej_sink: ParquetSink) -> dict[str, Any]:
+    """Write one drop's tabular examples and budget rejects; return the gold stats' figures."""
+    tab = spec.tabular or TabularSpec()
+    rows = _load(spec, tab, silver_records, pt)
+    head = [pt.info.bos_id] if pt.info.add_bos and pt.info.bos_id is not None else []
+    prompt_text = schema_prompt(rows.columns)
+    prompt_ids = head + pt.encode_batch([prompt_text])[0]
+    bos, eos = unit_token_ids(tab, pt)
+    asm = _assemble(spec, tab, rows, len(prompt_ids))
+
+    # pieces of every example in order: (token ids, loss mask, token type)
+    piece_ids: list[list[int]] = []
+    piece_mask: list[int] = []
+    piece_type: list[int] = []
+    per_example_pieces: list[int] = []
+    for _, ex in asm.examples:
+        pieces: list[tuple[list[int], int, int]] = [(prompt_ids, 0, TYPE_PROMPT)]
+        for unit in ex.units:
+            pieces += [([bos], 1, TYPE_COMPLETION), *((rows.ids[i], 1, TYPE_COMPLETION) for i in unit),
+                       ([eos], 1, TYPE_EOS)]
+        per_example_pieces.append(len(pieces))
+        for ids, m, t in pieces:
+            piece_ids.append(ids)
+            piece_mask.append(m)
+            piece_type.append(t)
+    piece_len = np.fromiter((len(p) for p in piece_ids), dtype=np.int64, count=len(piece_ids))
+    token_ids = np.fromiter(chain.from_iterable(piece_ids), dtype=np.int32, count=int(piece_len.sum()))
+    loss_mask = np.repeat(np.array(piece_mask, dtype=np.uint8), piece_len)
+    types = np.repeat(np.array(piece_type, dtype=np.uint8), piece_len)
+    owner = np.repeat(np.arange(len(asm.examples)), per_example_pieces)
+    lengths = np.bincount(owner, weights=piece_len, minlength=len(asm.examples)).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    n_loss = np.add.reduceat(loss_mask.astype(np.int64), offsets[:-1]) if len(lengths) else np.zeros(0, np.int64)
+
+    firsts = [ex.units[0][0] for _, ex in asm.examples]
+    prov = rows.table.select(_PROVENANCE).take(pa.array(firsts, type=pa.int64()))
+    drop = rows.table.column("drop")[0].as_py() if rows.table.num_rows else ""
+    numbering: Counter[str] = Counter()
+    example_ids = []
+    for split, _ in asm.examples:
+        example_ids.append(f"{drop}:{split}/{numbering[split]}")
+        numbering[split] += 1
+    record_id = rows.table.column("record_id").to_pylist()
+    grouped = rows.keys is not None
+    if asm.examples:
+        ex_sink.write(pa.table({
+            "example_id": pa.array(example_ids, pa.string()),
+            **{c: prov.column(c) for c in _PROVENANCE},
+            "split": pa.array([s for s, _ in asm.examples], pa.string()),
+            "token_ids": list_array(token_ids, offsets, pa.int32()),
+            "loss_mask": list_array(loss_mask, offsets, pa.uint8()),
+            "token_type_ids": list_array(types, offsets, pa.uint8()),
+            "num_tokens": pa.array(lengths.astype(np.int32)),
+            "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
+            "num_prompt_tokens": pa.array(np.full(len(lengths), len(prompt_ids), dtype=np.int32)),
+            "pair_id": pa.nulls(len(lengths), pa.string()),
+            "branch": pa.nulls(len(lengths), pa.string()),
+            "shared_prefix_tokens": pa.nulls(len(lengths), pa.int32()),
+            "record_ids": pa.array([[record_id[i] for u in ex.units for i in u] for _, ex in asm.examples],
+                                   pa.list_(pa.string())),
+            "group_keys": pa.array([[rows.labels[u[0]] for u in ex.units] if grouped and rows.labels else None
+                                    for _, ex in asm.examples], pa.list_(pa.string())),
+        }, schema=GOLD_SCHEMA))
+    if asm.rejects:
+        rej = rows.table.select([*_PROVENANCE, "split"]).take(pa.array([r[0] for r in asm.rejects], type=pa.int64()))
+        rej_sink.write(pa.table({
+            **{c: rej.column(c) for c in rej.column_names},
+            "reason": pa.array([r[1] for r in asm.rejects], pa.string()),
+            "detail": pa.array([r[2] for r in asm.rejects], pa.string()),
+            "num_tokens": pa.array([r[3] for r in asm.rejects], pa.int32()),
+            "group_key": pa.array([r[4] for r in asm.rejects], pa.string()),
+        }, schema=GOLD_REJECT_SCHEMA))
+
+    units = [len(ex.units) for _, ex in asm.examples]
+    records = [sum(len(u) for u in ex.units) for _, ex in asm.examples]
+    return {
+        "lengths": lengths,
+        "tokens": int(lengths.sum()),
+        "loss_tokens": int(n_loss.sum()),
+        "prompt_tokens": len(prompt_ids) * len(lengths),
+        "rejects_by_reason": dict(Counter(r[1] for r in asm.rejects)),
+        "tabular": {
+            "mode": tab.resolved_mode,
+            "columns": rows.columns,
+            "schema_prompt": prompt_text,
+            "schema_prompt_tokens": len(prompt_ids),
+            "bos_id": bos,
+            "eos_id": eos,
+            "max_seq_len": spec.sequence.max_seq_len,
+            "record_budget": spec.sequence.max_seq_len - len(prompt_ids),
+            "max_sequences_per_example": spec.max_per_example,
+            "records": len(rows.lengths),
+            "records_in_examples": int(sum(records)),
+            "groups": len(set(rows.keys)) if rows.keys is not None else None,
+            "examples": len(asm.examples),
+            "tokens_per_record": percentiles(rows.lengths),
+            "tokens_per_group": percentiles(asm.group_tokens) if grouped else None,
+            "tokens_per_example": percentiles(lengths),
+            "records_per_example": percentiles(records),
+            "groups_per_example": percentiles(units) if grouped else None,
+            "examples_per_group": percentiles(list(asm.examples_per_group.values())) if grouped else None,
+            "over_budget": _largest(asm.rejects),
+            "initial_prefill": dict(sorted(asm.prefill.items())) if tab.resolved_mode == "sequential" else None,
+        },
+    }
+
+
+def _largest(rejects: list[tuple[int, str, str, int, str | None]], n: int = 5) -> list[dict[str, Any]]:
+    """The largest over-budget groups/records (one entry per group), largest first."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, reason, detail, tokens, label in rejects:
+        key = (reason, label if reason == GROUP_OVER_BUDGET and label is not None else str(i))
+        seen.setdefault(key, {"reason": reason, "group": label, "tokens": tokens, "detail": detail})
+    return sorted(seen.values(), key=lambda e: (-e["tokens"], e["detail"]))[:n]
