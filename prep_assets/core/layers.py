@@ -45,7 +45,7 @@ from prep_assets.core.records import (
     Invalid,
 )
 from prep_assets.core.spec import DatasetSpec, TabularSpec
-from prep_assets.core.tabular import group_identity, infer_column_types
+from prep_assets.core.tabular import group_label, infer_column_types, initial_prefill
 from prep_assets.core.tabular_gold import build_tabular_examples
 from prep_assets.core.tokenizer import load_pinned, pin_tokenizer
 
@@ -102,16 +102,26 @@ def drop_format(spec: DatasetSpec, drop: Drop) -> str:
 
 
 def _extractor(spec: DatasetSpec, fmt: str, source: Path, drop: Drop) -> Extractor:
-    """The record type's extractor; for tables, one that keeps the drop's schema (CSV typed in a first pass)."""
+    """The record type's extractor. For tables, a first read fixes the drop's schema: CSV cells' column types
+    (the group_by column stays text unless typed in the spec: it names groups), and for JSON rows the union
+    of their keys in first-seen order."""
     if spec.input.type != "tabular":
         return EXTRACTORS[spec.input.type]
     tab = spec.tabular or TabularSpec()
-    csv_types = None
+    if fmt == "txt":
+        raise DropError(f"{drop.file}: tabular input reads rows (csv, parquet, jsonl, json), not txt lines")
+    if fmt == "parquet":
+        return TabularExtractor(tab, drop.file)
+    items = (r.value for r in read_drop(source, fmt, max_line_bytes=spec.input.max_line_bytes, acct=Accounting())
+             if isinstance(r, RawItem))
     if fmt == "csv":
-        rows = read_drop(source, fmt, max_line_bytes=spec.input.max_line_bytes, acct=Accounting())
-        csv_types = infer_column_types((r.value for r in rows if isinstance(r, RawItem)), tab.null_values,
-                                       tab.column_types)
-    return TabularExtractor(tab, drop.file, csv_types)
+        overrides = {**({tab.group_by: "string"} if tab.group_by else {}), **tab.column_types}
+        return TabularExtractor(tab, drop.file, csv_types=infer_column_types(items, tab.null_values, overrides))
+    columns: dict[str, None] = {}
+    for value in items:
+        if isinstance(value, dict):
+            columns.update(dict.fromkeys(value))
+    return TabularExtractor(tab, drop.file, columns=list(columns) or None)
 
 
 def build_raw_records(
@@ -176,7 +186,7 @@ def _split_key(spec: DatasetSpec, content: dict[str, Any], digest: str) -> str:
     group_by = spec.tabular.group_by if spec.tabular is not None else None
     if group_by is None:
         return digest
-    return "group:" + group_identity(content["values"][content["columns"].index(group_by)])
+    return "group:" + group_label(content["values"][content["columns"].index(group_by)])
 
 
 def build_clean_records(
@@ -408,7 +418,7 @@ def pack_split(spec: DatasetSpec, sub: pa.Table, gold: GoldArrays, pad_id: int, 
     return plan, rows
 
 
-TABULAR_MANIFEST_KEYS = ("mode", "columns", "schema_prompt", "bos_id", "eos_id", "initial_prefill")
+TABULAR_MANIFEST_KEYS = ("mode", "columns", "schema_prompt", "bos_id", "eos_id", "order_by", "initial_prefill")
 
 
 def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path) -> dict[str, Any]:
@@ -433,7 +443,7 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
     with staged_dir(out_dir) as stage:
         for split_no, split in enumerate(SPLITS):
             sub = table.filter(pc.equal(table.column("split"), split))
-            seed = (spec.packing.seed, split_no) if spec.packing.shuffle else None
+            seed = (spec.packing.seed, split_no) if spec.shuffles_rows else None
             gold = GoldArrays.of(sub)
             plan, rows = pack_split(spec, sub, gold, info.pad_id, seed)
             example_ids = sub.column("example_id").combine_chunks().take(pa.array(rows.example_order, type=pa.int64()))
@@ -580,12 +590,13 @@ def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]
 
 def _merge_tabular(acc: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
     """The dataset's tabular section: the first partition's schema (in partition order); `initial_prefill` per
-    group from the first partition holding that group's training records."""
+    group: the earliest 3 (by order_by) of the training records every partition kept for it."""
     if acc is None:
-        return {**part, "initial_prefill": dict(part.get("initial_prefill") or {}) if part["mode"] == "sequential"
-                else None}
-    if acc["initial_prefill"] is not None:
-        for group, records in (part.get("initial_prefill") or {}).items():
-            acc["initial_prefill"].setdefault(group, records)
-        acc["initial_prefill"] = dict(sorted(acc["initial_prefill"].items()))
+        acc = {**part, "initial_prefill": {} if part["mode"] == "sequential" else None}
+    if acc["initial_prefill"] is None:
+        return acc
+    gathered = {g: list(v) for g, v in acc["initial_prefill"].items()}
+    for group, records in (part.get("initial_prefill") or {}).items():
+        gathered.setdefault(group, []).extend(records)
+    acc["initial_prefill"] = initial_prefill(gathered, part.get("order_by"))
     return acc

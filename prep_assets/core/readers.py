@@ -271,7 +271,7 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
                 line, offset = starts[first] if first < len(starts) else (consumed + 1, 0)
                 acct.lines_in += 1
                 acct.rejected += 1
-                yield RawReject(line, offset, "malformed_csv", f"{exc} (reading resumes on the next line)", "")
+                yield RawReject(line, offset, "malformed_csv", f"{exc}; the row's lines are skipped, reading resumes after them", "")
                 if header is None:
                     return
                 consumed = base = len(starts)

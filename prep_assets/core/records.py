@@ -259,15 +259,20 @@ def extract_preference(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
 class TabularExtractor:
     """Table rows (CSV, Parquet or JSON objects) as `{columns, values}` in the drop's schema order.
 
-    The schema is the first record's keys (the CSV header, the Parquet schema); a later record with other keys
-    is rejected (`unexpected_columns`), a missing key is a missing value. CSV cells are typed with
-    `csv_types` (see `tabular.infer_column_types`); other formats keep their JSON/Parquet types.
+    The schema is `columns` when given (JSON rows: the union of the drop's keys), else the first record's keys
+    (the CSV header, the Parquet schema); a record with a key outside it is rejected (`unexpected_columns`), a
+    missing key is a missing value. CSV cells are typed with `csv_types` (see `tabular.infer_column_types`);
+    other formats keep their JSON/Parquet types.
     """
 
-    def __init__(self, tab: TabularSpec, source: str, csv_types: dict[str, str] | None = None) -> None:
+    def __init__(self, tab: TabularSpec, source: str, csv_types: dict[str, str] | None = None,
+                 columns: list[str] | None = None) -> None:
         self.tab, self.source, self.csv_types = tab, source, csv_types
         self.columns: list[str] | None = None
         self.known: set[str] = set()
+        if columns:
+            self.columns = self._schema(dict.fromkeys(columns))
+            self.known = set(self.columns)
 
     def _schema(self, value: dict[str, Any]) -> list[str]:
         columns = list(value)

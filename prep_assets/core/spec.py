@@ -266,12 +266,14 @@ class DatasetSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _tabular_defaults(cls, raw: Any) -> Any:
-        """Tabular examples are assembled to fit one sequence each: packing defaults to `single`."""
+        """Tabular defaults: packing `single` (examples are assembled to fit one sequence each) and no dedup
+        (repeated rows are data in a table)."""
         if isinstance(raw, dict) and isinstance(raw.get("input"), dict) and raw["input"].get("type") == "tabular":
-            packing = raw.get("packing") or {}
-            if isinstance(packing, dict) and "strategy" not in packing:
-                raw = {**raw, "packing": {**packing, "strategy": "single"}}
-            raw.setdefault("tabular", {})
+            raw = {**raw, "tabular": raw.get("tabular") or {}}
+            for section, key, value in (("packing", "strategy", "single"), ("clean", "dedup", "none")):
+                current = raw.get(section) or {}
+                if isinstance(current, dict) and key not in current:
+                    raw[section] = {**current, key: value}
         return raw
 
     @model_validator(mode="after")
@@ -313,8 +315,8 @@ class DatasetSpec(_Strict):
         if self.sequence.overflow != "drop":
             raise ValueError("tabular records are never cut: a record or group that cannot fit is an error before "
                              "any shard is written; leave sequence.overflow at drop")
-        if self.input.format in ("jsonl.gz", "txt"):
-            raise ValueError("tabular input reads csv, parquet, jsonl or json")
+        if self.input.format == "txt":
+            raise ValueError("tabular input reads csv, parquet, jsonl, jsonl.gz or json rows, not txt lines")
 
     @property
     def max_per_example(self) -> int | None:
@@ -335,6 +337,12 @@ class DatasetSpec(_Strict):
     def splits_examples(self) -> bool:
         """Whether shards may hold an example in pieces (so gold examples may exceed max_seq_len)."""
         return self.gold_overflow == "keep"
+
+    @property
+    def shuffles_rows(self) -> bool:
+        """Whether shard rows are shuffled per split: `packing.shuffle`, except sequential tables (in order)."""
+        sequential = self.tabular is not None and self.tabular.resolved_mode == "sequential"
+        return self.packing.shuffle and not (self.input.type == "tabular" and sequential)
 
     @property
     def tabular_packing(self) -> dict[str, Any] | None:
@@ -387,8 +395,9 @@ _MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.
 # `checks` is in every layer: a changed threshold must re-judge every partition.
 LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
-    "bronze": ("input", "checks"),
-    "silver": ("input", "checks", "clean", "split"),
+    # tabular: bronze types CSV cells and checks group_by/order_by; silver draws splits by group
+    "bronze": ("input", "checks", "tabular"),
+    "silver": ("input", "checks", "clean", "split", "tabular"),
     # gold depends on the overflow it applies (keep under full/window), not on the packing strategy itself
     # tabular gold assembles examples, so it also follows the packing seed and records per example
     "gold": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence.max_seq_len",

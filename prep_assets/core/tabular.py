@@ -84,7 +84,7 @@ def infer_column_types(rows: Iterable[dict[str, str]], null_values: Iterable[str
             if could_int.get(col, True):
                 could_int[col] = _INT.fullmatch(cell) is not None
             if could_float.get(col, True):
-                could_float[col] = _FLOAT.fullmatch(cell) is not None
+                could_float[col] = _FLOAT.fullmatch(cell) is not None and math.isfinite(float(cell))
     types = {c: "int" if could_int[c] else "float" if could_float[c] else "string" for c in could_int}
     return {**types, **(overrides or {})}
 
@@ -98,8 +98,8 @@ def parse_cell(cell: str, kind: str, null_values: Iterable[str]) -> Any:
             raise ValueError(f"{cell[:40]!r} is not an integer")
         return int(cell)
     if kind == "float":
-        if _FLOAT.fullmatch(cell) is None:
-            raise ValueError(f"{cell[:40]!r} is not a number")
+        if _FLOAT.fullmatch(cell) is None or not math.isfinite(float(cell)):
+            raise ValueError(f"{cell[:40]!r} is not a finite number")
         return float(cell)
     return cell
 
@@ -119,12 +119,11 @@ def _order_key(value: Any) -> tuple[Any, ...]:
 
 
 def group_label(value: Any) -> str:
-    """How a group is named to users: a string as it is, anything else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
-
-
-def group_identity(value: Any) -> str:
-    """What groups records (and keys the split): the value's canonical JSON, so 5 and "5" differ."""
+    """A group's key: a string as it is, anything else as compact JSON. It groups records, keys the split and
+    names the group, so 7 and "7" are one group (an id read as a number in one drop and as text in another
+    stays one group, in one split)."""
+    if isinstance(value, str):
+        return value
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -229,6 +228,15 @@ def plan_sequential(groups: list[list[int]], record_tokens: list[int], budget: i
     return examples
 
 
-def initial_prefill(groups: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The first 3 rendered training records of each group (sequential mode), kept with the manifest."""
-    return {g: rows[:INITIAL_PREFILL_RECORDS] for g, rows in sorted(groups.items())}
+def initial_prefill(groups: dict[str, list[str]], order_by: str | None = None) -> dict[str, list[str]]:
+    """The first 3 rendered training records of each group (sequential mode), kept with the manifest.
+
+    With `order_by`, each group's records (JSON lines, possibly gathered from several drops in drop order) are
+    first ordered by that column (stable), so the prefill is the group's earliest records.
+    """
+    def ordered(rows: list[str]) -> list[str]:
+        if order_by is None:
+            return rows
+        return sorted(rows, key=lambda r: _order_key(json.loads(r).get(order_by)))
+
+    return {g: ordered(rows)[:INITIAL_PREFILL_RECORDS] for g, rows in sorted(groups.items())}

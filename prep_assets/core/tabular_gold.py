@@ -32,7 +32,6 @@ from prep_assets.core.spec import DatasetSpec, TabularSpec
 from prep_assets.core.tabular import (
     INITIAL_PREFILL_RECORDS,
     Example,
-    group_identity,
     group_label,
     group_records,
     plan_flat,
@@ -74,8 +73,7 @@ class _Rows:
     lines: list[str]  # rendered records without their newline
     ids: list[list[int]]  # tokens of each record line (newline included)
     lengths: list[int]
-    keys: list[str] | None  # group identity per record
-    labels: list[str] | None  # group label per record
+    keys: list[str] | None  # group key per record (`group_label`)
     order: list[Any] | None
 
 
@@ -88,15 +86,14 @@ def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedT
             raise ValueError(f"records of one drop with different columns: {c['columns']} != {columns}")
     lines = [render_values(columns, c["values"]) for c in contents]
     ids = pt.encode_batch([line + "\n" for line in lines], continuation=True)
-    keys = labels = order = None
+    keys = order = None
     if tab.group_by is not None:
         gi = columns.index(tab.group_by)
-        keys = [group_identity(c["values"][gi]) for c in contents]
-        labels = [group_label(c["values"][gi]) for c in contents]
+        keys = [group_label(c["values"][gi]) for c in contents]
     if tab.order_by is not None:
         oi = columns.index(tab.order_by)
         order = [c["values"][oi] for c in contents]
-    return _Rows(table.drop_columns(["content"]), columns, lines, ids, [len(x) for x in ids], keys, labels, order)
+    return _Rows(table.drop_columns(["content"]), columns, lines, ids, [len(x) for x in ids], keys, order)
 
 
 @dataclass
@@ -122,8 +119,8 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
         fits = []
         for i in idx:
             need = prompt_tokens + 2 + rows.lengths[i]
-            if need > L:
-                label = rows.labels[i] if rows.labels is not None else None
+            if need > L and mode != "grouped":  # grouped: the record's whole group is left out (below)
+                label = rows.keys[i] if rows.keys is not None else None
                 out.rejects.append((i, RECORD_OVER_BUDGET, f"this record alone needs {need} tokens (schema prompt "
                                     f"{prompt_tokens} + record {rows.lengths[i]} + BOS/EOS 2) > max_seq_len {L}",
                                     need, label))
@@ -134,7 +131,7 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
             plan = plan_flat([rows.lengths[i] for i in fits], budget, max_per, seed)
             out.examples += [(split, Example([[fits[k] for k in u] for u in ex.units], ex.budget)) for ex in plan]
             continue
-        assert rows.keys is not None and rows.labels is not None
+        assert rows.keys is not None
         local = group_records([rows.keys[i] for i in idx], [rows.order[i] for i in idx] if rows.order else None)
         groups = [[idx[k] for k in g] for g in local]
         out.group_tokens += [prompt_tokens + 2 + sum(rows.lengths[i] for i in g) for g in groups]
@@ -145,9 +142,9 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
                 if need <= L:
                     placeable.append(g)
                     continue
-                detail = (f"group {rows.labels[g[0]]!r} needs {need} tokens (schema prompt {prompt_tokens} + "
+                detail = (f"group {rows.keys[g[0]]!r} needs {need} tokens (schema prompt {prompt_tokens} + "
                           f"{len(g)} records {need - prompt_tokens - 2} + BOS/EOS 2) > max_seq_len {L}")
-                out.rejects += [(i, GROUP_OVER_BUDGET, detail, need, rows.labels[i]) for i in g]
+                out.rejects += [(i, GROUP_OVER_BUDGET, detail, need, rows.keys[i]) for i in g]
             plan = plan_grouped(placeable, rows.lengths, budget, max_per, seed)
         else:
             rng = np.random.default_rng([spec.packing.seed, split_no]) if split == "train" else None
@@ -157,7 +154,7 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
             if split == "train":
                 for g in kept:
                     if g:
-                        out.prefill[rows.labels[g[0]]] = [rows.lines[i] for i in g[:INITIAL_PREFILL_RECORDS]]
+                        out.prefill[rows.keys[g[0]]] = [rows.lines[i] for i in g[:INITIAL_PREFILL_RECORDS]]
         for ex in plan:
             out.examples.append((split, ex))
             for u in ex.units:
@@ -227,7 +224,7 @@ def build_tabular_examples(spec: DatasetSpec, silver_records: Path, pt: PinnedTo
             "shared_prefix_tokens": pa.nulls(len(lengths), pa.int32()),
             "record_ids": pa.array([[record_id[i] for u in ex.units for i in u] for _, ex in asm.examples],
                                    pa.list_(pa.string())),
-            "group_keys": pa.array([[rows.labels[u[0]] for u in ex.units] if grouped and rows.labels else None
+            "group_keys": pa.array([[rows.keys[u[0]] for u in ex.units] if rows.keys is not None else None
                                     for _, ex in asm.examples], pa.list_(pa.string())),
         }, schema=GOLD_SCHEMA))
     if asm.rejects:
@@ -250,6 +247,7 @@ def build_tabular_examples(spec: DatasetSpec, silver_records: Path, pt: PinnedTo
         "rejects_by_reason": dict(Counter(r[1] for r in asm.rejects)),
         "tabular": {
             "mode": tab.resolved_mode,
+            "order_by": tab.order_by,
             "columns": rows.columns,
             "schema_prompt": prompt_text,
             "schema_prompt_tokens": len(prompt_ids),

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from prep_assets.core.errors import SpecError
-from prep_assets.core.spec import load_spec, load_specs, parse_spec
+from prep_assets.core.spec import LAYER_SECTIONS, load_spec, load_specs, parse_spec
 from prep_assets_tests.conftest import SAMPLE_DATA, make_spec
 
 BASE = {"input": {"type": "text"}, "tokenizer": {"path": "tok"}}
@@ -127,3 +127,13 @@ def test_tabular_spec_errors_name_the_key(extra: dict, message: str):
 def test_tabular_section_only_for_tabular_type():
     with pytest.raises(SpecError, match="tabular: applies to input.type tabular, not text"):
         make_spec(input={"type": "text"}, tabular={})
+
+
+def test_tabular_settings_make_every_layer_stale_and_tables_default_to_no_dedup():
+    base = make_spec(input={"type": "tabular"}, tabular={"group_by": "a"})
+    other = make_spec(input={"type": "tabular"}, tabular={"group_by": "b"})
+    for layer in ("bronze", "silver", "gold", "shards"):
+        assert base.fingerprint(*LAYER_SECTIONS[layer]) != other.fingerprint(*LAYER_SECTIONS[layer])
+    assert base.clean.dedup == "none" and make_spec(input={"type": "tabular"}, clean={"dedup": "exact"}).clean.dedup == "exact"
+    seq = make_spec(input={"type": "tabular"}, tabular={"group_by": "a", "order_by": "t", "time_series": True})
+    assert base.shuffles_rows and not seq.shuffles_rows  # sequential examples stay in order in the shards

@@ -100,6 +100,8 @@ def test_over_budget_group_is_an_error_naming_the_largest_and_the_remedies():
 
 def test_initial_prefill_keeps_the_first_three_records_per_group():
     assert initial_prefill({"b": ["1", "2", "3", "4"], "a": ["x"]}) == {"a": ["x"], "b": ["1", "2", "3"]}
+    rows = ['{"t":"05"}', '{"t":"00"}', '{"t":null}', '{"t":"03"}', '{"t":"01"}']
+    assert initial_prefill({"g": rows}, "t") == {"g": ['{"t":"00"}', '{"t":"01"}', '{"t":"03"}']}
 
 
 
@@ -115,6 +117,10 @@ def test_csv_column_types_inferred_over_the_drop_leading_zeros_stay_text():
     assert parse_cell("02134", "string", [""]) == "02134" and parse_cell("-12", "int", [""]) == -12
     with pytest.raises(ValueError, match="'0x1' is not an integer"):
         parse_cell("0x1", "int", [""])
+    # a number too large for a float is text, never a silent null; forced to float it is a reject
+    assert infer_column_types([{"big": "1e400"}, {"big": "2"}], [""]) == {"big": "string"}
+    with pytest.raises(ValueError, match="'1e400' is not a finite number"):
+        parse_cell("1e400", "float", [""])
 
 
 def test_groups_in_first_appearance_order_each_sorted_by_order_by_nulls_last():

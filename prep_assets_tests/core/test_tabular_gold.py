@@ -18,14 +18,20 @@ from prep_assets_tests.core.test_layers import run_core
 EOT = "<|endoftext|>"  # GPT-2's BOS and EOS: the default unit delimiters
 
 
-def _run(tmp_path: Path, gpt2: Path, csv_text: str, tabular: dict, max_seq_len: int = 128, **extra):
+def _run_drops(tmp_path: Path, gpt2: Path, drops: dict[str, str], tabular: dict, max_seq_len: int = 128, **extra):
     data = tmp_path / "data"
     (data / "raw" / "tab").mkdir(parents=True)
-    (data / "raw" / "tab" / "table.csv").write_text(csv_text, encoding="utf-8")
-    spec = make_spec("tab", input={"type": "tabular"}, tokenizer={"path": str(gpt2)}, clean={"dedup": "none"},
-                     sequence={"max_seq_len": max_seq_len}, tabular=tabular,
-                     checks={"min_sequence_utilization": 0.0}, **extra)
-    (key, r), = run_core(data, spec).items()
+    for name, text in drops.items():
+        (data / "raw" / "tab" / name).write_text(text, encoding="utf-8")
+    extra.setdefault("checks", {"min_sequence_utilization": 0.0})
+    spec = make_spec("tab", input={"type": "tabular"}, tokenizer={"path": str(gpt2)},
+                     sequence={"max_seq_len": max_seq_len}, tabular=tabular, **extra)
+    return data, spec, run_core(data, spec)
+
+
+def _run(tmp_path: Path, gpt2: Path, csv_text: str, tabular: dict, max_seq_len: int = 128, **extra):
+    data, spec, runs = _run_drops(tmp_path, gpt2, {"table.csv": csv_text}, tabular, max_seq_len, **extra)
+    (key, r), = runs.items()
     gold = pq.read_table(r["dirs"][2] / "examples.parquet").to_pylist()
     pt = load_pinned(dataset_paths(data, "tab").tokenizer_dir)
     return data, spec, key, r, gold, pt
@@ -150,20 +156,83 @@ def test_sequential_continues_in_order_flushes_on_group_change_and_draws_budgets
     assert list(prefill) == ["s1", "s2"] and [json.loads(x)["t"] for x in prefill["s1"]] == ["00", "01", "02"]
 
 
-def test_sequential_test_split_uses_the_full_budget(tmp_path: Path, gpt2_dir: Path):
+def test_sequential_test_split_uses_the_full_budget_and_train_the_seeded_draws(tmp_path: Path, gpt2_dir: Path):
     rows = "".join(f"s{s},{t:02d},{t}.5\n" for s in range(30) for t in range(8))
     _, spec, _, r, gold, _ = _run(tmp_path, gpt2_dir, "sid,t,v\n" + rows,
                                   {"group_by": "sid", "order_by": "t", "time_series": True}, max_seq_len=100,
-                                  split={"test_ratio": 0.5}, packing={"max_sequences_per_example": 100})
+                                  split={"test_ratio": 0.5}, packing={"max_sequences_per_example": 100, "seed": 5})
     tab = r["gold"]["tabular"]
     record_budget = 100 - tab["schema_prompt_tokens"] - 2
     size = tab["tokens_per_record"]["max"]
     assert tab["tokens_per_record"]["min"] == size
-    full = record_budget // size
-    test_sizes = [len(g["record_ids"]) for g in gold if g["split"] == "test"]
-    train_sizes = [len(g["record_ids"]) for g in gold if g["split"] == "train"]
-    assert test_sizes and set(test_sizes) <= {full, 8 - full}  # 8 records: full budget, then the rest
-    assert min(train_sizes) < full or len(set(train_sizes)) > 2  # train draws vary the fill
+
+    def sizes(draws) -> list[int]:  # the flush rule on equal-size records: 8 per group, groups in order
+        out = []
+        for _ in range(len({g["group_keys"][0] for g in gold if g["split"] == split})):
+            left = 8
+            while left:
+                n = min(left, max(1, max(next(draws), size) // size))
+                out.append(n)
+                left -= n
+        return out
+
+    rng = np.random.default_rng([5, 0])
+    split = "train"
+    train = sizes(int(rng.uniform(0.7, 1.0) * record_budget) for _ in iter(int, 1))
+    assert [len(g["record_ids"]) for g in gold if g["split"] == "train"] == train
+    split = "test"
+    test = sizes(record_budget for _ in iter(int, 1))
+    assert [len(g["record_ids"]) for g in gold if g["split"] == "test"] == test
+    assert len(set(test)) <= 2 < len(set(train)) or set(train) != set(test)
+
+
+def test_sequential_shard_rows_stay_in_order(tmp_path: Path, gpt2_dir: Path):
+    rows = "".join(f"s{s},{t:02d},{t}.5\n" for s in range(6) for t in range(10))
+    data, _, key, r, gold, _ = _run(tmp_path, gpt2_dir, "sid,t,v\n" + rows,
+                                    {"group_by": "sid", "order_by": "t", "time_series": True}, max_seq_len=100)
+    shard = pq.read_table(r["dirs"][3] / "train" / "part-00000.parquet", columns=["example_ids"]).to_pylist()
+    assert [x["example_ids"][0] for x in shard] == [g["example_id"] for g in gold if g["split"] == "train"]
+
+
+def test_initial_prefill_merges_drops_by_order_by(tmp_path: Path, gpt2_dir: Path):
+    drops = {"a.csv": "sid,t,v\ns1,05,1\ns2,01,1\n", "b.csv": "sid,t,v\ns1,03,1\ns1,00,1\ns1,04,1\ns1,01,1\n"}
+    data, _, runs = _run_drops(tmp_path, gpt2_dir, drops, {"group_by": "sid", "order_by": "t", "time_series": True})
+    manifest = json.loads((data / "lake" / "tab" / "manifest.json").read_text())
+    prefill = manifest["tabular"]["initial_prefill"]
+    assert {g: [json.loads(x)["t"] for x in v] for g, v in prefill.items()} == {"s1": ["00", "01", "03"], "s2": ["01"]}
+
+
+def test_a_group_id_typed_differently_across_drops_stays_in_one_split(tmp_path: Path, gpt2_dir: Path):
+    ids = range(40)
+    drops = {"a.csv": "dev,v\n" + "".join(f"{i},1\n" for i in ids),
+             "b.csv": "dev,v\n" + "".join(f"{i},2\n" for i in ids) + "x9,2\n"}  # x9: the column is text here
+    _, _, runs = _run_drops(tmp_path, gpt2_dir, drops, {"group_by": "dev"}, max_seq_len=1024,
+                            split={"test_ratio": 0.5})
+    split_of: dict[str, set] = {}
+    for r in runs.values():
+        for g in pq.read_table(r["dirs"][2] / "examples.parquet").to_pylist():
+            for k in g["group_keys"]:
+                split_of.setdefault(k, set()).add(g["split"])
+    assert len(split_of) == 41 and all(len(v) == 1 for v in split_of.values())
+    assert {s for v in split_of.values() for s in v} == {"train", "test"}
+
+
+def test_jsonl_rows_take_the_union_of_keys_nulls_and_nested_values(tmp_path: Path, gpt2_dir: Path):
+    text = ('{"id": 1, "tags": ["a", "b"]}\n{"id": 2, "extra": {"k": true}, "score": null}\n'
+            '{"id": 3, "tags": null, "score": 1.5}\n"not a row"\n{"id": 4, "score": NaN}\n')
+    data, spec, runs = _run_drops(tmp_path, gpt2_dir, {"rows.jsonl": text}, {}, max_seq_len=256,
+                                  checks={"max_reject_rate": 0.5, "min_sequence_utilization": 0.0})
+    (r,) = runs.values()
+    assert r["bronze"]["records"] == 3  # NaN is not JSON: that line is a reader reject, never a silent null
+    assert sorted(r["bronze"]["rejects_by_reason"]) == ["invalid_json_constant", "not_an_object"]
+    pt = load_pinned(dataset_paths(data, "tab").tokenizer_dir)
+    (g,) = pq.read_table(r["dirs"][2] / "examples.parquet").to_pylist()
+    text_out = _text(pt, g["token_ids"])
+    assert text_out.startswith("id, tags, extra, score\n")
+    lines = sorted((json.loads(x) for x in text_out.split(EOT)[1].splitlines()), key=json.dumps)
+    assert lines == sorted([{"id": 1, "tags": ["a", "b"], "extra": None, "score": None},
+                            {"id": 2, "tags": None, "extra": {"k": True}, "score": None},
+                            {"id": 3, "tags": None, "extra": None, "score": 1.5}], key=json.dumps)
 
 
 def test_over_budget_group_and_record_become_rejects_and_fail_the_budget_gate(tmp_path: Path, gpt2_dir: Path):
@@ -192,3 +261,13 @@ def test_a_record_alone_over_budget_is_a_reject_in_flat_mode(tmp_path: Path, gpt
     outcome = inv.gold_tabular_budget(r["dirs"][2], 40)
     assert outcome.violations == 1 and outcome.offending[0]["kind"] == "record"
     assert [len(g["record_ids"]) for g in gold] == [1]
+
+
+def test_a_huge_record_in_grouped_mode_leaves_its_group_out_once(tmp_path: Path, gpt2_dir: Path):
+    rows = "who,t,v\na,1,x\na,2," + "word " * 80 + "\nb,1,y\n"
+    _, _, _, r, gold, _ = _run(tmp_path, gpt2_dir, rows, {"group_by": "who"}, max_seq_len=60)
+    rejects = pq.read_table(r["dirs"][2] / "rejects.parquet").to_pylist()
+    assert sorted((x["source_line"], x["reason"]) for x in rejects) == [(2, "group_over_budget"),
+                                                                         (3, "group_over_budget")]
+    assert inv.gold_accounted(r["dirs"][2], r["dirs"][1]).passed
+    assert [g["group_keys"] for g in gold] == [["b"]]

@@ -95,7 +95,7 @@ def test_dow_jones_sequential_by_stock_ordered_by_date(tmp_path: Path, gpt2_dir:
     manifest = read_json(data / "lake" / "dow" / "manifest.json")
     prefill = manifest["tabular"]["initial_prefill"]
     assert manifest["tabular"]["mode"] == "sequential" and len(prefill) > 2000
-    first = [json.loads(x) for x in prefill["AAPL_0"]]
+    first = [json.loads(x) for x in prefill[min(prefill)]]
     assert len(first) == 3 and [r["date"] for r in first] == sorted(r["date"] for r in first)
     assert isinstance(first[0]["volume"], int) and isinstance(first[0]["open"], float)  # numbers stay numbers
     _, rows = _decoded_rows(data, "dow", key)
