@@ -20,6 +20,7 @@ from prep_assets.defs.keys import (
     tokenizer_job_name,
 )
 from prep_assets.defs.resources import LakeResource, default_data_dir
+from prep_assets.defs.sensors import build_drop_sensor
 from prep_assets.defs.shards import build_manifest_asset, build_shards
 from prep_assets.defs.silver import build_silver
 
@@ -53,13 +54,16 @@ def build_definitions(data_dir: Path | None = None) -> Definitions:
     data_dir = (data_dir or default_data_dir()).resolve()
     assets: list[AssetsDefinition] = []
     jobs = []
+    sensors = []
     for spec in load_specs(data_dir / "datasets"):
         assets += dataset_assets(spec)
         jobs += dataset_jobs(spec)
+        sensors.append(build_drop_sensor(spec))
     return Definitions(
         assets=[a for a in assets if not isinstance(a, AssetChecksDefinition)],
         asset_checks=[a for a in assets if isinstance(a, AssetChecksDefinition)],
         jobs=jobs,
+        sensors=sensors,
         resources={"lake": LakeResource(data_dir=str(data_dir))},
     )
 

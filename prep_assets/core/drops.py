@@ -7,9 +7,10 @@ sha256, so the bronze layer reads exactly the bytes the key names.
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from prep_assets.core.errors import DropError
@@ -55,19 +56,32 @@ def is_candidate_name(name: str) -> bool:
     return not (name.startswith((".", "_")) or name.lower().endswith(_IGNORED_SUFFIXES))
 
 
-def scan_raw_dir(raw_dir: Path) -> list[Path]:
+def scan_raw_dir(raw_dir: Path, refused: list[str] | None = None) -> list[Path]:
     """Regular files directly in the raw folder that could be drops, sorted by name.
 
-    Symlinks and anything resolving outside the folder are refused (not followed).
+    Symlinks, anything resolving outside the folder, folders and names no reader takes are refused (not
+    followed); each refusal is described in `refused` when given. Hidden, `_` and temp names are ignored
+    silently (writers use them while a file is incomplete).
     """
     if not raw_dir.is_dir():
         return []
     root = raw_dir.resolve()
     found: list[Path] = []
     for entry in sorted(raw_dir.iterdir(), key=lambda p: p.name):
-        if not is_candidate_name(entry.name) or entry.is_symlink() or not entry.is_file():
+        if not is_candidate_name(entry.name):
             continue
-        if entry.resolve().parent != root or format_of(entry.name) is None:
+        reason = None
+        if entry.is_symlink():
+            reason = "a symlink (never followed)"
+        elif not entry.is_file():
+            reason = "not a regular file"
+        elif entry.resolve().parent != root:
+            reason = "resolves outside the raw folder"
+        elif format_of(entry.name) is None:
+            reason = f"no reader for this name (suffixes: {', '.join(s for v in FORMAT_SUFFIXES.values() for s in v)})"
+        if reason is not None:
+            if refused is not None:
+                refused.append(f"{entry.name!r}: refused, {reason}")
             continue
         found.append(entry)
     return found
@@ -85,22 +99,79 @@ def registered_drops(paths: DatasetPaths) -> dict[str, Drop]:
 
 def register_drops(paths: DatasetPaths) -> tuple[list[Drop], list[str]]:
     """Register every new file of the raw folder; returns (new drops, notes on files skipped)."""
-    known = registered_drops(paths)
-    by_hash = {d.sha256: d for d in known.values()}
+    registry = _Registry(paths)
     new: list[Drop] = []
     notes: list[str] = []
-    for path in scan_raw_dir(paths.raw_dir):
+    for path in scan_raw_dir(paths.raw_dir, notes):
+        drop = registry.register(path, notes)
+        if drop is not None:
+            new.append(drop)
+    return new, notes
+
+
+class _Registry:
+    """Registered drops by content hash; registering writes `drops/<key>.json` before anything else."""
+
+    def __init__(self, paths: DatasetPaths) -> None:
+        self.paths = paths
+        self.by_hash = {d.sha256: d for d in registered_drops(paths).values()}
+
+    def register(self, path: Path, notes: list[str]) -> Drop | None:
         digest = sha256_file(path)
-        twin = by_hash.get(digest)
+        twin = self.by_hash.get(digest)
         if twin is not None:
             if twin.file != path.name:
-                notes.append(f"{path.name}: same bytes as drop {twin.partition} ({twin.file}); not a new drop")
-            continue
+                notes.append(f"{path.name!r}: same bytes as drop {twin.partition} ({twin.file!r}); not a new drop")
+            return None
         drop = Drop(partition=partition_key(path.name, digest), file=path.name, sha256=digest, size=path.stat().st_size)
-        write_json_atomic(paths.drops_dir / f"{drop.partition}.json", asdict(drop))
-        by_hash[digest] = drop
-        new.append(drop)
-    return new, notes
+        write_json_atomic(self.paths.drops_dir / f"{drop.partition}.json", asdict(drop))
+        self.by_hash[digest] = drop
+        return drop
+
+
+@dataclass(frozen=True)
+class Poll:
+    """One sensor tick over a raw folder."""
+
+    new: list[Drop]  # registered this tick
+    waiting: list[str] = field(default_factory=list)  # new or still changing: looked at again next tick
+    notes: list[str] = field(default_factory=list)  # refused names, same bytes under another name
+    cursor: str = ""
+
+
+def poll_drops(paths: DatasetPaths, cursor: str | None) -> Poll:
+    """Register files that are complete: the same size and mtime as at the previous tick.
+
+    The cursor (JSON) holds the (size, mtime_ns) of files seen changing (`pending`) and of files already
+    handled (`seen`), so an unchanged file is neither hashed nor reported again. A registered drop is
+    durable in the lake before the tick returns; a tick that fails later loses nothing (the caller adds
+    every registered drop the instance lacks).
+    """
+    state = json.loads(cursor) if cursor else {}
+    pending_before: dict[str, list[int]] = state.get("pending", {})
+    seen: dict[str, list[int]] = state.get("seen", {})
+    registry = _Registry(paths)
+    new: list[Drop] = []
+    waiting: list[str] = []
+    notes: list[str] = []
+    pending: dict[str, list[int]] = {}
+    files = scan_raw_dir(paths.raw_dir, notes)
+    for path in files:
+        st = path.stat()
+        sig = [st.st_size, st.st_mtime_ns]
+        if seen.get(path.name) == sig:
+            continue
+        if pending_before.get(path.name) != sig:
+            pending[path.name] = sig
+            waiting.append(path.name)
+            continue
+        drop = registry.register(path, notes)
+        if drop is not None:
+            new.append(drop)
+        seen[path.name] = sig
+    present = {p.name for p in files}
+    seen = {k: v for k, v in sorted(seen.items()) if k in present}
+    return Poll(new, waiting, notes, json.dumps({"pending": pending, "seen": seen}, sort_keys=True))
 
 
 def resolve_drop(paths: DatasetPaths, partition: str) -> tuple[Drop, Path]:

@@ -58,3 +58,15 @@ def test_jobs_per_dataset():
 
 def test_empty_data_dir_gives_empty_definitions(tmp_path):
     assert list(build_definitions(tmp_path).resolve_asset_graph().get_all_asset_keys()) == []
+
+
+def test_a_running_drop_sensor_per_dataset_targets_bronze():
+    from dagster import DefaultSensorStatus
+
+    defs = build_definitions(SAMPLE_DATA)
+    sensors = {s.name: s for s in defs.sensors or []}
+    assert set(sensors) == {f"{ds}_drops_sensor" for ds in ("sample_text", "sample_instruct", "sample_chat",
+                                                            "sample_pref", "sample_sensors")}
+    text = sensors["sample_text_drops_sensor"]
+    assert text.default_status == DefaultSensorStatus.RUNNING
+    assert text.asset_selection.resolve(defs.resolve_asset_graph()) == {AssetKey(["sample_text", "raw_records"])}

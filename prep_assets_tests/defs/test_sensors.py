@@ -1,0 +1,134 @@
+"""The drop sensor with `build_sensor_context` and a real (SQLite) instance: complete files only, twins,
+modified files, hostile names, restarts and failed ticks."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, SensorResult, build_sensor_context
+
+from prep_assets.core.drops import registered_drops
+from prep_assets.core.lake import dataset_paths
+from prep_assets.core.spec import load_spec
+from prep_assets.defs.resources import LakeResource
+from prep_assets.defs.sensors import build_drop_sensor
+from prep_assets_tests.conftest import write_dataset
+
+SPEC = {"input": {"type": "text"}, "tokenizer": {"path": "/nonexistent"}}
+KEY = re.compile(r"^[a-z0-9_-]{1,64}$")
+
+
+@pytest.fixture
+def instance(dagster_home: Path):
+    with DagsterInstance.get() as inst:
+        yield inst
+
+
+class Ticks:
+    """Evaluates the sensor as the daemon would: the stored cursor carried over, add-requests applied."""
+
+    def __init__(self, data: Path, instance: DagsterInstance) -> None:
+        self.data, self.instance, self.cursor = data, instance, None
+        self.sensor = build_drop_sensor(load_spec(data / "datasets" / "notes.yaml"))
+
+    def tick(self, apply: bool = True) -> SensorResult:
+        ctx = build_sensor_context(instance=self.instance, cursor=self.cursor,
+                                   resources={"lake": LakeResource(data_dir=str(self.data))})
+        result = self.sensor(ctx)
+        assert isinstance(result, SensorResult)
+        if apply:  # what the daemon does with the result (build_sensor_context does not apply it)
+            self.cursor = result.cursor
+            for req in result.dynamic_partitions_requests or []:
+                self.instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        return result
+
+
+def _keys(result: SensorResult) -> list[str]:
+    return [r.partition_key for r in result.run_requests or []]
+
+
+def _setup(tmp_path: Path, instance, files: dict[str, bytes]) -> tuple[Path, Ticks]:
+    data = write_dataset(tmp_path / "data", "notes", SPEC, files)
+    return data, Ticks(data, instance)
+
+
+def test_a_new_file_becomes_a_drop_once_unchanged_across_two_ticks(tmp_path: Path, instance):
+    data, t = _setup(tmp_path, instance, {"a.jsonl": b'{"text": "one"}\n'})
+    first = t.tick()
+    assert _keys(first) == [] and "still changing" in first.skip_reason.skip_message
+    second = t.tick()
+    (key,) = _keys(second)
+    assert second.run_requests[0].run_key == key and KEY.match(key) and key.startswith("a_jsonl-")
+    assert [list(r.partition_keys) for r in second.dynamic_partitions_requests] == [[key]]
+    assert instance.get_dynamic_partitions("notes_drops") == [key]
+    assert _keys(t.tick()) == []  # nothing new: no request, the file is not hashed again
+
+
+def test_a_growing_file_waits_until_it_stops_changing(tmp_path: Path, instance):
+    data, t = _setup(tmp_path, instance, {"b.jsonl": b'{"text": "one"}\n'})
+    t.tick()
+    path = data / "raw" / "notes" / "b.jsonl"
+    with path.open("ab") as f:
+        f.write(b'{"text": "two"}\n')
+    assert _keys(t.tick()) == []  # changed since the last tick: still being written
+    (key,) = _keys(t.tick())
+    assert registered_drops(dataset_paths(data, "notes"))[key].size == path.stat().st_size
+
+
+def test_same_bytes_under_another_name_is_reported_not_a_new_drop(tmp_path: Path, instance):
+    data, t = _setup(tmp_path, instance, {"c.jsonl": b'{"text": "one"}\n'})
+    t.tick()
+    (key,) = _keys(t.tick())
+    (data / "raw" / "notes" / "c_copy.jsonl").write_bytes(b'{"text": "one"}\n')
+    t.tick()
+    result = t.tick()
+    assert _keys(result) == [] and f"'c_copy.jsonl': same bytes as drop {key}" in result.skip_reason.skip_message
+
+
+def test_a_modified_file_is_a_new_drop_and_the_old_partition_stays(tmp_path: Path, instance):
+    data, t = _setup(tmp_path, instance, {"d.jsonl": b'{"text": "one"}\n'})
+    t.tick()
+    (old,) = _keys(t.tick())
+    path = data / "raw" / "notes" / "d.jsonl"
+    path.write_bytes(b'{"text": "one, corrected"}\n')
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    t.tick()
+    (new,) = _keys(t.tick())
+    assert new != old and new.startswith("d_jsonl-")
+    assert set(instance.get_dynamic_partitions("notes_drops")) == {old, new}
+    assert set(registered_drops(dataset_paths(data, "notes"))) == {old, new}
+
+
+def test_hostile_names_give_safe_keys_and_symlinks_or_outside_paths_are_refused(tmp_path: Path, instance):
+    names = ["a,b.jsonl", "x|y.jsonl", "Ünïcødé ✓.jsonl", "n" * 240 + ".jsonl", "-.jsonl"]
+    data, t = _setup(tmp_path, instance, {n: f'{{"text": "{i}"}}\n'.encode() for i, n in enumerate(names)})
+    raw = data / "raw" / "notes"
+    (raw.parent / "x.jsonl").write_bytes(b'{"text": "outside"}\n')  # ../x.jsonl relative to the raw folder
+    (raw / "link.jsonl").symlink_to(raw.parent / "x.jsonl")
+    (raw / ".hidden.jsonl").write_bytes(b'{"text": "h"}\n')
+    (raw / "upload.jsonl.part").write_bytes(b'{"text": "p"}\n')
+    t.tick()
+    result = t.tick()
+    keys = _keys(result)
+    assert len(keys) == len(names) == len(set(keys)) and all(KEY.match(k) for k in keys)
+    files = {d.file for d in registered_drops(dataset_paths(data, "notes")).values()}
+    assert files == set(names)  # the original names are kept as metadata
+    notes = t.sensor(build_sensor_context(instance=instance, cursor=t.cursor,
+                                          resources={"lake": LakeResource(data_dir=str(data))})).skip_reason.skip_message
+    assert "'link.jsonl': refused, a symlink" in notes
+
+
+def test_restart_with_the_stored_cursor_and_a_failed_tick_lose_nothing(tmp_path: Path, instance):
+    data, t = _setup(tmp_path, instance, {"e.jsonl": b'{"text": "one"}\n'})
+    t.tick()
+    stored = t.cursor
+    restarted = Ticks(data, instance)  # a new process: only the stored cursor survives
+    restarted.cursor = stored
+    failed = restarted.tick(apply=False)  # registers the drop, then the tick "fails": nothing applied
+    (key,) = _keys(failed)
+    assert instance.get_dynamic_partitions("notes_drops") == []
+    retry = restarted.tick()  # the next tick (old cursor) still adds it, with the same run key
+    assert _keys(retry) == [key] and retry.run_requests[0].run_key == key
+    assert instance.get_dynamic_partitions("notes_drops") == [key]
+    assert _keys(restarted.tick()) == []
