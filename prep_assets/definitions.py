@@ -20,6 +20,7 @@ from prep_assets.defs.keys import (
     tokenizer_job_name,
 )
 from prep_assets.defs.resources import LakeResource, default_data_dir
+from prep_assets.defs.automation import automation_sensor
 from prep_assets.defs.sensors import build_drop_sensor
 from prep_assets.defs.shards import build_manifest_asset, build_shards
 from prep_assets.defs.silver import build_silver
@@ -63,7 +64,7 @@ def build_definitions(data_dir: Path | None = None) -> Definitions:
         assets=[a for a in assets if not isinstance(a, AssetChecksDefinition)],
         asset_checks=[a for a in assets if isinstance(a, AssetChecksDefinition)],
         jobs=jobs,
-        sensors=sensors,
+        sensors=[*sensors, automation_sensor()] if sensors else [],
         resources={"lake": LakeResource(data_dir=str(data_dir))},
     )
 

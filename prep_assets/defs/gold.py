@@ -8,6 +8,7 @@ from dagster import AssetExecutionContext, AssetsDefinition, DataVersion, Materi
 from prep_assets.core import layers
 from prep_assets.core.records import GOLD_SCHEMA
 from prep_assets.core.spec import DatasetSpec
+from prep_assets.defs.automation import gold_condition, tokenizer_condition
 from prep_assets.defs.keys import CLEAN_RECORDS, TOKENIZED_EXAMPLES, TOKENIZER, asset_key, code_version
 from prep_assets.defs.metadata import column_schema, counts_table, md_table, preview, user_errors
 from prep_assets.defs.partitions import drops_partitions
@@ -19,6 +20,7 @@ def build_tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
 
     @asset(
         key=asset_key(spec, TOKENIZER),
+        automation_condition=tokenizer_condition(),
         group_name="tokenizer",
         kinds={"huggingface"},
         code_version=code_version(spec, "tokenizer"),
@@ -55,6 +57,7 @@ def build_tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
 def build_gold(spec: DatasetSpec) -> AssetsDefinition:
     @asset(
         key=asset_key(spec, TOKENIZED_EXAMPLES),
+        automation_condition=gold_condition(asset_key(spec, TOKENIZER)),
         deps=[asset_key(spec, CLEAN_RECORDS), asset_key(spec, TOKENIZER)],
         partitions_def=drops_partitions(spec.name),
         group_name="gold",

@@ -15,6 +15,7 @@ from prep_assets.core import layers
 from prep_assets.core.drops import superseded_drops
 from prep_assets.core.records import SHARD_SCHEMA
 from prep_assets.core.spec import DatasetSpec
+from prep_assets.defs.automation import layer_condition, manifest_condition
 from prep_assets.defs.keys import DATASET_MANIFEST, PACKED_SHARDS, TOKENIZED_EXAMPLES, TOKENIZER, asset_key, code_version
 from prep_assets.defs.checks import unpassed_gates
 from prep_assets.defs.metadata import column_schema, md_table, user_errors
@@ -35,6 +36,7 @@ _COUNTS = ("examples", "examples_split", "segments", "input_tokens", "gold_token
 def build_shards(spec: DatasetSpec) -> AssetsDefinition:
     @asset(
         key=asset_key(spec, PACKED_SHARDS),
+        automation_condition=layer_condition(),
         deps=[asset_key(spec, TOKENIZED_EXAMPLES), asset_key(spec, TOKENIZER)],
         partitions_def=drops_partitions(spec.name),
         group_name="gold",
@@ -81,6 +83,7 @@ def build_shards(spec: DatasetSpec) -> AssetsDefinition:
 def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
     @asset(
         key=asset_key(spec, DATASET_MANIFEST),
+        automation_condition=manifest_condition(asset_key(spec, TOKENIZER), asset_key(spec, PACKED_SHARDS)),
         deps=[
             AssetDep(asset_key(spec, PACKED_SHARDS), partition_mapping=AllPartitionMapping()),
             asset_key(spec, TOKENIZER),

@@ -6,6 +6,7 @@ from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, 
 from prep_assets.core import layers
 from prep_assets.core.records import SILVER_SCHEMA
 from prep_assets.core.spec import DatasetSpec
+from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.keys import CLEAN_RECORDS, RAW_RECORDS, asset_key, code_version
 from prep_assets.defs.metadata import column_schema, counts_table, preview, user_errors
 from prep_assets.defs.partitions import drops_partitions
@@ -15,6 +16,7 @@ from prep_assets.defs.resources import LakeResource
 def build_silver(spec: DatasetSpec) -> AssetsDefinition:
     @asset(
         key=asset_key(spec, CLEAN_RECORDS),
+        automation_condition=layer_condition(),
         deps=[asset_key(spec, RAW_RECORDS)],
         partitions_def=drops_partitions(spec.name),
         group_name="silver",

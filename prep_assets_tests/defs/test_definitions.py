@@ -66,7 +66,8 @@ def test_a_running_drop_sensor_per_dataset_targets_bronze():
     defs = build_definitions(SAMPLE_DATA)
     sensors = {s.name: s for s in defs.sensors or []}
     assert set(sensors) == {f"{ds}_drops_sensor" for ds in ("sample_text", "sample_instruct", "sample_chat",
-                                                            "sample_pref", "sample_sensors")}
+                                                            "sample_pref", "sample_sensors")} | {"prep_assets_automation"}
+    assert sensors["prep_assets_automation"].default_status == DefaultSensorStatus.RUNNING
     text = sensors["sample_text_drops_sensor"]
     assert text.default_status == DefaultSensorStatus.RUNNING
     assert text.asset_selection.resolve(defs.resolve_asset_graph()) == {AssetKey(["sample_text", "raw_records"])}

@@ -1,0 +1,53 @@
+"""Declarative automation: what carries a new drop from bronze to the manifest without anyone clicking.
+
+- silver, gold, packed shards: a partition is built when its upstream partition was updated and that
+  upstream's blocking gates passed (a failed gate stops the drop where the data is bad); gold also waits for
+  the pinned tokenizer (never racing its first materialization);
+- the tokenizer: built when missing (and not after a failed attempt: fix the spec and materialize it);
+- the manifest: refreshed after any shards partition is updated (it leaves out partitions whose gates failed,
+  so one bad drop never holds the others back).
+Bronze runs are requested by the drop sensor (run key = partition key). Evaluated by one automation sensor,
+on by default, so `dagster dev` runs it out of the box.
+"""
+
+from dagster import (
+    AssetKey,
+    AssetSelection,
+    AutomationCondition,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+)
+
+AUTOMATION_SENSOR = "prep_assets_automation"
+
+
+def layer_condition() -> AutomationCondition:
+    return AutomationCondition.eager() & AutomationCondition.all_deps_blocking_checks_passed()
+
+
+def gold_condition(tokenizer: AssetKey) -> AutomationCondition:
+    not_ready = AutomationCondition.missing() | AutomationCondition.in_progress()
+    return layer_condition() & ~AutomationCondition.any_deps_match(not_ready).allow(AssetSelection.assets(tokenizer))
+
+
+def tokenizer_condition() -> AutomationCondition:
+    return (AutomationCondition.missing() & ~AutomationCondition.in_progress()
+            & ~AutomationCondition.execution_failed())
+
+
+def manifest_condition(tokenizer: AssetKey, shards: AssetKey) -> AutomationCondition:
+    shards_updated = AutomationCondition.any_deps_match(
+        AutomationCondition.newly_updated() | AutomationCondition.will_be_requested()).allow(AssetSelection.assets(shards))
+    updated = shards_updated.since_last_handled()
+    no_tokenizer = AutomationCondition.any_deps_match(AutomationCondition.missing()).allow(
+        AssetSelection.assets(tokenizer))
+    return (updated & ~AutomationCondition.any_deps_in_progress() & ~AutomationCondition.in_progress()
+            & ~no_tokenizer)
+
+
+def automation_sensor() -> AutomationConditionSensorDefinition:
+    return AutomationConditionSensorDefinition(
+        AUTOMATION_SENSOR, target=AssetSelection.all(), default_status=DefaultSensorStatus.RUNNING,
+        description="Evaluates the assets' automation conditions: carries new drops through every layer and "
+                    "refreshes each dataset's manifest.",
+    )
