@@ -19,6 +19,7 @@ from dagster import (
 )
 
 AUTOMATION_SENSOR = "prep_assets_automation"
+AUTOMATION_SECONDS = 15
 
 
 def layer_condition() -> AutomationCondition:
@@ -48,6 +49,7 @@ def manifest_condition(tokenizer: AssetKey, shards: AssetKey) -> AutomationCondi
 def automation_sensor() -> AutomationConditionSensorDefinition:
     return AutomationConditionSensorDefinition(
         AUTOMATION_SENSOR, target=AssetSelection.all(), default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=AUTOMATION_SECONDS,
         description="Evaluates the assets' automation conditions: carries new drops through every layer and "
                     "refreshes each dataset's manifest.",
     )
