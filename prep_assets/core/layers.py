@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from prep_assets.core.records import (
 from prep_assets.core.spec import DatasetSpec, TabularSpec
 from prep_assets.core.tabular import group_label, infer_column_types, initial_prefill
 from prep_assets.core.tabular_gold import build_tabular_examples
-from prep_assets.core.tokenizer import load_pinned, pin_tokenizer
+from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
 
 DEFAULT_BATCH = 4096
 RECORDS, REJECTS, EXAMPLES, STATS, ACCOUNTING = (
@@ -248,16 +248,89 @@ def build_clean_records(
 # ---------------------------------------------------------------- gold
 
 
+@dataclass
+class _GoldTally:
+    """What gold counts while it writes: rejects by reason, token totals, overflow per split, example lengths."""
+
+    reasons: Counter[str] = field(default_factory=Counter)
+    totals: Counter[str] = field(default_factory=Counter)
+    overflow_by_split: Counter[str] = field(default_factory=Counter)
+    lengths: list[np.ndarray] = field(default_factory=list)
+
+
+def _record_examples(spec: DatasetSpec, silver_dir: Path, pt: PinnedTokenizer, chat: ChatTemplate | None,
+                     ex_sink: ParquetSink, rej_sink: ParquetSink, batch_size: int, tally: _GoldTally) -> None:
+    """One gold example per silver record (two per preference pair), tokenized and written batch by batch."""
+    cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "split", "content"]
+    for batch in iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols):
+        contents = [json.loads(c) for c in batch.column("content").to_pylist()]
+        tb = tokenize_batch(contents, spec, pt, chat)
+        tally.totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
+        record_split = batch.column("split").to_pylist()
+        for rec, n in tb.lost or []:
+            tally.overflow_by_split[record_split[rec]] += n
+        if tb.cut is not None:
+            for e in np.flatnonzero(tb.cut).tolist():
+                tally.overflow_by_split[record_split[int(tb.kept[e])]] += int(tb.cut[e])
+        if tb.rejects:
+            idx = pa.array([r[0] for r in tb.rejects], type=pa.int64())
+            rej = batch.select(cols[:-1]).take(idx)
+            for r in tb.rejects:
+                tally.reasons[r[1]] += 1
+            rej_sink.write(
+                pa.Table.from_batches([rej]).append_column("reason", pa.array([r[1] for r in tb.rejects]))
+                .append_column("detail", pa.array([r[2] for r in tb.rejects]))
+                .append_column("num_tokens", pa.array([r[3] for r in tb.rejects], type=pa.int32()))
+                .append_column("group_key", pa.nulls(len(tb.rejects), pa.string()))
+            )
+        if len(tb.kept) == 0:
+            continue
+        lengths = np.diff(tb.offsets)
+        cum_loss = np.concatenate([[0], np.cumsum(tb.loss_mask, dtype=np.int64)])
+        cum_prompt = np.concatenate([[0], np.cumsum(tb.token_type_ids == TYPE_PROMPT, dtype=np.int64)])
+        n_loss = cum_loss[tb.offsets[1:]] - cum_loss[tb.offsets[:-1]]
+        n_prompt = cum_prompt[tb.offsets[1:]] - cum_prompt[tb.offsets[:-1]]
+        kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(pa.array(tb.kept, type=pa.int64()))
+        pair_id = branch = pa.nulls(len(tb.kept), pa.string())
+        shared = pa.nulls(len(tb.kept), pa.int32())
+        example_id = kept.column("record_id")
+        if tb.branches is not None and tb.shared_prefix is not None:
+            pair_id, branch = example_id, pa.array(tb.branches, pa.string())
+            shared = pa.array(tb.shared_prefix.astype(np.int32))
+            example_id = pc.binary_join_element_wise(example_id, branch, "/")
+        ex_sink.write(
+            pa.table(
+                {
+                    "example_id": example_id,
+                    **{c: kept.column(c) for c in cols[:-1]},
+                    "token_ids": list_array(tb.token_ids, tb.offsets, pa.int32()),
+                    "loss_mask": list_array(tb.loss_mask, tb.offsets, pa.uint8()),
+                    "token_type_ids": list_array(tb.token_type_ids, tb.offsets, pa.uint8()),
+                    "num_tokens": pa.array(lengths.astype(np.int32)),
+                    "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
+                    "num_prompt_tokens": pa.array(n_prompt.astype(np.int32)),
+                    "pair_id": pair_id,
+                    "branch": branch,
+                    "shared_prefix_tokens": shared,
+                    "record_ids": pa.nulls(len(tb.kept), pa.list_(pa.string())),
+                    "group_keys": pa.nulls(len(tb.kept), pa.list_(pa.string())),
+                },
+                schema=GOLD_SCHEMA,
+            )
+        )
+        tally.lengths.append(lengths)
+        tally.totals["tokens"] += int(lengths.sum())
+        tally.totals["loss_tokens"] += int(n_loss.sum())
+        tally.totals["prompt_tokens"] += int(n_prompt.sum())
+
+
 def build_tokenized_examples(
     spec: DatasetSpec, silver_dir: Path, tokenizer_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
 ) -> dict[str, Any]:
-    """Gold: one example per record with token ids, loss mask and token types (DESIGN §4)."""
+    """Gold: one example per record (a preference pair: two) with token ids, loss mask and token types
+    (DESIGN §4); for tables, examples assembled from rows (DESIGN §6, `tabular_gold`)."""
     pt = load_pinned(tokenizer_dir)
-    chat = ChatTemplate(pt) if spec.input.type in ("chat", "preference") else None
-    reasons: Counter[str] = Counter()
-    totals: Counter[str] = Counter()
-    overflow_by_split: Counter[str] = Counter()
-    lengths_all: list[np.ndarray] = []
+    tally = _GoldTally()
     with staged_dir(out_dir) as stage:
         comp = spec.output.compression
         with (
@@ -267,82 +340,24 @@ def build_tokenized_examples(
             extra: dict[str, Any] = {}
             if spec.input.type == "tabular":
                 tab = build_tabular_examples(spec, silver_dir / RECORDS, pt, ex_sink, rej_sink)
-                lengths_all.append(tab["lengths"])
-                totals.update({k: tab[k] for k in ("tokens", "loss_tokens", "prompt_tokens")})
-                reasons.update(tab["rejects_by_reason"])
+                tally.lengths.append(tab["lengths"])
+                tally.totals.update({k: tab[k] for k in ("tokens", "loss_tokens", "prompt_tokens")})
+                tally.reasons.update(tab["rejects_by_reason"])
                 extra["tabular"] = tab["tabular"]
             else:
-                cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "split", "content"]
-                for batch in iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols):
-                    contents = [json.loads(c) for c in batch.column("content").to_pylist()]
-                    tb = tokenize_batch(contents, spec, pt, chat)
-                    totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
-                    record_split = batch.column("split").to_pylist()
-                    for rec, n in tb.lost or []:
-                        overflow_by_split[record_split[rec]] += n
-                    if tb.cut is not None:
-                        for e in np.flatnonzero(tb.cut).tolist():
-                            overflow_by_split[record_split[int(tb.kept[e])]] += int(tb.cut[e])
-                    if tb.rejects:
-                        idx = pa.array([r[0] for r in tb.rejects], type=pa.int64())
-                        rej = batch.select(cols[:-1]).take(idx)
-                        for r in tb.rejects:
-                            reasons[r[1]] += 1
-                        rej_sink.write(
-                            pa.Table.from_batches([rej]).append_column("reason", pa.array([r[1] for r in tb.rejects]))
-                            .append_column("detail", pa.array([r[2] for r in tb.rejects]))
-                            .append_column("num_tokens", pa.array([r[3] for r in tb.rejects], type=pa.int32()))
-                            .append_column("group_key", pa.nulls(len(tb.rejects), pa.string()))
-                        )
-                    if len(tb.kept) == 0:
-                        continue
-                    lengths = np.diff(tb.offsets)
-                    cum_loss = np.concatenate([[0], np.cumsum(tb.loss_mask, dtype=np.int64)])
-                    cum_prompt = np.concatenate([[0], np.cumsum(tb.token_type_ids == TYPE_PROMPT, dtype=np.int64)])
-                    n_loss = cum_loss[tb.offsets[1:]] - cum_loss[tb.offsets[:-1]]
-                    n_prompt = cum_prompt[tb.offsets[1:]] - cum_prompt[tb.offsets[:-1]]
-                    kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(pa.array(tb.kept, type=pa.int64()))
-                    pair_id = branch = pa.nulls(len(tb.kept), pa.string())
-                    shared = pa.nulls(len(tb.kept), pa.int32())
-                    example_id = kept.column("record_id")
-                    if tb.branches is not None and tb.shared_prefix is not None:
-                        pair_id, branch = example_id, pa.array(tb.branches, pa.string())
-                        shared = pa.array(tb.shared_prefix.astype(np.int32))
-                        example_id = pc.binary_join_element_wise(example_id, branch, "/")
-                    ex_sink.write(
-                        pa.table(
-                            {
-                                "example_id": example_id,
-                                **{c: kept.column(c) for c in cols[:-1]},
-                                "token_ids": list_array(tb.token_ids, tb.offsets, pa.int32()),
-                                "loss_mask": list_array(tb.loss_mask, tb.offsets, pa.uint8()),
-                                "token_type_ids": list_array(tb.token_type_ids, tb.offsets, pa.uint8()),
-                                "num_tokens": pa.array(lengths.astype(np.int32)),
-                                "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
-                                "num_prompt_tokens": pa.array(n_prompt.astype(np.int32)),
-                                "pair_id": pair_id,
-                                "branch": branch,
-                                "shared_prefix_tokens": shared,
-                                "record_ids": pa.nulls(len(tb.kept), pa.list_(pa.string())),
-                                "group_keys": pa.nulls(len(tb.kept), pa.list_(pa.string())),
-                            },
-                            schema=GOLD_SCHEMA,
-                        )
-                    )
-                    lengths_all.append(lengths)
-                    totals["tokens"] += int(lengths.sum())
-                    totals["loss_tokens"] += int(n_loss.sum())
-                    totals["prompt_tokens"] += int(n_prompt.sum())
-        lengths_cat = np.concatenate(lengths_all) if lengths_all else np.zeros(0, dtype=np.int64)
+                chat = ChatTemplate(pt) if spec.input.type in ("chat", "preference") else None
+                _record_examples(spec, silver_dir, pt, chat, ex_sink, rej_sink, batch_size, tally)
+        lengths_cat = np.concatenate(tally.lengths) if tally.lengths else np.zeros(0, dtype=np.int64)
+        totals = tally.totals
         stats = {
             "examples": ex_sink.rows,
             "rejects": rej_sink.rows,
-            "rejects_by_reason": dict(sorted(reasons.items())),
+            "rejects_by_reason": dict(sorted(tally.reasons.items())),
             "tokens": totals["tokens"],
             "loss_tokens": totals["loss_tokens"],
             "prompt_tokens": totals["prompt_tokens"],
             "tokens_dropped_by_overflow": totals["tokens_dropped_by_overflow"],
-            "tokens_dropped_by_overflow_by_split": {s: overflow_by_split[s] for s in SPLITS},
+            "tokens_dropped_by_overflow_by_split": {s: tally.overflow_by_split[s] for s in SPLITS},
             "overflow": spec.gold_overflow,
             "example_length": percentiles(lengths_cat),
             "tokenizer_fingerprint": pt.info.fingerprint,

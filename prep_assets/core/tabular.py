@@ -30,22 +30,17 @@ from typing import Any
 
 import numpy as np
 
-AUTO_MAX_PER_EXAMPLE = 10
 INITIAL_PREFILL_RECORDS = 3
 MIN_BUDGET_FRACTION = 0.7
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A value as JSON can hold it: non-finite floats are missing (null); numpy scalars become Python's."""
     if isinstance(value, float) and not math.isfinite(value):
         return None  # NaN / inf are not JSON: a missing value
     if isinstance(value, np.generic):
-        return _json_value(value.item())
+        return json_value(value.item())
     return value
-
-
-def json_value(value: Any) -> Any:
-    """A value as JSON can hold it: non-finite floats are missing (null); numpy scalars become Python's."""
-    return _json_value(value)
 
 
 def render_record(row: dict[str, Any], columns: list[str]) -> str:
@@ -59,7 +54,7 @@ def render_record(row: dict[str, Any], columns: list[str]) -> str:
 
 def render_values(columns: list[str], values: list[Any]) -> str:
     """`render_record` of a record stored as parallel column/value lists (the tabular content shape)."""
-    return json.dumps({c: _json_value(v) for c, v in zip(columns, values, strict=True)}, ensure_ascii=False,
+    return json.dumps({c: json_value(v) for c, v in zip(columns, values, strict=True)}, ensure_ascii=False,
                       separators=(",", ":"), allow_nan=False)
 
 
@@ -152,23 +147,11 @@ class Example:
     budget: int  # flat/grouped: the budget; sequential: the record tokens it was filled against (the draw)
 
 
-class BudgetError(ValueError):
-    """A record or group cannot fit one example; raised before anything is written."""
-
-
 Seed = int | tuple[int, ...]
 
 
 def _seed(seed: Seed) -> int | list[int]:
     return list(seed) if isinstance(seed, tuple) else seed
-
-
-def check_fits(unit_tokens: dict[str, int], budget: int, what: str, remedies: str) -> None:
-    """Fail naming the largest units (with their tokens) that exceed the budget."""
-    over = sorted(((t, k) for k, t in unit_tokens.items() if t > budget), reverse=True)
-    if over:
-        worst = ", ".join(f"{k!r} ({t} tokens)" for t, k in over[:5]) + (" ..." if len(over) > 5 else "")
-        raise BudgetError(f"{len(over)} {what}(s) exceed the budget of {budget} tokens: {worst}; {remedies}")
 
 
 def plan_flat(record_tokens: list[int], budget: int, max_per: int, seed: Seed) -> list[Example]:

@@ -30,10 +30,10 @@ from prep_assets.core.parquet_io import ParquetSink
 from prep_assets.core.records import GOLD_REJECT_SCHEMA, GOLD_SCHEMA, SPLITS, TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
 from prep_assets.core.spec import DatasetSpec, TabularSpec
 from prep_assets.core.tabular import (
-    INITIAL_PREFILL_RECORDS,
     Example,
     group_label,
     group_records,
+    initial_prefill,
     plan_flat,
     plan_grouped,
     plan_sequential,
@@ -108,7 +108,8 @@ class _Assembled:
 def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: int) -> _Assembled:
     L = spec.sequence.max_seq_len
     budget = L - prompt_tokens  # what records and their BOS/EOS pairs may use
-    max_per = spec.max_per_example or 10
+    max_per = spec.max_per_example
+    assert max_per is not None  # tables resolve unset/auto to 10
     mode = tab.resolved_mode
     out = _Assembled([], [], {}, Counter(), [])
     splits = rows.table.column("split").to_pylist()
@@ -154,7 +155,7 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
             if split == "train":
                 for g in kept:
                     if g:
-                        out.prefill[rows.keys[g[0]]] = [rows.lines[i] for i in g[:INITIAL_PREFILL_RECORDS]]
+                        out.prefill[rows.keys[g[0]]] = [rows.lines[i] for i in g]  # in order; cut to 3 below
         for ex in plan:
             out.examples.append((split, ex))
             for u in ex.units:
@@ -267,7 +268,7 @@ def build_tabular_examples(spec: DatasetSpec, silver_records: Path, pt: PinnedTo
             "groups_per_example": percentiles(units) if grouped else None,
             "examples_per_group": percentiles(list(asm.examples_per_group.values())) if grouped else None,
             "over_budget": _largest(asm.rejects),
-            "initial_prefill": dict(sorted(asm.prefill.items())) if tab.resolved_mode == "sequential" else None,
+            "initial_prefill": initial_prefill(asm.prefill) if tab.resolved_mode == "sequential" else None,
         },
     }
 

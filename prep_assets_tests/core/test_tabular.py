@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 
 from prep_assets.core.tabular import (
-    BudgetError,
-    check_fits,
     group_records,
     infer_column_types,
     initial_prefill,
@@ -86,16 +84,6 @@ def test_sequential_randomized_budget_stays_within_seventy_to_hundred_percent():
     assert [e.units for e in again] == [e.units for e in ex]  # seeded
     full = plan_sequential(groups, tokens, budget=102, max_per=1000, rng=None)
     assert {e.budget for e in full} == {100}
-
-
-def test_over_budget_group_is_an_error_naming_the_largest_and_the_remedies():
-    with pytest.raises(BudgetError) as err:
-        check_fits({"alice": 120, "bob": 30, "carol": 150}, 100, "group",
-                   "group by another column, raise max_seq_len, or lower max_sequences_per_example")
-    msg = str(err.value)
-    assert msg.startswith("2 group(s) exceed the budget of 100 tokens: 'carol' (150 tokens), 'alice' (120 tokens)")
-    assert "raise max_seq_len" in msg
-    check_fits({"a": 100}, 100, "group", "")
 
 
 def test_initial_prefill_keeps_the_first_three_records_per_group():
