@@ -26,7 +26,7 @@ telemetry:
   enabled: false
 concurrency:
   runs:
-    max_concurrent_runs: 2
+    max_concurrent_runs: 1
 """
 
 
