@@ -28,6 +28,7 @@ class Drop:
     file: str  # name relative to the dataset's raw folder
     sha256: str
     size: int
+    seq: int = 0  # registration order in the dataset (earlier drops first); 0 for drops registered before it existed
 
 
 def slugify(name: str) -> str:
@@ -114,7 +115,9 @@ class _Registry:
 
     def __init__(self, paths: DatasetPaths) -> None:
         self.paths = paths
-        self.by_hash = {d.sha256: d for d in registered_drops(paths).values()}
+        drops = registered_drops(paths).values()
+        self.by_hash = {d.sha256: d for d in drops}
+        self.next_seq = max((d.seq for d in drops), default=0) + 1
 
     def register(self, path: Path, notes: list[str]) -> Drop | None:
         digest = sha256_file(path)
@@ -123,9 +126,11 @@ class _Registry:
             if twin.file != path.name:
                 notes.append(f"{path.name!r}: same bytes as drop {twin.partition} ({twin.file!r}); not a new drop")
             return None
-        drop = Drop(partition=partition_key(path.name, digest), file=path.name, sha256=digest, size=path.stat().st_size)
+        drop = Drop(partition=partition_key(path.name, digest), file=path.name, sha256=digest,
+                    size=path.stat().st_size, seq=self.next_seq)
         write_json_atomic(self.paths.drops_dir / f"{drop.partition}.json", asdict(drop))
         self.by_hash[digest] = drop
+        self.next_seq += 1
         return drop
 
 
@@ -211,3 +216,19 @@ def superseded_drops(paths: DatasetPaths) -> dict[str, str]:
         if current is not None:
             out.update({d.partition: current.partition for d in drops if d is not current})
     return out
+
+
+def drop_order(drop: Drop) -> tuple[int, str]:
+    """The dataset's drop order: registration order, ties (drops registered before `seq`) by partition key."""
+    return drop.seq, drop.partition
+
+
+def earlier_drops(paths: DatasetPaths, partition: str) -> list[Drop]:
+    """The drops registered before `partition`, earliest first, without superseded ones (their replacement
+    stands for their file, and they are out of the manifest)."""
+    drops = registered_drops(paths)
+    if partition not in drops:
+        raise DropError(f"partition {partition!r} is not a registered drop of {paths.raw_dir} (run `prep-assets run`)")
+    gone = superseded_drops(paths)
+    me = drop_order(drops[partition])
+    return sorted((d for d in drops.values() if drop_order(d) < me and d.partition not in gone), key=drop_order)

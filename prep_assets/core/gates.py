@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from prep_assets.core import invariants as inv
+from prep_assets.core.dedup import earlier_indexes
 from prep_assets.core.drops import resolve_drop
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, read_json
@@ -70,6 +71,10 @@ GATES: tuple[Gate, ...] = (
          lambda s, p, k: inv.bronze_required_fields(bronze(p, k))),
     Gate(CLEAN_RECORDS, "clean_records_unique", "no two kept records share a content sha256 (clean.dedup exact)",
          lambda s, p, k: inv.silver_unique(silver(p, k)), applies=lambda s: s.clean.dedup == "exact"),
+    Gate(CLEAN_RECORDS, "clean_records_unique_across_drops", "clean.dedup_scope dataset: no kept record has the "
+         "content sha256 of a record in a drop registered earlier (their dedup indexes)",
+         lambda s, p, k: inv.silver_unique_across_drops(silver(p, k), [f for _, f in earlier_indexes(s, p, k)]),
+         applies=lambda s: s.clean.dedup == "exact" and s.clean.dedup_scope == "dataset"),
     Gate(CLEAN_RECORDS, "clean_records_length_bounds", "clean.min_chars <= chars <= clean.max_chars",
          lambda s, p, k: inv.silver_lengths(silver(p, k), s.clean.min_chars, s.clean.max_chars)),
     Gate(CLEAN_RECORDS, "clean_records_accounted", "silver records + silver rejects = bronze records, one to one",

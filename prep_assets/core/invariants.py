@@ -202,6 +202,24 @@ def silver_unique(silver_dir: Path) -> Outcome:
     return Outcome("clean_records_unique", n, dup, {}, "no two kept records have the same content sha256")
 
 
+def silver_unique_across_drops(silver_dir: Path, earlier: list[Path]) -> Outcome:
+    """No kept record's content hash is held by an earlier drop's dedup index (dedup_scope: dataset); an index
+    that is missing fails the check (it cannot be verified)."""
+    name, what = "clean_records_unique_across_drops", "no kept record repeats a record of an earlier drop"
+    missing = [str(p) for p in earlier if not p.is_file()]
+    facts: dict[str, Any] = {"earlier_drops": len(earlier)}
+    if missing:
+        return Outcome(name, len(missing), [{"missing_index": m} for m in missing[:SAMPLE]], facts, what)
+    if not earlier:
+        return Outcome(name, 0, [], facts, what)
+    source = ("(SELECT s.record_id, s.source_file || ':' || s.source_line AS location, s.source_line, "
+              "i.record_id AS earlier_record_id FROM read_parquet($s) AS s "
+              "JOIN read_parquet($i) AS i ON s.content_sha256 = i.content_sha256)")
+    n, bad = _violating_rows(source, "true", "record_id, location, earlier_record_id",
+                             {"s": str(silver_dir / "records.parquet"), "i": [str(p) for p in earlier]})
+    return Outcome(name, n, bad, facts, what)
+
+
 def silver_lengths(silver_dir: Path, min_chars: int, max_chars: int | None) -> Outcome:
     p = {"s": str(silver_dir / "records.parquet"), "lo": min_chars, "hi": max_chars if max_chars is not None else 2**62}
     n, bad = _violating_rows("read_parquet($s)", "num_chars < $lo OR num_chars > $hi OR num_chars <= 0",

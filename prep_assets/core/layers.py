@@ -7,9 +7,10 @@ its whole partition into a staging directory that replaces the previous output i
 from __future__ import annotations
 
 import json
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ import pyarrow.parquet as pq
 
 from prep_assets.core.arrays import flat_values, list_array, percentiles
 from prep_assets.core.clean import assign_split, content_sha256, normalize_content, num_chars, quality_verdict
-from prep_assets.core.drops import Drop, format_of
+from prep_assets.core import dedup
+from prep_assets.core.drops import Drop, format_of, resolve_drop
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, canonical_json, read_json, sha256_file, staged_dir, write_json_atomic
 from prep_assets.core.chat import ChatTemplate
@@ -190,15 +192,23 @@ def _split_key(spec: DatasetSpec, content: dict[str, Any], digest: str) -> str:
 
 
 def build_clean_records(
-    spec: DatasetSpec, bronze_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
+    spec: DatasetSpec, bronze_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH,
+    prior: Mapping[str, str] | None = None, index_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Silver: normalized, filtered, exact-deduplicated records with a deterministic split."""
+    """Silver: normalized, filtered, exact-deduplicated records with a deterministic split.
+
+    `prior` maps content sha256 -> the kept record of an earlier drop (dedup_scope: dataset): such records
+    are duplicates here too. With `index_dir`, the drop's own content hashes (each with its first record)
+    are published there for later drops.
+    """
     norm = spec.clean.normalization
-    kept_by_hash: dict[str, str] = {}
+    prior = prior or {}
+    first_seen: dict[str, str] = {}  # content sha256 -> the drop's first record with it
     reasons: Counter[str] = Counter()
     splits: Counter[str] = Counter()
     chars = 0
     records_in = 0
+    earlier = 0
     with staged_dir(out_dir) as stage:
         comp = spec.output.compression
         with (
@@ -218,13 +228,14 @@ def build_clean_records(
                         rejected.add({**prov, "reason": verdict.reason, "detail": verdict.detail, "duplicate_of": None})
                         continue
                     digest = content_sha256(content)
-                    if spec.clean.dedup == "exact" and digest in kept_by_hash:
+                    first = prior.get(digest) or first_seen.get(digest)
+                    first_seen.setdefault(digest, row["record_id"])
+                    if spec.clean.dedup == "exact" and first is not None:
                         reasons["duplicate"] += 1
-                        first = kept_by_hash[digest]
+                        earlier += digest in prior
                         rejected.add({**prov, "reason": "duplicate", "detail": f"same content as {first}",
                                       "duplicate_of": first})
                         continue
-                    kept_by_hash.setdefault(digest, row["record_id"])
                     split = assign_split(_split_key(spec, content, digest), spec.split)
                     splits[split] += 1
                     n = num_chars(content)
@@ -240,9 +251,46 @@ def build_clean_records(
             "rejects_by_reason": dict(sorted(reasons.items())),
             "records_by_split": {s: splits[s] for s in SPLITS},
             "chars": chars,
+            "dedup_scope": spec.clean.dedup_scope,
+            "duplicates_of_earlier_drops": earlier,
         }
         write_json_atomic(stage / STATS, stats)
+    if index_dir is not None:
+        dedup.write_index(index_dir, first_seen)
     return stats
+
+
+def earlier_content(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH
+                    ) -> dict[str, str]:
+    """Content sha256 -> the record kept for it, over the drops registered before `partition` (earliest drop,
+    then first line, wins). A drop without an index for this spec gets one from its raw file, so the answer
+    never depends on which partitions were materialized before."""
+    indexes = dedup.earlier_indexes(spec, paths, partition)
+    for drop, path in indexes:
+        if not path.is_file():
+            _index_drop(spec, paths, drop, path.parent, batch_size)
+    return dedup.merge_indexes([path for _, path in indexes])
+
+
+def _index_drop(spec: DatasetSpec, paths: DatasetPaths, drop: Drop, out_dir: Path, batch_size: int) -> None:
+    """A drop's content hashes from its raw file (bronze and silver built in a scratch dir, then discarded)."""
+    _, source = resolve_drop(paths, drop.partition)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=paths.root, prefix=".dedup-scratch-") as tmp:
+        bronze, silver = Path(tmp) / "bronze", Path(tmp) / "silver"
+        build_raw_records(spec, drop, source, bronze, batch_size=batch_size)
+        build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir)
+
+
+def build_silver(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH
+                 ) -> dict[str, Any]:
+    """A drop's silver; with `clean.dedup_scope: dataset`, also without copies of earlier drops' records."""
+    bronze, out = paths.partition_dir("bronze", partition), paths.partition_dir("silver", partition)
+    if spec.clean.dedup_scope != "dataset" or spec.clean.dedup != "exact":
+        return build_clean_records(spec, bronze, out, batch_size=batch_size)
+    prior = earlier_content(spec, paths, partition, batch_size=batch_size)
+    return build_clean_records(spec, bronze, out, batch_size=batch_size, prior=prior,
+                               index_dir=dedup.index_dir(spec, paths, partition))
 
 
 # ---------------------------------------------------------------- gold

@@ -104,7 +104,7 @@ class CleanSpec(_Strict):
     min_chars: int = Field(default=1, ge=0)
     max_chars: int | None = Field(default=None, ge=1)
     dedup: Literal["exact", "none"] = "exact"
-    dedup_scope: Literal["drop"] = "drop"
+    dedup_scope: Literal["drop", "dataset"] = "drop"
 
     @property
     def normalization(self) -> NormalizeSpec:

@@ -25,7 +25,8 @@ def build_silver(spec: DatasetSpec) -> AssetsDefinition:
         description=(
             "Bronze records normalized (`clean.normalize`: NFC, line endings, control characters, trailing "
             "whitespace), filtered (`clean.min_chars`/`max_chars`, empty) and exact-deduplicated on the sha256 of "
-            "their full canonical content (`clean.dedup`), each with a train/validation/test `split` drawn from "
+            "their full canonical content (`clean.dedup`; with `clean.dedup_scope: dataset` also against every drop "
+            "registered earlier, whose content hashes are indexed under dedup_index/), each with a train/validation/test `split` drawn from "
             "that hash (`split`). Every dropped record is in rejects.parquet with its reason and `duplicate_of`."
         ),
         metadata={"dagster/column_schema": column_schema(SILVER_SCHEMA)},
@@ -36,7 +37,7 @@ def build_silver(spec: DatasetSpec) -> AssetsDefinition:
         key = context.partition_key
         out = paths.partition_dir("silver", key)
         with user_errors():
-            stats = layers.build_clean_records(spec, paths.partition_dir("bronze", key), out)
+            stats = layers.build_silver(spec, paths, key)
         return MaterializeResult(
             metadata={
                 "dagster/row_count": stats["records"],
@@ -45,6 +46,8 @@ def build_silver(spec: DatasetSpec) -> AssetsDefinition:
                 "rejects_by_reason": counts_table(stats["rejects_by_reason"]),
                 "records_by_split": counts_table(stats["records_by_split"], key="split"),
                 "num_chars": stats["chars"],
+                "dedup_scope": stats["dedup_scope"],
+                "duplicates_of_earlier_drops": stats["duplicates_of_earlier_drops"],
                 "path": MetadataValue.path(str(out)),
                 "preview": preview(out / layers.RECORDS, ["record_id", "split", "content"]),
             }

@@ -101,7 +101,9 @@ def test_a_modified_file_is_a_new_drop_and_the_old_partition_stays(tmp_path: Pat
 
 
 def test_hostile_names_give_safe_keys_and_symlinks_or_outside_paths_are_refused(tmp_path: Path, instance):
-    names = ["a,b.jsonl", "x|y.jsonl", "Ünïcødé ✓.jsonl", "n" * 240 + ".jsonl", "-.jsonl"]
+    # A 300-character file name cannot exist (Linux NAME_MAX is 255 bytes): the longest possible is here, and
+    # slugify itself is tested with 300 characters (core/test_drops.py).
+    names = ["a,b.jsonl", "x|y.jsonl", "Ünïcødé ✓.jsonl", "n" * 249 + ".jsonl", "-.jsonl"]
     data, t = _setup(tmp_path, instance, {n: f'{{"text": "{i}"}}\n'.encode() for i, n in enumerate(names)})
     raw = data / "raw" / "notes"
     (raw.parent / "x.jsonl").write_bytes(b'{"text": "outside"}\n')  # ../x.jsonl relative to the raw folder

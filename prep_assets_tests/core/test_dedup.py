@@ -1,0 +1,132 @@
+"""Exact dedup across drops (`clean.dedup_scope: dataset`): the earliest drop, then the first line, keeps a record."""
+
+import json
+import shutil
+import unicodedata
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from prep_assets.core import layers
+from prep_assets.core.dedup import earlier_indexes
+from prep_assets.core.drops import earlier_drops, register_drops, registered_drops, resolve_drop
+from prep_assets.core.errors import DropError
+from prep_assets.core.gates import evaluate
+from prep_assets.core.lake import dataset_paths, read_json
+from prep_assets_tests.conftest import make_spec
+
+A = "Café notes: the river rose two feet overnight."
+B, C, D, E, F = (f"Field note {w}: nothing else to report today." for w in ("bravo", "charlie", "delta", "echo", "fox"))
+DROPS = {  # registered in name order: a (seq 1), b (seq 2), c (seq 3)
+    "a_2026-01.jsonl": [A, B, A, C],
+    "b_2026-02.jsonl": [B, D, E],
+    "c_2026-03.jsonl": [unicodedata.normalize("NFD", A), D, F, F],  # NFD: the same record after NFC
+}
+SPEC = make_spec("ds", clean={"dedup": "exact", "dedup_scope": "dataset"})
+
+
+def _write(raw: Path, name: str, texts: list[str]) -> None:
+    raw.mkdir(parents=True, exist_ok=True)
+    (raw / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+
+
+def _lake(tmp: Path):
+    paths = dataset_paths(tmp, "ds")
+    for name, texts in DROPS.items():
+        _write(paths.raw_dir, name, texts)
+    register_drops(paths)
+    return paths, {d.file: d.partition for d in registered_drops(paths).values()}
+
+
+def _silver(paths, keys: list[str], spec=SPEC) -> dict[str, dict]:
+    out = {}
+    for key in keys:
+        drop, src = resolve_drop(paths, key)
+        layers.build_raw_records(spec, drop, src, paths.partition_dir("bronze", key))
+        out[key] = layers.build_silver(spec, paths, key)
+    return out
+
+
+def _kept(paths, key: str) -> list[str]:
+    return [json.loads(c)["text"] for c in pq.read_table(paths.partition_dir("silver", key) / "records.parquet")
+            .column("content").to_pylist()]
+
+
+def _files(paths, keys) -> dict[str, bytes]:
+    return {f"{k}/{f}": (paths.partition_dir("silver", k) / f).read_bytes()
+            for k in keys for f in ("records.parquet", "rejects.parquet", "stats.json")}
+
+
+def test_registration_order_is_the_drop_order(tmp_path: Path):
+    paths, keys = _lake(tmp_path)
+    seqs = {d.file: d.seq for d in registered_drops(paths).values()}
+    assert seqs == {"a_2026-01.jsonl": 1, "b_2026-02.jsonl": 2, "c_2026-03.jsonl": 3}
+    assert [d.file for d in earlier_drops(paths, keys["c_2026-03.jsonl"])] == ["a_2026-01.jsonl", "b_2026-02.jsonl"]
+    assert earlier_drops(paths, keys["a_2026-01.jsonl"]) == []
+
+
+def test_earliest_drop_then_first_line_keeps_the_record(tmp_path: Path):
+    paths, keys = _lake(tmp_path)
+    a, b, c = (keys[n] for n in DROPS)
+    stats = _silver(paths, [a, b, c])
+    assert _kept(paths, a) == [A, B, C] and _kept(paths, b) == [D, E] and _kept(paths, c) == [F]
+    assert [s["duplicates_of_earlier_drops"] for s in stats.values()] == [0, 1, 2]
+    rejects = {r["record_id"]: r["duplicate_of"] for r in
+               pq.read_table(paths.partition_dir("silver", c) / "rejects.parquet").to_pylist()}
+    assert rejects == {f"{c}:1": f"{a}:1", f"{c}:2": f"{b}:2", f"{c}:4": f"{c}:3"}
+    assert all(o.passed for o in evaluate(SPEC, paths, c, "clean_records"))
+
+
+def test_same_silver_bytes_whatever_the_materialization_order(tmp_path: Path):
+    first, keys = _lake(tmp_path / "in_order")
+    order = [keys[n] for n in DROPS]
+    _silver(first, order)
+    second, _ = _lake(tmp_path / "reversed")
+    _silver(second, order[::-1])  # the last drop first: the earlier drops' hashes come from their raw files
+    assert _files(first, order) == _files(second, order)
+    # the scratch bronze/silver used for those hashes is gone; only the indexes stay
+    assert not list(second.root.glob(".dedup-scratch-*"))
+    assert sorted(p.parent.name for p in second.root.glob("dedup_index/*/*/hashes.parquet")) == sorted(order)
+
+
+def test_drop_scope_keeps_copies_across_drops(tmp_path: Path):
+    paths, keys = _lake(tmp_path)
+    spec = make_spec("ds", clean={"dedup": "exact"})
+    stats = _silver(paths, [keys[n] for n in DROPS], spec=spec)
+    assert [s["records"] for s in stats.values()] == [3, 3, 3]
+    assert not (paths.root / "dedup_index").exists()
+
+
+def test_superseded_drop_no_longer_counts_as_earlier(tmp_path: Path):
+    paths, keys = _lake(tmp_path)
+    a, b, c = (keys[n] for n in DROPS)
+    _silver(paths, [a, b, c])
+    _write(paths.raw_dir, "a_2026-01.jsonl", [C])  # corrected file: a new drop, registered last
+    (a2,), _ = register_drops(paths)
+    assert [d.partition for d in earlier_drops(paths, c)] == [b]
+    _silver(paths, [c, a2.partition])
+    assert _kept(paths, c) == [unicodedata.normalize("NFC", A), F]  # A is no longer held by an earlier drop
+    assert _kept(paths, a2.partition) == [C]  # C was only in the replaced drop
+
+def test_earlier_drop_without_file_or_index_is_a_clear_error(tmp_path: Path):
+    paths, keys = _lake(tmp_path)
+    (paths.raw_dir / "a_2026-01.jsonl").unlink()
+    drop, src = resolve_drop(paths, keys["b_2026-02.jsonl"])
+    layers.build_raw_records(SPEC, drop, src, paths.partition_dir("bronze", drop.partition))
+    with pytest.raises(DropError, match="missing"):
+        layers.build_silver(SPEC, paths, drop.partition)
+
+
+def test_gate_fails_when_a_kept_record_repeats_an_earlier_drop(tmp_path: Path):
+    paths, keys = _lake(tmp_path)
+    a, b = keys["a_2026-01.jsonl"], keys["b_2026-02.jsonl"]
+    _silver(paths, [a])
+    drop, src = resolve_drop(paths, b)
+    layers.build_raw_records(SPEC, drop, src, paths.partition_dir("bronze", b))
+    layers.build_clean_records(SPEC, paths.partition_dir("bronze", b), paths.partition_dir("silver", b))  # drop-only
+    (gate,) = [o for o in evaluate(SPEC, paths, b, "clean_records") if o.name == "clean_records_unique_across_drops"]
+    assert not gate.passed and gate.violations == 1
+    assert gate.offending == [{"record_id": f"{b}:1", "location": "b_2026-02.jsonl:1", "earlier_record_id": f"{a}:2"}]
+    assert gate.facts == {"earlier_drops": 1}
+    assert [p.parent.name for _, p in earlier_indexes(SPEC, paths, b)] == [a]
