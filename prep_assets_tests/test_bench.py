@@ -21,3 +21,11 @@ def test_packing_benchmark_prints_figures_for_each_strategy(tmp_path: Path, caps
 def test_packing_benchmark_missing_source_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert bench.main(["packing", "--source", str(tmp_path / "none.jsonl")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_dedup_benchmark_prints_throughput_for_exact_and_near(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    shared_path("datasets/text")
+    assert bench.main(["dedup", "--mb", "2", "--work", str(tmp_path / "work")]) == 0
+    out = capsys.readouterr().out
+    assert "silver dedup exact" in out and "silver dedup near" in out and out.count("MB/s") == 2
+    assert "near_duplicate" in out  # the corpus holds near copies and they are found

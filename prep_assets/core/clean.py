@@ -1,4 +1,4 @@
-"""Silver transforms: normalization, length filters, exact dedup and the deterministic split.
+"""Silver transforms: normalization, length and quality filters, the content hash and the deterministic split.
 
 Each filter returns keep or a reason; the caller writes every dropped record to the rejects table.
 """
@@ -8,12 +8,15 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from prep_assets.core.lake import canonical_json
 from prep_assets.core.records import content_texts, map_content_texts
-from prep_assets.core.spec import CleanSpec, NormalizeSpec, SplitSpec
+from prep_assets.core.spec import CleanSpec, NormalizeSpec, QualitySpec, SplitSpec
 
 # C0 and C1 controls and DEL, except tab and newline (carriage return is kept only when line endings
 # are not normalized, so a record never silently changes its line structure).
@@ -38,9 +41,14 @@ def normalize_content(content: dict[str, Any], norm: NormalizeSpec) -> dict[str,
     return map_content_texts(content, lambda s: normalize_text(s, norm))
 
 
+def content_digest(canonical: str) -> str:
+    """sha256 (hex) of a record's canonical JSON: what exact dedup keys on (confirmed on the bytes)."""
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
 def content_sha256(content: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of every training-relevant field (not a prefix, not one field)."""
-    return hashlib.sha256(canonical_json(content).encode("utf-8")).hexdigest()
+    return content_digest(canonical_json(content))
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,56 @@ def quality_verdict(content: dict[str, Any], clean: CleanSpec) -> Verdict | None
         return Verdict("too_short", f"{num_chars} chars < min_chars {clean.min_chars}")
     if clean.max_chars is not None and num_chars > clean.max_chars:
         return Verdict("too_long", f"{num_chars} chars > max_chars {clean.max_chars}")
+    if "values" in content:  # table rows are data, not prose: no text heuristics
+        return None
+    return heuristic_verdict("\n".join(texts), clean.quality)
+
+
+_WORD = re.compile(r"\w+")
+_NON_ALNUM = re.compile(r"[^\w\s]|_")
+
+
+def repeated_ngram_fraction(words: list[str], n: int) -> float:
+    """The fraction of word characters inside word n-grams that occur more than once (Gopher's duplicate
+    n-gram character fraction)."""
+    if len(words) < n:
+        return 0.0
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    counts = Counter(grams)
+    starts = np.fromiter((counts[g] > 1 for g in grams), dtype=bool, count=len(grams))
+    if not starts.any():
+        return 0.0
+    # word i is covered when an n-gram starting in [i-n+1, i] repeats
+    hits = np.concatenate([[0], np.cumsum(starts)])
+    lo = np.maximum(np.arange(len(words)) - n + 1, 0)
+    hi = np.minimum(np.arange(len(words)) + 1, len(grams))
+    covered = hits[hi] - hits[lo] > 0
+    lengths = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
+    return float(lengths[covered].sum() / lengths.sum())
+
+
+def heuristic_verdict(text: str, q: QualitySpec) -> Verdict | None:
+    """Gopher/C4-style quality heuristics, each with its own reason; None when all pass (or are off)."""
+    if q.min_words is not None or q.max_repeated_ngram_fraction is not None:
+        words = _WORD.findall(text.lower())
+        if q.min_words is not None and len(words) < q.min_words:
+            return Verdict("too_few_words", f"{len(words)} words < min_words {q.min_words}")
+        if q.max_repeated_ngram_fraction is not None:
+            frac = repeated_ngram_fraction(words, q.repeated_ngram_size)
+            if frac > q.max_repeated_ngram_fraction:
+                return Verdict("repeated_ngrams", f"{frac:.3f} of word characters in repeated "
+                               f"{q.repeated_ngram_size}-grams > {q.max_repeated_ngram_fraction}")
+    if q.max_repeated_line_fraction is not None:
+        lines = [line.strip() for line in text.split("\n") if line.strip()]
+        frac = (len(lines) - len(set(lines))) / len(lines) if lines else 0.0
+        if frac > q.max_repeated_line_fraction:
+            return Verdict("repeated_lines", f"{frac:.3f} of lines repeat an earlier line > "
+                           f"{q.max_repeated_line_fraction}")
+    if q.max_non_alnum_fraction is not None and text:
+        frac = (len(text) - len(_NON_ALNUM.sub("", text))) / len(text)
+        if frac > q.max_non_alnum_fraction:
+            return Verdict("non_alphanumeric", f"{frac:.3f} of characters are neither alphanumeric nor space > "
+                           f"{q.max_non_alnum_fraction}")
     return None
 
 

@@ -1,39 +1,129 @@
-"""The dataset-wide exact-dedup index (`clean.dedup_scope: dataset`).
+"""Exact and near-duplicate removal for silver.
 
-Each drop's content hashes (the sha256 of every record that passes silver's filters, with the drop's first
-record holding it) are kept under `dedup_index/<silver config>/<partition>/hashes.parquet`. A drop's silver
-drops every record whose hash an earlier drop (registration order) already holds: the earliest drop's first
-line is the copy kept, whichever partitions were materialized first.
+Exact: the key of a record is the sha256 of its full normalized content (canonical JSON). Equal hashes are
+confirmed on the bytes: after a pass, `collisions` asks DuckDB for any hash held by two different contents
+(this drop and the earlier drops' indexes); the pass is then rerun keying those hashes by hash + content, so
+a collision never removes a distinct record.
+
+Dataset scope: each drop's content (hash, first record, content) is kept under
+`dedup_index/<silver config>/<partition>/hashes.parquet`; a drop's silver removes every record an earlier
+drop (registration order) holds: the earliest drop's first line is the copy kept, whichever partitions were
+materialized first.
+
+Near: MinHash signatures (datasketch, fixed seed) of word or character n-grams, banded with MinHashLSH at
+the spec's Jaccard threshold; records are taken in drop order and one whose estimated Jaccard with an
+already kept record reaches the threshold is removed, naming the earliest such kept record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from datasketch import MinHash, MinHashLSH
 
 from prep_assets.core.drops import Drop, earlier_drops
 from prep_assets.core.lake import DatasetPaths, staged_dir
-from prep_assets.core.spec import LAYER_SECTIONS, DatasetSpec
+from prep_assets.core.spec import DatasetSpec, NearDedupSpec
 
 INDEX_FILE = "hashes.parquet"
-INDEX_VERSION = "v1"  # bump when what silver hashes changes in code
-_SCHEMA = pa.schema([("content_sha256", pa.string()), ("record_id", pa.string())])
+INDEX_VERSION = "v2"  # bump when what silver hashes, or the index layout, changes in code
+INDEX_SCHEMA = pa.schema([("content_sha256", pa.string()), ("record_id", pa.string()), ("content", pa.string())])
+
+
+# ---------------------------------------------------------------- exact
+
+
+class HashCollision(Exception):
+    """Two different contents share a sha256: rerun keying these hashes by their bytes."""
+
+    def __init__(self, digests: frozenset[str]) -> None:
+        super().__init__(f"{len(digests)} content sha256 value(s) held by different contents")
+        self.digests = digests
+
+
+class ExactDedup:
+    """The first record of each content key: the content sha256, or hash + content for a colliding hash."""
+
+    def __init__(self, earlier: Sequence[Path], colliding: frozenset[str]) -> None:
+        self.colliding = colliding
+        self.prior = merge_indexes(earlier)
+        self.prior_exact = _by_content(earlier, colliding)
+        self.first_seen: dict[str, str] = {}  # key -> the drop's first record with it
+
+    def repeats(self, digest: str, canonical: str, record_id: str) -> tuple[str | None, bool]:
+        """(the earlier record with the same content or None, whether it is in an earlier drop)."""
+        if digest in self.colliding:
+            key = f"{digest}\0{canonical}"
+            earlier = self.prior_exact.get(key)
+        else:
+            key, earlier = digest, self.prior.get(digest)
+        first = self.first_seen.setdefault(key, record_id)
+        if earlier is not None:
+            return earlier, True
+        return (first if first != record_id else None), False
+
+
+def _rows(records: Path, rejects: Path) -> str:
+    return ("(SELECT record_id, content_sha256, content FROM read_parquet($records) UNION ALL "
+            "SELECT record_id, content_sha256, content FROM read_parquet($rejects) WHERE content_sha256 IS NOT NULL)")
+
+
+def collisions(records: Path, rejects: Path, earlier: Sequence[Path]) -> frozenset[str]:
+    """Hashes of this drop's rows that some other row (here or in an earlier drop's index) holds with other bytes."""
+    params: dict[str, object] = {"records": str(records), "rejects": str(rejects)}
+    rows = "SELECT content_sha256, content FROM here"
+    if earlier:
+        params["earlier"] = [str(p) for p in earlier]
+        rows += " UNION ALL SELECT content_sha256, content FROM read_parquet($earlier)"
+    sql = f"""
+        WITH here AS {_rows(records, rejects)},
+             rows AS ({rows}),
+             mine AS (SELECT DISTINCT content_sha256 FROM here),
+             multi AS (SELECT content_sha256 FROM rows WHERE content_sha256 IN (SELECT content_sha256 FROM mine)
+                       GROUP BY content_sha256 HAVING count(*) > 1)
+        SELECT content_sha256 FROM rows WHERE content_sha256 IN (SELECT content_sha256 FROM multi)
+        GROUP BY content_sha256 HAVING count(DISTINCT content) > 1
+    """
+    with duckdb.connect() as con:
+        return frozenset(r[0] for r in con.execute(sql, params).fetchall())
+
+
+def write_index(out_dir: Path, first_ids: Iterable[str], records: Path, rejects: Path) -> None:
+    """Publish a drop's index: each content's first record and bytes, sorted (reruns write the same file)."""
+    firsts = pa.table({"record_id": pa.array(list(first_ids), pa.string())})
+    sql = (f"SELECT content_sha256, record_id, content FROM {_rows(records, rejects)} "
+           "WHERE record_id IN (SELECT record_id FROM firsts) ORDER BY content_sha256, content")
+    with duckdb.connect() as con:
+        con.register("firsts", firsts)
+        reader = con.sql(sql, params={"records": str(records), "rejects": str(rejects)}).to_arrow_reader()
+        _publish_index(out_dir, reader)
+
+
+def write_empty_index(out_dir: Path) -> None:
+    _publish_index(out_dir, [])
+
+
+def _publish_index(out_dir: Path, batches: Iterable[pa.RecordBatch]) -> None:
+    """Write and publish atomically; another process publishing the same (deterministic) index first is fine."""
+    try:
+        with staged_dir(out_dir) as stage, pq.ParquetWriter(stage / INDEX_FILE, INDEX_SCHEMA, compression="zstd") as w:
+            for batch in batches:
+                w.write_batch(batch.cast(INDEX_SCHEMA))
+    except OSError:
+        if not (out_dir / INDEX_FILE).is_file():
+            raise
 
 
 def index_dir(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> Path:
-    """Where a drop's content hashes are kept, per silver configuration (a changed spec gets a new index)."""
-    return paths.root / "dedup_index" / f"{INDEX_VERSION}-{spec.fingerprint(*LAYER_SECTIONS['silver'])[:16]}" / partition
-
-
-def write_index(out_dir: Path, first_seen: Mapping[str, str]) -> None:
-    """Publish a drop's hashes (sorted, so reruns write the same file), each with its first record."""
-    hashes = sorted(first_seen)
-    with staged_dir(out_dir) as stage:
-        pq.write_table(pa.table({"content_sha256": hashes, "record_id": [first_seen[h] for h in hashes]},
-                                schema=_SCHEMA), stage / INDEX_FILE)
+    """Where a drop's content index is kept, per silver configuration (a changed spec gets a new index)."""
+    return paths.root / "dedup_index" / f"{INDEX_VERSION}-{spec.layer_version('silver')}" / partition
 
 
 def earlier_indexes(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> list[tuple[Drop, Path]]:
@@ -41,11 +131,70 @@ def earlier_indexes(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> l
     return [(d, index_dir(spec, paths, d.partition) / INDEX_FILE) for d in earlier_drops(paths, partition)]
 
 
-def merge_indexes(files: list[Path]) -> dict[str, str]:
+def merge_indexes(files: Sequence[Path]) -> dict[str, str]:
     """content sha256 -> the record kept for it: the first file (earliest drop) holding the hash wins."""
     prior: dict[str, str] = {}
     for path in files:
-        table = pq.read_table(path)
-        for digest, record_id in zip(table.column("content_sha256").to_pylist(), table.column("record_id").to_pylist()):
+        table = pq.read_table(path, columns=["content_sha256", "record_id"])
+        for digest, record_id in zip(table.column(0).to_pylist(), table.column(1).to_pylist()):
             prior.setdefault(digest, record_id)
     return prior
+
+
+def _by_content(files: Sequence[Path], digests: frozenset[str]) -> dict[str, str]:
+    """hash + NUL + content -> the earliest record holding exactly that content, for colliding hashes only."""
+    out: dict[str, str] = {}
+    if not digests:
+        return out
+    wanted = pa.array(sorted(digests), pa.string())
+    for path in files:
+        table = pq.read_table(path)
+        table = table.filter(pc.is_in(table.column("content_sha256"), value_set=wanted))
+        for digest, record_id, content in zip(*(table.column(c).to_pylist() for c in INDEX_SCHEMA.names)):
+            out.setdefault(f"{digest}\0{content}", record_id)
+    return out
+
+
+# ---------------------------------------------------------------- near
+
+_WORD = re.compile(r"\w+")
+
+
+def shingles(text: str, unit: str, n: int) -> list[bytes]:
+    """The distinct word (lower-cased `\\w+`) or character n-grams of a text; a text shorter than n is one shingle."""
+    if unit == "word":
+        words = _WORD.findall(text.lower())
+        grams = {" ".join(words[i : i + n]) for i in range(len(words) - n + 1)} or {" ".join(words)}
+    else:
+        grams = {text[i : i + n] for i in range(len(text) - n + 1)} or {text}
+    return [g.encode("utf-8") for g in sorted(grams)]
+
+
+class NearDuplicates:
+    """Records in order; each is checked against the kept ones through LSH and kept or matched to the earliest."""
+
+    def __init__(self, spec: NearDedupSpec) -> None:
+        self.spec = spec
+        self.lsh = MinHashLSH(threshold=spec.threshold, num_perm=spec.num_perm, prepickle=False)
+        self.signatures: list[np.ndarray] = []  # of kept records, by insertion order (the LSH key)
+        self.ids: list[str] = []
+        self._proto = MinHash(num_perm=spec.num_perm, seed=spec.seed)  # permutations drawn once
+
+    def signature(self, text: str) -> MinHash:
+        m = self._proto.copy()
+        m.update_batch(shingles(text, self.spec.unit, self.spec.ngram))
+        return m
+
+    def match(self, record_id: str, text: str) -> tuple[str, float] | None:
+        """(the earliest kept record at >= threshold estimated Jaccard, that estimate), or None after keeping it."""
+        m = self.signature(text)
+        for slot in sorted(self.lsh.query(m)):
+            similarity = float(np.mean(self.signatures[slot] == m.hashvalues))
+            if similarity >= self.spec.threshold:
+                return self.ids[slot], similarity
+        slot = len(self.ids)
+        self.lsh.insert(slot, m, check_duplication=False)
+        self.signatures.append(m.hashvalues.copy())
+        self.ids.append(record_id)
+        return None
+

@@ -194,17 +194,17 @@ def bronze_required_fields(bronze_dir: Path) -> Outcome:
 
 
 def silver_unique(silver_dir: Path) -> Outcome:
-    """No two kept records share a content hash (within the drop)."""
+    """No two kept records have the same content (hash and bytes; within the drop)."""
     source = ("(SELECT content_sha256, list(record_id ORDER BY source_line) AS record_ids, count(*) AS copies "
-              "FROM read_parquet($s) GROUP BY content_sha256)")
-    n, dup = _violating_rows(source, "copies > 1", "*", {"s": str(silver_dir / "records.parquet")},
-                             order="content_sha256")
-    return Outcome("clean_records_unique", n, dup, {}, "no two kept records have the same content sha256")
+              "FROM read_parquet($s) GROUP BY content_sha256, content)")
+    n, dup = _violating_rows(source, "copies > 1", "content_sha256, record_ids, copies",
+                             {"s": str(silver_dir / "records.parquet")}, order="content_sha256")
+    return Outcome("clean_records_unique", n, dup, {}, "no two kept records have the same content")
 
 
 def silver_unique_across_drops(silver_dir: Path, earlier: list[Path]) -> Outcome:
-    """No kept record's content hash is held by an earlier drop's dedup index (dedup_scope: dataset); an index
-    that is missing fails the check (it cannot be verified)."""
+    """No kept record's content is held by an earlier drop's dedup index (dedup_scope: dataset); an index that
+    is missing fails the check (it cannot be verified)."""
     name, what = "clean_records_unique_across_drops", "no kept record repeats a record of an earlier drop"
     missing = [str(p) for p in earlier if not p.is_file()]
     facts: dict[str, Any] = {"earlier_drops": len(earlier)}
@@ -212,11 +212,34 @@ def silver_unique_across_drops(silver_dir: Path, earlier: list[Path]) -> Outcome
         return Outcome(name, len(missing), [{"missing_index": m} for m in missing[:SAMPLE]], facts, what)
     if not earlier:
         return Outcome(name, 0, [], facts, what)
-    source = ("(SELECT s.record_id, s.source_file || ':' || s.source_line AS location, s.source_line, "
-              "i.record_id AS earlier_record_id FROM read_parquet($s) AS s "
-              "JOIN read_parquet($i) AS i ON s.content_sha256 = i.content_sha256)")
+    source = ("(SELECT s.record_id, any_value(s.source_file || ':' || s.source_line) AS location, "
+              "any_value(s.source_line) AS source_line, min(i.record_id) AS earlier_record_id "
+              "FROM read_parquet($s) AS s JOIN read_parquet($i) AS i "
+              "ON s.content_sha256 = i.content_sha256 AND s.content = i.content GROUP BY s.record_id)")
     n, bad = _violating_rows(source, "true", "record_id, location, earlier_record_id",
                              {"s": str(silver_dir / "records.parquet"), "i": [str(p) for p in earlier]})
+    return Outcome(name, n, bad, facts, what)
+
+
+def duplicates_resolve_to_kept(silver_dirs: list[Path]) -> Outcome:
+    """Every record removed as a (near) duplicate from the given drops names a record kept in them, directly or
+    through one removed as a near duplicate of a kept one: no record is lost to a copy that is not shipped."""
+    name = "dataset_manifest_duplicates_kept"
+    what = ("every duplicate removed from the manifest's drops names a record kept in them (else rebuild the "
+            "named drops' silver: its copy was in a drop since replaced or left out)")
+    facts: dict[str, Any] = {"drops": len(silver_dirs)}
+    if not silver_dirs:
+        return Outcome(name, 0, [], facts, what)
+    source = """(WITH kept AS (SELECT record_id FROM read_parquet($records)),
+                      rej AS (SELECT record_id, duplicate_of, source_file, source_line FROM read_parquet($rejects)
+                              WHERE duplicate_of IS NOT NULL)
+                 SELECT r.record_id, r.source_file || ':' || r.source_line AS location, r.source_line, r.duplicate_of
+                 FROM rej AS r LEFT JOIN rej AS via ON r.duplicate_of = via.record_id
+                 WHERE r.duplicate_of NOT IN (SELECT record_id FROM kept)
+                   AND (via.duplicate_of IS NULL OR via.duplicate_of NOT IN (SELECT record_id FROM kept)))"""
+    params = {"records": [str(d / "records.parquet") for d in silver_dirs],
+              "rejects": [str(d / "rejects.parquet") for d in silver_dirs]}
+    n, bad = _violating_rows(source, "true", "record_id, location, duplicate_of", params, order="record_id")
     return Outcome(name, n, bad, facts, what)
 
 

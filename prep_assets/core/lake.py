@@ -141,6 +141,20 @@ def clean_stale_staging(final: Path) -> list[Path]:
 
 
 @contextmanager
+def scratch_dir(near: Path) -> Iterator[Path]:
+    """A temporary directory beside `near` (same filesystem), removed on exit; those left by processes that
+    died are removed first."""
+    near.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_staging(near)
+    path = near.with_name(f".{near.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
 def staged_dir(final: Path) -> Iterator[Path]:
     """Yield an empty staging directory; on success it atomically replaces `final`.
 

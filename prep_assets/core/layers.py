@@ -7,10 +7,9 @@ its whole partition into a staging directory that replaces the previous output i
 from __future__ import annotations
 
 import json
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,19 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prep_assets.core.arrays import flat_values, list_array, percentiles
-from prep_assets.core.clean import assign_split, content_sha256, normalize_content, num_chars, quality_verdict
+from prep_assets.core.clean import assign_split, content_digest, normalize_content, num_chars, quality_verdict
 from prep_assets.core import dedup
 from prep_assets.core.drops import Drop, format_of, resolve_drop
 from prep_assets.core.errors import DropError
-from prep_assets.core.lake import DatasetPaths, canonical_json, read_json, sha256_file, staged_dir, write_json_atomic
+from prep_assets.core.lake import (
+    DatasetPaths,
+    canonical_json,
+    read_json,
+    scratch_dir,
+    sha256_file,
+    staged_dir,
+    write_json_atomic,
+)
 from prep_assets.core.chat import ChatTemplate
 from prep_assets.core.masking import tokenize_batch
 from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, write_megatron, write_memmap
@@ -45,6 +52,7 @@ from prep_assets.core.records import (
     SPLITS,
     TYPE_PROMPT,
     Invalid,
+    near_dup_text,
 )
 from prep_assets.core.spec import DatasetSpec, TabularSpec
 from prep_assets.core.tabular import group_label, infer_column_types, initial_prefill
@@ -175,6 +183,7 @@ def build_raw_records(
             "records": rec_sink.rows,
             "rejects": rej_sink.rows,
             "rejects_by_reason": dict(sorted(reasons.items())),
+            "spec_version": spec.layer_version("bronze"),
         }
         write_json_atomic(stage / ACCOUNTING, stats)
     return stats
@@ -193,22 +202,33 @@ def _split_key(spec: DatasetSpec, content: dict[str, Any], digest: str) -> str:
 
 def build_clean_records(
     spec: DatasetSpec, bronze_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH,
-    prior: Mapping[str, str] | None = None, index_dir: Path | None = None,
+    earlier: Sequence[Path] = (), index_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Silver: normalized, filtered, exact-deduplicated records with a deterministic split.
+    """Silver: normalized, quality-filtered, deduplicated records with a deterministic split.
 
-    `prior` maps content sha256 -> the kept record of an earlier drop (dedup_scope: dataset): such records
-    are duplicates here too. With `index_dir`, the drop's own content hashes (each with its first record)
-    are published there for later drops.
+    `earlier` are the dedup indexes of drops registered before this one (dedup_scope: dataset): their
+    contents are duplicates here too. With `index_dir`, this drop's index is published there. Equal hashes
+    are confirmed on the bytes: when two contents share one, the drop is processed again keying that hash by
+    its content, so a collision never removes a distinct record.
     """
-    norm = spec.clean.normalization
-    prior = prior or {}
-    first_seen: dict[str, str] = {}  # content sha256 -> the drop's first record with it
+    colliding: frozenset[str] = frozenset()
+    while True:
+        try:
+            return _clean_pass(spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir)
+        except dedup.HashCollision as found:
+            colliding |= found.digests
+
+
+def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: int, earlier: Sequence[Path],
+                colliding: frozenset[str], index_dir: Path | None) -> dict[str, Any]:
+    clean = spec.clean
+    norm = clean.normalization
+    exact = dedup.ExactDedup(earlier, colliding) if clean.dedup != "none" else None
+    near = dedup.NearDuplicates(clean.near) if clean.dedup == "near" else None
+    near_of: dict[str, str] = {}  # record removed as a near duplicate -> the kept record it is near
     reasons: Counter[str] = Counter()
     splits: Counter[str] = Counter()
-    chars = 0
-    records_in = 0
-    earlier = 0
+    chars = records_in = of_earlier = 0
     with staged_dir(out_dir) as stage:
         comp = spec.output.compression
         with (
@@ -216,34 +236,54 @@ def build_clean_records(
             ParquetSink(stage / REJECTS, SILVER_REJECT_SCHEMA, compression=comp) as rej_sink,
         ):
             kept, rejected = _RowBuffer(keep_sink, batch_size), _RowBuffer(rej_sink, batch_size)
+
+            def reject(prov: dict[str, Any], reason: str, detail: str, canonical: str, digest: str | None = None,
+                       of: str | None = None) -> None:
+                reasons[reason] += 1
+                rejected.add({**prov, "reason": reason, "detail": detail, "duplicate_of": of, "content": canonical,
+                              "content_sha256": digest})
+
             cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "content"]
             for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
                 for row in batch.to_pylist():
                     records_in += 1
+                    record_id = row["record_id"]
                     prov = {k: row[k] for k in cols[:-1]}
                     content = normalize_content(json.loads(row["content"]), norm)
-                    verdict = quality_verdict(content, spec.clean)
+                    canonical = canonical_json(content)
+                    verdict = quality_verdict(content, clean)
                     if verdict is not None:
-                        reasons[verdict.reason] += 1
-                        rejected.add({**prov, "reason": verdict.reason, "detail": verdict.detail, "duplicate_of": None})
+                        reject(prov, verdict.reason, verdict.detail, canonical)
                         continue
-                    digest = content_sha256(content)
-                    first = prior.get(digest) or first_seen.get(digest)
-                    first_seen.setdefault(digest, row["record_id"])
-                    if spec.clean.dedup == "exact" and first is not None:
-                        reasons["duplicate"] += 1
-                        earlier += digest in prior
-                        rejected.add({**prov, "reason": "duplicate", "detail": f"same content as {first}",
-                                      "duplicate_of": first})
-                        continue
+                    digest = content_digest(canonical)
+                    if exact is not None:
+                        first, in_earlier = exact.repeats(digest, canonical, record_id)
+                        if first is not None and first in near_of:  # a copy of a record removed as near duplicate
+                            reject(prov, "near_duplicate", f"same content as {first}, a near duplicate of "
+                                   f"{near_of[first]}", canonical, digest, near_of[first])
+                            continue
+                        if first is not None:
+                            of_earlier += in_earlier
+                            reject(prov, "duplicate", f"same content as {first}", canonical, digest, first)
+                            continue
+                    if near is not None:
+                        match = near.match(record_id, near_dup_text(content))
+                        if match is not None:
+                            near_of[record_id] = match[0]
+                            reject(prov, "near_duplicate", f"estimated Jaccard {match[1]:.3f} >= "
+                                   f"{clean.near.threshold} with {match[0]}", canonical, digest, match[0])
+                            continue
                     split = assign_split(_split_key(spec, content, digest), spec.split)
                     splits[split] += 1
                     n = num_chars(content)
                     chars += n
-                    kept.add({**prov, "content": canonical_json(content), "content_sha256": digest,
-                              "num_chars": n, "split": split})
+                    kept.add({**prov, "content": canonical, "content_sha256": digest, "num_chars": n, "split": split})
             kept.flush()
             rejected.flush()
+        if exact is not None:
+            found = dedup.collisions(stage / RECORDS, stage / REJECTS, earlier) - colliding
+            if found:
+                raise dedup.HashCollision(found)  # the stage is discarded; the caller runs the pass again
         stats = {
             "records_in": records_in,
             "records": keep_sink.rows,
@@ -251,34 +291,40 @@ def build_clean_records(
             "rejects_by_reason": dict(sorted(reasons.items())),
             "records_by_split": {s: splits[s] for s in SPLITS},
             "chars": chars,
-            "dedup_scope": spec.clean.dedup_scope,
-            "duplicates_of_earlier_drops": earlier,
+            "dedup": clean.dedup,
+            "dedup_scope": clean.dedup_scope,
+            "duplicates_of_earlier_drops": of_earlier,
+            "hash_collisions": len(colliding),
         }
         write_json_atomic(stage / STATS, stats)
-    if index_dir is not None:
-        dedup.write_index(index_dir, first_seen)
+        if index_dir is not None and exact is not None:
+            dedup.write_index(index_dir, exact.first_seen.values(), stage / RECORDS, stage / REJECTS)
     return stats
 
 
-def earlier_content(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH
-                    ) -> dict[str, str]:
-    """Content sha256 -> the record kept for it, over the drops registered before `partition` (earliest drop,
-    then first line, wins). A drop without an index for this spec gets one from its raw file, so the answer
-    never depends on which partitions were materialized before."""
-    indexes = dedup.earlier_indexes(spec, paths, partition)
-    for drop, path in indexes:
+def earlier_indexes(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH
+                    ) -> list[Path]:
+    """The dedup indexes of the drops registered before `partition`, earliest first. A drop without one for
+    this spec gets it from its raw file, so the answer never depends on which partitions were built before."""
+    out = []
+    for drop, path in dedup.earlier_indexes(spec, paths, partition):
         if not path.is_file():
             _index_drop(spec, paths, drop, path.parent, batch_size)
-    return dedup.merge_indexes([path for _, path in indexes])
+        out.append(path)
+    return out
 
 
 def _index_drop(spec: DatasetSpec, paths: DatasetPaths, drop: Drop, out_dir: Path, batch_size: int) -> None:
-    """A drop's content hashes from its raw file (bronze and silver built in a scratch dir, then discarded)."""
+    """A drop's index from its raw file (bronze and silver built in a scratch dir, then discarded). A drop this
+    spec cannot read (its bronze fails) holds nothing: the same outcome however often it is tried."""
     _, source = resolve_drop(paths, drop.partition)
-    paths.root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=paths.root, prefix=".dedup-scratch-") as tmp:
-        bronze, silver = Path(tmp) / "bronze", Path(tmp) / "silver"
-        build_raw_records(spec, drop, source, bronze, batch_size=batch_size)
+    with scratch_dir(paths.root / "dedup_scratch") as tmp:
+        bronze, silver = tmp / "bronze", tmp / "silver"
+        try:
+            build_raw_records(spec, drop, source, bronze, batch_size=batch_size)
+        except DropError:
+            dedup.write_empty_index(out_dir)
+            return
         build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir)
 
 
@@ -286,10 +332,14 @@ def build_silver(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batc
                  ) -> dict[str, Any]:
     """A drop's silver; with `clean.dedup_scope: dataset`, also without copies of earlier drops' records."""
     bronze, out = paths.partition_dir("bronze", partition), paths.partition_dir("silver", partition)
-    if spec.clean.dedup_scope != "dataset" or spec.clean.dedup != "exact":
+    if spec.clean.dedup_scope != "dataset":
         return build_clean_records(spec, bronze, out, batch_size=batch_size)
-    prior = earlier_content(spec, paths, partition, batch_size=batch_size)
-    return build_clean_records(spec, bronze, out, batch_size=batch_size, prior=prior,
+    built_with = read_json(bronze / ACCOUNTING).get("spec_version") if (bronze / ACCOUNTING).is_file() else None
+    if built_with != spec.layer_version("bronze"):
+        raise DropError(f"drop {partition}: its bronze was built with another spec (or is missing); materialize "
+                        "raw_records first, so its dedup index matches the spec")
+    return build_clean_records(spec, bronze, out, batch_size=batch_size,
+                               earlier=earlier_indexes(spec, paths, partition, batch_size=batch_size),
                                index_dir=dedup.index_dir(spec, paths, partition))
 
 

@@ -332,6 +332,14 @@ def content_texts(content: dict[str, Any]) -> list[str]:
     return [m["content"] for key in _MESSAGE_LISTS for m in content.get(key, [])]
 
 
+def near_dup_text(content: dict[str, Any]) -> str:
+    """What near-dedup compares: the text fields joined by newlines, without system messages (chats sharing a
+    long system prompt are not near-duplicates because of it)."""
+    if "values" in content or "text" in content or "turns" in content:
+        return "\n".join(content_texts(content))
+    return "\n".join(m["content"] for key in _MESSAGE_LISTS for m in content.get(key, []) if m.get("role") != "system")
+
+
 def map_content_texts(content: dict[str, Any], fn: Callable[[str], str]) -> dict[str, Any]:
     """`fn` over every text field; table rows are returned as they are (tabular values keep their bytes)."""
     if "values" in content:
@@ -389,6 +397,8 @@ SILVER_REJECT_SCHEMA = pa.schema(
         pa.field("reason", pa.string(), nullable=False),
         pa.field("detail", pa.string(), nullable=False),
         pa.field("duplicate_of", pa.string(), nullable=True),
+        pa.field("content", pa.string(), nullable=False),  # normalized, as the filters and dedup saw it
+        pa.field("content_sha256", pa.string(), nullable=True),  # for duplicates (null: failed a filter first)
     ]
 )
 

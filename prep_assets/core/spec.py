@@ -99,12 +99,41 @@ class NormalizeSpec(_Strict):
     trailing_whitespace: bool = True
 
 
+class QualitySpec(_Strict):
+    """Gopher/C4-style heuristics over a record's text (its text fields joined by newlines); each off when null."""
+
+    min_words: int | None = Field(default=None, ge=1)
+    max_repeated_line_fraction: float | None = Field(default=None, ge=0, le=1)  # repeated lines / lines
+    max_repeated_ngram_fraction: float | None = Field(default=None, ge=0, le=1)  # chars in repeated word n-grams
+    repeated_ngram_size: int = Field(default=5, ge=1, le=20)
+    max_non_alnum_fraction: float | None = Field(default=None, ge=0, le=1)  # non-alphanumeric, non-space chars
+
+
+class NearDedupSpec(_Strict):
+    """MinHash + LSH near-duplicate removal (`dedup: near`): a record whose estimated Jaccard similarity with a
+    kept record reaches `threshold` is removed."""
+
+    threshold: float = Field(default=0.7, gt=0, le=1)
+    unit: Literal["word", "char"] = "word"
+    ngram: int = Field(default=3, ge=1, le=50)
+    num_perm: int = Field(default=128, ge=16, le=1024)
+    seed: int = 1
+
+
 class CleanSpec(_Strict):
     normalize: NormalizeSpec | bool = True
     min_chars: int = Field(default=1, ge=0)
     max_chars: int | None = Field(default=None, ge=1)
-    dedup: Literal["exact", "none"] = "exact"
+    quality: QualitySpec = QualitySpec()
+    dedup: Literal["exact", "near", "none"] = "exact"  # near: exact first, then near-duplicates
     dedup_scope: Literal["drop", "dataset"] = "drop"
+    near: NearDedupSpec = NearDedupSpec()
+
+    @model_validator(mode="after")
+    def _scope_needs_dedup(self) -> CleanSpec:
+        if self.dedup_scope == "dataset" and self.dedup == "none":
+            raise ValueError("clean.dedup_scope: dataset needs clean.dedup: exact or near (tables default to none)")
+        return self
 
     @property
     def normalization(self) -> NormalizeSpec:
@@ -365,6 +394,11 @@ class DatasetSpec(_Strict):
             keys.update({r: None for r in self.input.roles.values() if r not in keys})
         return keys
 
+    def layer_version(self, layer: str) -> str:
+        """The code revision + a hash of the spec fields that shape a layer (its Dagster code version)."""
+        sections = LAYER_SECTIONS[layer] if layer in LAYER_SECTIONS else (layer,)  # type: ignore[index]
+        return f"{CODE_VERSION}-{self.fingerprint(*sections)[:12]}"
+
     def fingerprint(self, *sections: str) -> str:
         """A stable hash of the named sections (all when none; `a.b` names one key of a section, and a name
         that is no section names a derived property such as `gold_overflow`)."""
@@ -394,6 +428,10 @@ _MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.
 # `checks` is in every layer: a changed threshold must re-judge every partition.
+# Bump when a layer's code changes what it writes: the UI then shows that layer (and below) stale, and the
+# dedup indexes (keyed by silver's version) are rebuilt.
+CODE_VERSION = "3"
+
 LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
     # tabular: bronze types CSV cells and checks group_by/order_by; silver draws splits by group
     "bronze": ("input", "checks", "tabular"),

@@ -73,6 +73,23 @@ def _manifest_gate(spec: DatasetSpec) -> AssetChecksDefinition:
     return _check
 
 
+def _manifest_duplicates_gate(spec: DatasetSpec) -> AssetChecksDefinition:
+    @asset_check(
+        asset=asset_key(spec, DATASET_MANIFEST),
+        name="dataset_manifest_duplicates_kept",
+        blocking=True,
+        description="clean.dedup_scope dataset: every duplicate removed from the manifest's drops names a record "
+        "kept in them (a copy kept only in a replaced or failed drop would otherwise be lost; rebuild the named "
+        "drops' silver)",
+    )
+    def _check(lake: LakeResource) -> AssetCheckResult:
+        paths = lake.paths(spec.name)
+        partitions = sorted(read_json(paths.manifest_path)["partitions"])
+        return outcome_result(inv.duplicates_resolve_to_kept([paths.partition_dir("silver", k) for k in partitions]))
+
+    return _check
+
+
 def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: list[str]) -> dict[str, list[str]]:
     """Per partition, the gates that did not pass on its latest materialization (failed, never run, or older)."""
     gates = gates_for(spec)
@@ -95,4 +112,7 @@ def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: lis
 
 
 def build_checks(spec: DatasetSpec) -> list[AssetChecksDefinition]:
-    return [_partition_gate(spec, g) for g in gates_for(spec)] + [_manifest_gate(spec)]
+    manifest = [_manifest_gate(spec)]
+    if spec.clean.dedup_scope == "dataset":
+        manifest.append(_manifest_duplicates_gate(spec))
+    return [_partition_gate(spec, g) for g in gates_for(spec)] + manifest

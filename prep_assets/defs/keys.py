@@ -10,10 +10,7 @@ from prep_assets.core.gates import (  # the partitioned layers' names live with 
     RAW_RECORDS as RAW_RECORDS,
     TOKENIZED_EXAMPLES as TOKENIZED_EXAMPLES,
 )
-from prep_assets.core.spec import LAYER_SECTIONS, DatasetSpec, Layer
-
-# Bump when a layer's code changes what it writes: the UI then shows that layer (and below) stale.
-CODE_VERSION = "2"
+from prep_assets.core.spec import CODE_VERSION, LAYER_SECTIONS, DatasetSpec, Layer
 
 TOKENIZER = "tokenizer"
 DATASET_MANIFEST = "dataset_manifest"
@@ -25,8 +22,7 @@ def asset_key(spec: DatasetSpec, name: str) -> AssetKey:
 
 
 def code_version(spec: DatasetSpec, layer: Layer | str) -> str:
-    sections = LAYER_SECTIONS[layer] if layer in LAYER_SECTIONS else (layer,)
-    return f"{CODE_VERSION}-{spec.fingerprint(*sections)[:12]}"
+    return spec.layer_version(layer)
 
 
 def drop_job_name(spec: DatasetSpec) -> str:

@@ -24,10 +24,13 @@ def build_silver(spec: DatasetSpec) -> AssetsDefinition:
         code_version=code_version(spec, "silver"),
         description=(
             "Bronze records normalized (`clean.normalize`: NFC, line endings, control characters, trailing "
-            "whitespace), filtered (`clean.min_chars`/`max_chars`, empty) and exact-deduplicated on the sha256 of "
-            "their full canonical content (`clean.dedup`; with `clean.dedup_scope: dataset` also against every drop "
-            "registered earlier, whose content hashes are indexed under dedup_index/), each with a train/validation/test `split` drawn from "
-            "that hash (`split`). Every dropped record is in rejects.parquet with its reason and `duplicate_of`."
+            "whitespace), filtered (`clean.min_chars`/`max_chars`, empty, and the `clean.quality` heuristics: "
+            "words, repeated lines/n-grams, non-alphanumeric share) and deduplicated (`clean.dedup`): exact on "
+            "the sha256 of the full canonical content, confirmed on the bytes, and with `near` also MinHash/LSH "
+            "near-duplicates (`clean.near`); with `clean.dedup_scope: dataset` also against every drop "
+            "registered earlier (indexes under dedup_index/). Each kept record has a train/validation/test "
+            "`split` drawn from its hash (`split`). Every dropped record is in rejects.parquet with its reason, "
+            "normalized content and `duplicate_of`."
         ),
         metadata={"dagster/column_schema": column_schema(SILVER_SCHEMA)},
         tags={"layer": "silver"},
@@ -46,7 +49,9 @@ def build_silver(spec: DatasetSpec) -> AssetsDefinition:
                 "rejects_by_reason": counts_table(stats["rejects_by_reason"]),
                 "records_by_split": counts_table(stats["records_by_split"], key="split"),
                 "num_chars": stats["chars"],
+                "dedup": stats["dedup"],
                 "dedup_scope": stats["dedup_scope"],
+                "hash_collisions": stats["hash_collisions"],
                 "duplicates_of_earlier_drops": stats["duplicates_of_earlier_drops"],
                 "path": MetadataValue.path(str(out)),
                 "preview": preview(out / layers.RECORDS, ["record_id", "split", "content"]),

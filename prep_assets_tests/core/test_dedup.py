@@ -11,7 +11,7 @@ import pytest
 from prep_assets.core import layers
 from prep_assets.core.dedup import earlier_indexes
 from prep_assets.core.drops import earlier_drops, register_drops, registered_drops, resolve_drop
-from prep_assets.core.errors import DropError
+from prep_assets.core.errors import DropError, SpecError
 from prep_assets.core.gates import evaluate
 from prep_assets.core.lake import dataset_paths, read_json
 from prep_assets_tests.conftest import make_spec
@@ -86,7 +86,7 @@ def test_same_silver_bytes_whatever_the_materialization_order(tmp_path: Path):
     _silver(second, order[::-1])  # the last drop first: the earlier drops' hashes come from their raw files
     assert _files(first, order) == _files(second, order)
     # the scratch bronze/silver used for those hashes is gone; only the indexes stay
-    assert not list(second.root.glob(".dedup-scratch-*"))
+    assert not list(second.root.glob(".dedup_scratch.tmp-*"))
     assert sorted(p.parent.name for p in second.root.glob("dedup_index/*/*/hashes.parquet")) == sorted(order)
 
 
@@ -130,3 +130,79 @@ def test_gate_fails_when_a_kept_record_repeats_an_earlier_drop(tmp_path: Path):
     assert gate.offending == [{"record_id": f"{b}:1", "location": "b_2026-02.jsonl:1", "earlier_record_id": f"{a}:2"}]
     assert gate.facts == {"earlier_drops": 1}
     assert [p.parent.name for _, p in earlier_indexes(SPEC, paths, b)] == [a]
+
+
+def test_a_hash_held_by_two_earlier_drops_names_the_earliest(tmp_path: Path):
+    paths, keys = _lake(tmp_path)
+    a, b, c = (keys[n] for n in DROPS)
+    _silver(paths, [c, b, a])  # c first: a and b indexed from raw; D is in b and c, A in a and c
+    d = "d_2026-04.jsonl"
+    _write(paths.raw_dir, d, [D, A])
+    (new,), _ = register_drops(paths)
+    _silver(paths, [new.partition])
+    rejects = [(r["record_id"], r["duplicate_of"]) for r in
+               pq.read_table(paths.partition_dir("silver", new.partition) / "rejects.parquet").to_pylist()]
+    assert rejects == [(f"{new.partition}:1", f"{b}:2"), (f"{new.partition}:2", f"{a}:1")]
+
+
+def test_a_spec_change_gets_new_indexes(tmp_path: Path):
+    paths, keys = _lake(tmp_path)
+    a, b, c = (keys[n] for n in DROPS)
+    _silver(paths, [a, b, c])
+    stricter = make_spec("ds", clean={"dedup": "exact", "dedup_scope": "dataset", "min_chars": 46})  # A is 46
+    _silver(paths, [c], spec=stricter)  # a and b re-indexed under the new spec: only A passes the filter there
+    assert _kept(paths, c) == []  # A: a copy of a:1; D and F: too short
+    assert len(list(paths.root.glob("dedup_index/*"))) == 2
+
+
+def test_an_earlier_drop_this_spec_cannot_read_holds_nothing(tmp_path: Path):
+    paths = dataset_paths(tmp_path, "ds")
+    paths.raw_dir.mkdir(parents=True)
+    (paths.raw_dir / "a.txt").write_text("plain text line\n")
+    (paths.raw_dir / "b.csv").write_text("x,y\n1,2\n1,2\n")
+    register_drops(paths)
+    spec = make_spec("ds", input={"type": "tabular"}, clean={"dedup": "exact", "dedup_scope": "dataset"})
+    b = next(d for d in registered_drops(paths).values() if d.file == "b.csv")
+    drop, src = resolve_drop(paths, b.partition)
+    layers.build_raw_records(spec, drop, src, paths.partition_dir("bronze", b.partition))
+    stats = layers.build_silver(spec, paths, b.partition)  # a.txt (no reader for tables) does not block b
+    assert stats["records"] == 1 and stats["rejects_by_reason"] == {"duplicate": 1}
+
+
+def test_silver_over_bronze_of_another_spec_is_refused(tmp_path: Path):
+    paths, keys = _lake(tmp_path)
+    a = keys["a_2026-01.jsonl"]
+    _silver(paths, [a])
+    other = make_spec("ds", input={"type": "text", "text_key": "body"}, clean={"dedup": "exact", "dedup_scope": "dataset"})
+    with pytest.raises(DropError, match="bronze was built with another spec"):
+        layers.build_silver(other, paths, a)
+
+
+def test_scope_dataset_without_dedup_is_a_spec_error():
+    with pytest.raises(SpecError, match="dedup_scope: dataset needs"):
+        make_spec("ds", clean={"dedup": "none", "dedup_scope": "dataset"})
+
+
+def test_manifest_gate_names_a_duplicate_whose_copy_left_with_a_replaced_drop(tmp_path: Path):
+    from prep_assets.core.invariants import duplicates_resolve_to_kept
+
+    paths, keys = _lake(tmp_path)
+    a, b, c = (keys[n] for n in DROPS)
+    _silver(paths, [a, b, c])
+    assert duplicates_resolve_to_kept([paths.partition_dir("silver", k) for k in (a, b, c)]).passed
+    _write(paths.raw_dir, "a_2026-01.jsonl", [C])  # a replaced: B, kept only in a, is a duplicate in b
+    (a2,), _ = register_drops(paths)
+    _silver(paths, [a2.partition])
+    out = duplicates_resolve_to_kept([paths.partition_dir("silver", k) for k in (a2.partition, b, c)])
+    assert not out.passed
+    assert {r["record_id"]: r["duplicate_of"] for r in out.offending} == {f"{b}:1": f"{a}:2", f"{c}:1": f"{a}:1"}
+
+
+def test_a_forced_hash_collision_keeps_both_distinct_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(layers, "content_digest", lambda canonical: "0" * 64)  # every record collides
+    paths, keys = _lake(tmp_path)
+    a, b, c = (keys[n] for n in DROPS)
+    stats = _silver(paths, [a, b, c])
+    assert _kept(paths, a) == [A, B, C] and _kept(paths, b) == [D, E] and _kept(paths, c) == [F]
+    assert [s["hash_collisions"] for s in stats.values()] == [1, 1, 1]
+    assert all(o.passed for k in (a, b, c) for o in evaluate(SPEC, paths, k, "clean_records"))

@@ -1,0 +1,144 @@
+"""Silver's exact and near dedup and quality filters on records built here (and a labelled real set)."""
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from prep_assets.core import layers
+from prep_assets.core.clean import heuristic_verdict, repeated_ngram_fraction
+from prep_assets.core.drops import register_drops, resolve_drop
+from prep_assets.core.lake import dataset_paths
+from prep_assets.core.spec import QualitySpec
+from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
+
+WORDS = ("river gauge station report morning evening rain wind north south bridge valley meadow forest "
+         "stone harbor tide signal lamp engine crew ferry market square bakery mill").split()
+
+
+def _doc(rng: random.Random, n: int = 120) -> str:
+    return " ".join(rng.choice(WORDS) + str(rng.randrange(1000)) for _ in range(n))
+
+
+def _silver(tmp: Path, rows: list[dict], **clean) -> tuple[list[dict], list[dict], dict]:
+    spec = make_spec("ds", input={"type": "chat"} if "messages" in rows[0] else {"type": "text"}, clean=clean)
+    paths = dataset_paths(tmp, "ds")
+    paths.raw_dir.mkdir(parents=True)
+    (paths.raw_dir / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (drop,), _ = register_drops(paths)
+    _, src = resolve_drop(paths, drop.partition)
+    b, s = paths.partition_dir("bronze", drop.partition), paths.partition_dir("silver", drop.partition)
+    layers.build_raw_records(spec, drop, src, b)
+    stats = layers.build_clean_records(spec, b, s)
+    return pq.read_table(s / "records.parquet").to_pylist(), pq.read_table(s / "rejects.parquet").to_pylist(), stats
+
+
+def test_crlf_and_lf_versions_dedup_together(tmp_path: Path):
+    kept, rejects, _ = _silver(tmp_path, [{"text": "line one\r\nline two"}, {"text": "line one\nline two"}])
+    assert len(kept) == 1 and rejects[0]["reason"] == "duplicate" and rejects[0]["duplicate_of"].endswith(":1")
+
+
+def test_two_chats_sharing_a_500_char_system_prompt_are_both_kept_exact_and_near(tmp_path: Path):
+    system = ("You are a careful assistant for a weather service. " * 12)[:500]
+    chats = [{"messages": [{"role": "system", "content": system}, {"role": "user", "content": q},
+                           {"role": "assistant", "content": a}]}
+             for q, a in (("What is 2 + 2?", "4."), ("Name a cold front's sign.", "A sudden drop in temperature."))]
+    for dedup in ("exact", "near"):
+        kept, rejects, _ = _silver(tmp_path / dedup, chats, dedup=dedup)
+        assert len(kept) == 2 and rejects == [], dedup
+
+
+def test_near_copies_are_removed_naming_the_earliest_kept_record(tmp_path: Path):
+    rng = random.Random(3)
+    a, b = _doc(rng), _doc(rng)
+    words = a.split()
+    words[10], words[60] = "changed", "words"
+    rows = [{"text": a}, {"text": b}, {"text": " ".join(words)}, {"text": a + " Subscribe for more."}, {"text": a}]
+    kept, rejects, stats = _silver(tmp_path, rows, dedup="near")
+    assert [json.loads(r["content"])["text"] for r in kept] == [a, b]
+    by_line = {r["source_line"]: (r["reason"], r["duplicate_of"].rsplit(":", 1)[1]) for r in rejects}
+    assert by_line == {3: ("near_duplicate", "1"), 4: ("near_duplicate", "1"), 5: ("duplicate", "1")}
+    assert stats["rejects_by_reason"] == {"duplicate": 1, "near_duplicate": 2}
+
+
+def test_an_exact_copy_of_a_near_duplicate_names_the_kept_record(tmp_path: Path):
+    rng = random.Random(4)
+    a = _doc(rng)
+    near = a.replace(a.split()[5], "edited", 1)
+    _, rejects, _ = _silver(tmp_path, [{"text": a}, {"text": near}, {"text": near}], dedup="near")
+    assert [(r["reason"], r["duplicate_of"].rsplit(":", 1)[1]) for r in rejects] == [
+        ("near_duplicate", "1"), ("near_duplicate", "1")]
+
+
+def test_near_dedup_keeps_distinct_documents(tmp_path: Path):
+    rng = random.Random(5)
+    rows = [{"text": _doc(rng)} for _ in range(200)]
+    kept, rejects, _ = _silver(tmp_path, rows, dedup="near")
+    assert len(kept) == 200 and rejects == []
+
+
+def test_quality_filters_each_reject_with_their_reason(tmp_path: Path):
+    rng = random.Random(6)
+    good = _doc(rng, 60)
+    rows = [{"text": good}, {"text": "too few words here"}, {"text": "\n".join(["same line again"] * 5 + [good])},
+            {"text": " ".join(["the same five words here"] * 20)}, {"text": "#### $$$$ %%%% " * 40 + good}]
+    quality = {"min_words": 20, "max_repeated_line_fraction": 0.3, "max_repeated_ngram_fraction": 0.5,
+               "max_non_alnum_fraction": 0.2}
+    kept, rejects, stats = _silver(tmp_path, rows, quality=quality)
+    assert len(kept) == 1
+    assert {r["source_line"]: r["reason"] for r in rejects} == {
+        2: "too_few_words", 3: "repeated_lines", 4: "repeated_ngrams", 5: "non_alphanumeric"}
+    assert all(r["content"] for r in rejects)  # the normalized content each filter saw
+
+
+def test_quality_heuristics_off_by_default_and_measured_exactly():
+    assert heuristic_verdict("x", QualitySpec()) is None
+    words = "a b c a b c d".split()
+    assert repeated_ngram_fraction(words, 3) == 6 / 7  # 'a b c' twice covers six of seven one-char words
+    assert repeated_ngram_fraction(words, 4) == 0.0
+
+
+def test_shuffled_lines_keep_the_same_contents(tmp_path: Path):
+    rng = random.Random(7)
+    docs = [_doc(rng, 40) for _ in range(30)]
+    rows = [{"text": d} for d in docs + docs[:10]]
+    shuffled = rows[:]
+    random.Random(1).shuffle(shuffled)
+    a, _, _ = _silver(tmp_path / "a", rows)
+    b, _, _ = _silver(tmp_path / "b", shuffled)
+    assert sorted(r["content"] for r in a) == sorted(r["content"] for r in b) and len(a) == 30
+
+
+_RUN = """
+import json, random, sys
+from pathlib import Path
+from prep_assets_tests.core.test_silver_dedup import _silver, _doc
+rng = random.Random(8)
+docs = [_doc(rng, 50) for _ in range(40)]
+rows = [{"text": d} for d in docs] + [{"text": docs[3] + " extra tail"}, {"text": docs[5]}]
+_silver(Path(sys.argv[1]), rows, dedup="near")
+"""
+
+
+def test_silver_bytes_do_not_depend_on_the_python_hash_seed(tmp_path: Path):
+    digests = []
+    for seed in ("0", "1", "random"):
+        out = tmp_path / seed
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-c", _RUN, str(out)], check=True, env=env, cwd=PROJECT)
+        files = sorted((out / "lake" / "ds" / "silver").rglob("*.*"))
+        digests.append({f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files})
+    assert len(digests[0]) == 3 and digests[0] == digests[1] == digests[2]
+
+
+def test_near_dedup_precision_and_recall_on_labelled_c4(tmp_path: Path):
+    from prep_assets.near_eval import evaluate_near
+
+    result = evaluate_near(shared_path("datasets/text/c4_demo.jsonl"), work=tmp_path)
+    print(f"near dedup on c4_demo: {result}, precision {result.precision:.3f}, recall {result.recall:.3f}")
+    assert result.copies >= 100 and result.precision >= 0.95 and result.recall >= 0.95
