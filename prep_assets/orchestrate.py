@@ -16,6 +16,7 @@ from typing import Any
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, Definitions, ExecuteInProcessResult
 
+from prep_assets.core.dedup import earlier_set_changed
 from prep_assets.core.drops import register_drops, registered_drops, superseded_drops
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.lake import DatasetPaths, dataset_paths, read_json
@@ -63,13 +64,16 @@ def _fresh(instance: DagsterInstance, spec: DatasetSpec, name: str, layer: str, 
 
 
 def partition_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths, partition: str) -> bool:
-    """Every layer materialized with today's code version and tokenizer, and every gate passed on it."""
+    """Every layer materialized with today's code version and tokenizer, and every gate passed on it (and with
+    dedup_scope dataset, silver built against the drops that count as earlier today)."""
     fingerprint = _fingerprint(paths)
     fresh = all(
         _fresh(instance, spec, name, layer, partition, paths.partition_dir(layer, partition), fingerprint)
         for name, layer in _LAYER_OF.items()
     )
-    return fresh and not unpassed_gates(instance, spec, [partition])[partition]
+    if not fresh or earlier_set_changed(spec, paths, partition):
+        return False
+    return not unpassed_gates(instance, spec, [partition])[partition]
 
 
 def tokenizer_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths, data_dir: Path) -> bool:

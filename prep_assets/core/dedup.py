@@ -28,8 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasketch import MinHash, MinHashLSH
 
-from prep_assets.core.drops import Drop, earlier_drops
-from prep_assets.core.lake import DatasetPaths, staged_dir
+from prep_assets.core.drops import Drop, drop_order, earlier_drops, registered_drops, superseded_drops
+from prep_assets.core.lake import DatasetPaths, read_json, staged_dir
 from prep_assets.core.spec import DatasetSpec, NearDedupSpec
 
 INDEX_FILE = "hashes.parquet"
@@ -129,6 +129,25 @@ def index_dir(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> Path:
 def earlier_indexes(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> list[tuple[Drop, Path]]:
     """The index files of the drops registered before `partition`, earliest first (present or not)."""
     return [(d, index_dir(spec, paths, d.partition) / INDEX_FILE) for d in earlier_drops(paths, partition)]
+
+
+def earlier_set_changed(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> bool:
+    """Dataset scope: the drop's silver was built against other earlier drops than those that count now (one was
+    superseded since, i.e. its file replaced), so it must be rebuilt; False where there is no silver yet."""
+    stats = paths.partition_dir("silver", partition) / "stats.json"
+    if spec.clean.dedup_scope != "dataset" or not stats.is_file():
+        return False
+    built = read_json(stats).get("earlier_drops")
+    return built != [d.partition for d in earlier_drops(paths, partition)]
+
+
+def stale_silver(spec: DatasetSpec, paths: DatasetPaths) -> list[str]:
+    """Drops (not superseded) whose silver must be rebuilt because the earlier drops changed, in drop order."""
+    if spec.clean.dedup_scope != "dataset":
+        return []
+    gone = superseded_drops(paths)
+    drops = sorted((d for d in registered_drops(paths).values() if d.partition not in gone), key=drop_order)
+    return [d.partition for d in drops if earlier_set_changed(spec, paths, d.partition)]
 
 
 def merge_indexes(files: Sequence[Path]) -> dict[str, str]:

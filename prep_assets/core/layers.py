@@ -294,6 +294,7 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
             "dedup": clean.dedup,
             "dedup_scope": clean.dedup_scope,
             "duplicates_of_earlier_drops": of_earlier,
+            "earlier_drops": [path.parent.name for path in earlier],
             "hash_collisions": len(colliding),
         }
         write_json_atomic(stage / STATS, stats)

@@ -3,8 +3,12 @@
 Thin over `core.drops.poll_drops` (what is complete, what is a new drop). The sensor adds every registered
 drop the instance does not know yet (so a tick that failed after registering loses nothing) and requests the
 bronze run of each with the partition key as run key (Dagster never launches two runs with one run key of a
-sensor); the layers below follow by declarative automation.
+sensor); the layers below follow by declarative automation. With `clean.dedup_scope: dataset` it also requests
+silver again for drops whose earlier drops changed (a file replaced), run key = partition + that set's hash.
 """
+
+import hashlib
+
 
 from dagster import (
     AssetSelection,
@@ -17,9 +21,10 @@ from dagster import (
     sensor,
 )
 
-from prep_assets.core.drops import poll_drops, registered_drops, superseded_drops
+from prep_assets.core.dedup import stale_silver
+from prep_assets.core.drops import earlier_drops, poll_drops, registered_drops, superseded_drops
 from prep_assets.core.spec import DatasetSpec
-from prep_assets.defs.keys import RAW_RECORDS, asset_key
+from prep_assets.defs.keys import CLEAN_RECORDS, RAW_RECORDS, asset_key
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
@@ -37,7 +42,7 @@ def build_drop_sensor(spec: DatasetSpec) -> SensorDefinition:
         name=sensor_name(spec),
         minimum_interval_seconds=POLL_SECONDS,
         default_status=DefaultSensorStatus.RUNNING,
-        asset_selection=AssetSelection.assets(asset_key(spec, RAW_RECORDS)),
+        asset_selection=AssetSelection.assets(asset_key(spec, RAW_RECORDS), asset_key(spec, CLEAN_RECORDS)),
         description=(f"Polls raw/{spec.name}/ every {POLL_SECONDS}s. A file becomes a drop once its size and mtime "
                      "are unchanged across two ticks (hidden, `_`, .tmp/.part names ignored; symlinks and names no "
                      "reader takes refused, and reported). Adds the partition and requests its bronze run (run key = "
@@ -53,11 +58,20 @@ def build_drop_sensor(spec: DatasetSpec) -> SensorDefinition:
             context.log.info(note)
         if poll.waiting:
             context.log.info(f"waiting for {len(poll.waiting)} file(s) to stop changing: {poll.waiting[:10]}")
-        if not missing:
+        requests = [RunRequest(run_key=k, partition_key=k, asset_selection=[asset_key(spec, RAW_RECORDS)],
+                               tags={"prep_assets/drop": k}) for k in missing]
+        for k in stale_silver(spec, paths):
+            if k in known:
+                earlier = ",".join(d.partition for d in earlier_drops(paths, k))
+                context.log.info(f"{k}: the drops before it changed ({earlier or 'none'}); rebuilding its silver")
+                requests.append(RunRequest(run_key=f"{k}:earlier-{hashlib.sha256(earlier.encode()).hexdigest()[:12]}",
+                                           partition_key=k, asset_selection=[asset_key(spec, CLEAN_RECORDS)],
+                                           tags={"prep_assets/drop": k}))
+        if not requests:
             return SensorResult(skip_reason=SkipReason(_skip(poll.waiting, poll.notes)), cursor=poll.cursor)
         return SensorResult(
-            run_requests=[RunRequest(run_key=k, partition_key=k, tags={"prep_assets/drop": k}) for k in missing],
-            dynamic_partitions_requests=[partitions.build_add_request(missing)],
+            run_requests=requests,
+            dynamic_partitions_requests=[partitions.build_add_request(missing)] if missing else [],
             cursor=poll.cursor,
         )
 

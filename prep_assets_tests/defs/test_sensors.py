@@ -134,3 +134,38 @@ def test_restart_with_the_stored_cursor_and_a_failed_tick_lose_nothing(tmp_path:
     assert _keys(retry) == [key] and retry.run_requests[0].run_key == key
     assert instance.get_dynamic_partitions("notes_drops") == [key]
     assert _keys(restarted.tick()) == []
+
+
+def test_dataset_scope_a_replaced_file_requests_silver_again_for_later_drops(tmp_path: Path, instance):
+    from prep_assets.core import layers
+    from prep_assets.core.drops import resolve_drop
+    from prep_assets.core.invariants import duplicates_resolve_to_kept
+
+    spec = {**SPEC, "clean": {"dedup": "exact", "dedup_scope": "dataset"}}
+    data = write_dataset(tmp_path / "data", "notes", spec, {"a.jsonl": b'{"text": "X"}\n{"text": "Y"}\n',
+                                                             "b.jsonl": b'{"text": "X"}\n{"text": "Z"}\n'})
+    t = Ticks(data, instance)
+    t.tick()
+    a, b = _keys(t.tick())
+    paths = dataset_paths(data, "notes")
+    loaded = load_spec(data / "datasets" / "notes.yaml")
+
+    def silver(key: str) -> None:
+        drop, src = resolve_drop(paths, key)
+        layers.build_raw_records(loaded, drop, src, paths.partition_dir("bronze", key))
+        layers.build_silver(loaded, paths, key)
+
+    silver(a), silver(b)
+    assert t.tick().run_requests == []  # nothing stale
+    (data / "raw" / "notes" / "a.jsonl").write_bytes(b'{"text": "X"}\n{"text": "W"}\n')  # corrected in place
+    t.tick()
+    result = t.tick()
+    requests = {(r.partition_key, tuple(k.path[-1] for k in r.asset_selection)) for r in result.run_requests}
+    (a2,) = {k for k, _ in requests} - {b}
+    assert requests == {(a2, ("raw_records",)), (b, ("clean_records",))}  # b's only earlier drop was replaced
+    silver(a2)
+    dirs = [paths.partition_dir("silver", k) for k in (a2, b)]
+    assert not duplicates_resolve_to_kept(dirs).passed  # before the rebuild, X is lost
+    silver(b)  # what the requested run does
+    assert duplicates_resolve_to_kept(dirs).passed
+    assert [r.partition_key for r in t.tick().run_requests] == []
