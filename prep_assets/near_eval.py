@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,7 @@ class NearEval:
     documents: int
     copies: int
     removed: int
-    removed_copies: int
+    removed_copies: int  # the later record of a pair, removed naming its partner
     seconds: float
 
     @property
@@ -61,9 +62,10 @@ class NearEval:
 
 
 def labelled_rows(source: Path, *, min_words: int = 80, copy_share: float = 0.5, seed: int = 0
-                  ) -> tuple[list[str], set[int]]:
-    """Distinct documents of at least `min_words` words, then near copies of a share of them (line numbers of
-    the copies, 1-based, returned as the labels)."""
+                  ) -> tuple[list[str], dict[int, int]]:
+    """Distinct documents of at least `min_words` words plus near copies of a share of them, shuffled together.
+    Returns the rows and, for each pair, the later line (1-based) -> the earlier one: what should be removed,
+    naming what."""
     docs = []
     seen = set()
     with source.open(encoding="utf-8") as f:
@@ -74,15 +76,22 @@ def labelled_rows(source: Path, *, min_words: int = 80, copy_share: float = 0.5,
                 docs.append(text)
     rng = random.Random(seed)
     picked = sorted(rng.sample(range(len(docs)), int(len(docs) * copy_share)))
-    rows = docs + [near_copy(docs[i], EDITS[n % len(EDITS)], rng) for n, i in enumerate(picked)]
-    return rows, set(range(len(docs) + 1, len(rows) + 1))
+    items = [(i, t) for i, t in enumerate(docs)] + [(i, near_copy(docs[i], EDITS[n % len(EDITS)], rng))
+                                                    for n, i in enumerate(picked)]
+    rng.shuffle(items)
+    first: dict[int, int] = {}
+    pairs: dict[int, int] = {}
+    for line, (doc, _) in enumerate(items, start=1):
+        if doc in first:
+            pairs[line] = first[doc]
+        else:
+            first[doc] = line
+    return [t for _, t in items], pairs
 
 
 def evaluate_near(source: Path, near: dict | None = None, work: Path | None = None) -> NearEval:
     """Run the silver layer with `dedup: near` over the labelled set and score what it removed."""
-    import time
-
-    rows, copies = labelled_rows(source)
+    rows, pairs = labelled_rows(source)
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         data = Path(tmp)
         spec = parse_spec({"input": {"type": "text"}, "tokenizer": {"path": "/unused"},
@@ -99,6 +108,7 @@ def evaluate_near(source: Path, near: dict | None = None, work: Path | None = No
         start = time.perf_counter()
         layers.build_clean_records(spec, bronze, silver)
         seconds = time.perf_counter() - start
-        rejects = pq.read_table(silver / layers.REJECTS, columns=["source_line", "reason"]).to_pylist()
-    removed = {r["source_line"] for r in rejects if r["reason"] in ("near_duplicate", "duplicate")}
-    return NearEval(len(rows) - len(copies), len(copies), len(removed), len(removed & copies), seconds)
+        rejects = pq.read_table(silver / layers.REJECTS, columns=["source_line", "duplicate_of"]).to_pylist()
+    removed = {r["source_line"]: int(r["duplicate_of"].rsplit(":", 1)[1]) for r in rejects if r["duplicate_of"]}
+    right = sum(1 for line, of in removed.items() if pairs.get(line) == of)
+    return NearEval(len(rows) - len(pairs), len(pairs), len(removed), right, seconds)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import regex
 
 from prep_assets.core.lake import canonical_json
 from prep_assets.core.records import content_texts, map_content_texts
@@ -81,8 +82,9 @@ def quality_verdict(content: dict[str, Any], clean: CleanSpec) -> Verdict | None
     return heuristic_verdict("\n".join(texts), clean.quality)
 
 
-_WORD = re.compile(r"\w+")
-_NON_ALNUM = re.compile(r"[^\w\s]|_")
+# Letters, combining marks (Indic vowel signs, ...) and digits: `\w` alone splits Devanagari or Tamil words.
+WORD = regex.compile(r"[\p{L}\p{M}\p{N}]+")
+_NON_ALNUM = regex.compile(r"[^\p{L}\p{M}\p{N}\s]")
 
 
 def repeated_ngram_fraction(words: list[str], n: int) -> float:
@@ -107,7 +109,7 @@ def repeated_ngram_fraction(words: list[str], n: int) -> float:
 def heuristic_verdict(text: str, q: QualitySpec) -> Verdict | None:
     """Gopher/C4-style quality heuristics, each with its own reason; None when all pass (or are off)."""
     if q.min_words is not None or q.max_repeated_ngram_fraction is not None:
-        words = _WORD.findall(text.lower())
+        words = WORD.findall(text.lower())
         if q.min_words is not None and len(words) < q.min_words:
             return Verdict("too_few_words", f"{len(words)} words < min_words {q.min_words}")
         if q.max_repeated_ngram_fraction is not None:

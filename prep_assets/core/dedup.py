@@ -17,7 +17,6 @@ already kept record reaches the threshold is removed, naming the earliest such k
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -28,8 +27,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasketch import MinHash, MinHashLSH
 
-from prep_assets.core.drops import Drop, drop_order, earlier_drops, registered_drops, superseded_drops
+from prep_assets.core.drops import Drop, DropSet, drop_order, earlier_drops
 from prep_assets.core.lake import DatasetPaths, read_json, staged_dir
+from prep_assets.core.clean import WORD
 from prep_assets.core.spec import DatasetSpec, NearDedupSpec
 
 INDEX_FILE = "hashes.parquet"
@@ -131,23 +131,26 @@ def earlier_indexes(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> l
     return [(d, index_dir(spec, paths, d.partition) / INDEX_FILE) for d in earlier_drops(paths, partition)]
 
 
-def earlier_set_changed(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> bool:
+def earlier_set_changed(spec: DatasetSpec, paths: DatasetPaths, partition: str, drops: DropSet | None = None
+                        ) -> bool:
     """Dataset scope: the drop's silver was built against other earlier drops than those that count now (one was
     superseded since, i.e. its file replaced), so it must be rebuilt; False where there is no silver yet."""
     stats = paths.partition_dir("silver", partition) / "stats.json"
     if spec.clean.dedup_scope != "dataset" or not stats.is_file():
         return False
-    built = read_json(stats).get("earlier_drops")
-    return built != [d.partition for d in earlier_drops(paths, partition)]
+    drops = drops or DropSet.read(paths)
+    return read_json(stats).get("earlier_drops") != [d.partition for d in drops.earlier(partition, paths.raw_dir)]
 
 
-def stale_silver(spec: DatasetSpec, paths: DatasetPaths) -> list[str]:
-    """Drops (not superseded) whose silver must be rebuilt because the earlier drops changed, in drop order."""
+def stale_silver(spec: DatasetSpec, paths: DatasetPaths) -> dict[str, list[str]]:
+    """Drops (not superseded) whose silver must be rebuilt because the earlier drops changed, in drop order,
+    each with the earlier drops it must now be built against."""
     if spec.clean.dedup_scope != "dataset":
-        return []
-    gone = superseded_drops(paths)
-    drops = sorted((d for d in registered_drops(paths).values() if d.partition not in gone), key=drop_order)
-    return [d.partition for d in drops if earlier_set_changed(spec, paths, d.partition)]
+        return {}
+    drops = DropSet.read(paths)
+    live = sorted((d for d in drops.drops.values() if d.partition not in drops.superseded), key=drop_order)
+    return {d.partition: [e.partition for e in drops.earlier(d.partition)] for d in live
+            if earlier_set_changed(spec, paths, d.partition, drops)}
 
 
 def merge_indexes(files: Sequence[Path]) -> dict[str, str]:
@@ -176,15 +179,13 @@ def _by_content(files: Sequence[Path], digests: frozenset[str]) -> dict[str, str
 
 # ---------------------------------------------------------------- near
 
-_WORD = re.compile(r"\w+")
-
-
 def shingles(text: str, unit: str, n: int) -> list[bytes]:
-    """The distinct word (lower-cased `\\w+`) or character n-grams of a text; a text shorter than n is one shingle."""
-    if unit == "word":
-        words = _WORD.findall(text.lower())
+    """The distinct word (lower-cased letters, marks and digits) or character n-grams of a text; a text shorter
+    than n is one shingle."""
+    words = WORD.findall(text.lower()) if unit == "word" else []
+    if words:
         grams = {" ".join(words[i : i + n]) for i in range(len(words) - n + 1)} or {" ".join(words)}
-    else:
+    else:  # characters (also for a text without words: symbols are compared, not all taken as equal)
         grams = {text[i : i + n] for i in range(len(text) - n + 1)} or {text}
     return [g.encode("utf-8") for g in sorted(grams)]
 
@@ -195,7 +196,7 @@ class NearDuplicates:
     def __init__(self, spec: NearDedupSpec) -> None:
         self.spec = spec
         self.lsh = MinHashLSH(threshold=spec.threshold, num_perm=spec.num_perm, prepickle=False)
-        self.signatures: list[np.ndarray] = []  # of kept records, by insertion order (the LSH key)
+        self.signatures = np.zeros((1024, spec.num_perm), dtype=np.uint32)  # kept records' rows, by LSH key
         self.ids: list[str] = []
         self._proto = MinHash(num_perm=spec.num_perm, seed=spec.seed)  # permutations drawn once
 
@@ -213,7 +214,9 @@ class NearDuplicates:
                 return self.ids[slot], similarity
         slot = len(self.ids)
         self.lsh.insert(slot, m, check_duplication=False)
-        self.signatures.append(m.hashvalues.copy())
+        if slot == len(self.signatures):
+            self.signatures = np.concatenate([self.signatures, np.zeros_like(self.signatures)])
+        self.signatures[slot] = m.hashvalues
         self.ids.append(record_id)
         return None
 

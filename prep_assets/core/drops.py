@@ -223,12 +223,26 @@ def drop_order(drop: Drop) -> tuple[int, str]:
     return drop.seq, drop.partition
 
 
+@dataclass(frozen=True)
+class DropSet:
+    """The registered drops and which are superseded, read once (superseding hashes replaced files)."""
+
+    drops: dict[str, Drop]
+    superseded: dict[str, str]
+
+    @classmethod
+    def read(cls, paths: DatasetPaths) -> DropSet:
+        return cls(registered_drops(paths), superseded_drops(paths))
+
+    def earlier(self, partition: str, raw_dir: Path | None = None) -> list[Drop]:
+        """The drops registered before `partition`, earliest first, without superseded ones (their replacement
+        stands for their file, and they are out of the manifest)."""
+        if partition not in self.drops:
+            raise DropError(f"partition {partition!r} is not a registered drop of {raw_dir} (run `prep-assets run`)")
+        me = drop_order(self.drops[partition])
+        return sorted((d for d in self.drops.values() if drop_order(d) < me and d.partition not in self.superseded),
+                      key=drop_order)
+
+
 def earlier_drops(paths: DatasetPaths, partition: str) -> list[Drop]:
-    """The drops registered before `partition`, earliest first, without superseded ones (their replacement
-    stands for their file, and they are out of the manifest)."""
-    drops = registered_drops(paths)
-    if partition not in drops:
-        raise DropError(f"partition {partition!r} is not a registered drop of {paths.raw_dir} (run `prep-assets run`)")
-    gone = superseded_drops(paths)
-    me = drop_order(drops[partition])
-    return sorted((d for d in drops.values() if drop_order(d) < me and d.partition not in gone), key=drop_order)
+    return DropSet.read(paths).earlier(partition, paths.raw_dir)

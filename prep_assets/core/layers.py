@@ -202,29 +202,30 @@ def _split_key(spec: DatasetSpec, content: dict[str, Any], digest: str) -> str:
 
 def build_clean_records(
     spec: DatasetSpec, bronze_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH,
-    earlier: Sequence[Path] = (), index_dir: Path | None = None,
+    earlier: Sequence[Path] = (), index_dir: Path | None = None, near: bool = True,
 ) -> dict[str, Any]:
     """Silver: normalized, quality-filtered, deduplicated records with a deterministic split.
 
     `earlier` are the dedup indexes of drops registered before this one (dedup_scope: dataset): their
     contents are duplicates here too. With `index_dir`, this drop's index is published there. Equal hashes
     are confirmed on the bytes: when two contents share one, the drop is processed again keying that hash by
-    its content, so a collision never removes a distinct record.
+    its content, so a collision never removes a distinct record. `near=False` skips near dedup (for an index,
+    which holds exact contents only).
     """
     colliding: frozenset[str] = frozenset()
     while True:
         try:
-            return _clean_pass(spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir)
+            return _clean_pass(spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir, near)
         except dedup.HashCollision as found:
             colliding |= found.digests
 
 
 def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: int, earlier: Sequence[Path],
-                colliding: frozenset[str], index_dir: Path | None) -> dict[str, Any]:
+                colliding: frozenset[str], index_dir: Path | None, with_near: bool) -> dict[str, Any]:
     clean = spec.clean
     norm = clean.normalization
     exact = dedup.ExactDedup(earlier, colliding) if clean.dedup != "none" else None
-    near = dedup.NearDuplicates(clean.near) if clean.dedup == "near" else None
+    near = dedup.NearDuplicates(clean.near) if clean.dedup == "near" and with_near else None
     near_of: dict[str, str] = {}  # record removed as a near duplicate -> the kept record it is near
     reasons: Counter[str] = Counter()
     splits: Counter[str] = Counter()
@@ -326,7 +327,7 @@ def _index_drop(spec: DatasetSpec, paths: DatasetPaths, drop: Drop, out_dir: Pat
         except DropError:
             dedup.write_empty_index(out_dir)
             return
-        build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir)
+        build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir, near=False)
 
 
 def build_silver(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH

@@ -338,6 +338,8 @@ class DatasetSpec(_Strict):
         return self
 
     def _check_tabular(self) -> None:
+        if self.clean.dedup == "near":
+            raise ValueError("clean.dedup: near compares text; table rows are data (use exact or none for tabular)")
         if self.packing.strategy != "single":
             raise ValueError("tabular examples are assembled to fit one sequence each (schema prompt + records): "
                              f"packing.strategy must be single, not {self.packing.strategy}")

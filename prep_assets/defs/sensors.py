@@ -22,7 +22,7 @@ from dagster import (
 )
 
 from prep_assets.core.dedup import stale_silver
-from prep_assets.core.drops import earlier_drops, poll_drops, registered_drops, superseded_drops
+from prep_assets.core.drops import poll_drops, registered_drops, superseded_drops
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.keys import CLEAN_RECORDS, RAW_RECORDS, asset_key
 from prep_assets.defs.partitions import drops_partitions
@@ -60,13 +60,14 @@ def build_drop_sensor(spec: DatasetSpec) -> SensorDefinition:
             context.log.info(f"waiting for {len(poll.waiting)} file(s) to stop changing: {poll.waiting[:10]}")
         requests = [RunRequest(run_key=k, partition_key=k, asset_selection=[asset_key(spec, RAW_RECORDS)],
                                tags={"prep_assets/drop": k}) for k in missing]
-        for k in stale_silver(spec, paths):
+        for k, earlier in stale_silver(spec, paths).items():
             if k in known:
-                earlier = ",".join(d.partition for d in earlier_drops(paths, k))
-                context.log.info(f"{k}: the drops before it changed ({earlier or 'none'}); rebuilding its silver")
-                requests.append(RunRequest(run_key=f"{k}:earlier-{hashlib.sha256(earlier.encode()).hexdigest()[:12]}",
-                                           partition_key=k, asset_selection=[asset_key(spec, CLEAN_RECORDS)],
-                                           tags={"prep_assets/drop": k}))
+                context.log.info(f"{k}: the drops before it changed ({', '.join(earlier) or 'none'}); rebuilding its silver")
+                # the silver being replaced (its stats' mtime) is in the key: a set seen before still gets a run
+                built = (paths.partition_dir("silver", k) / "stats.json").stat().st_mtime_ns
+                tag = hashlib.sha256(f"{built}:{','.join(earlier)}".encode()).hexdigest()[:12]
+                requests.append(RunRequest(run_key=f"{k}:earlier-{tag}", partition_key=k,
+                                           asset_selection=[asset_key(spec, CLEAN_RECORDS)], tags={"prep_assets/drop": k}))
         if not requests:
             return SensorResult(skip_reason=SkipReason(_skip(poll.waiting, poll.notes)), cursor=poll.cursor)
         return SensorResult(

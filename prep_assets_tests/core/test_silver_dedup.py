@@ -142,3 +142,24 @@ def test_near_dedup_precision_and_recall_on_labelled_c4(tmp_path: Path):
     result = evaluate_near(shared_path("datasets/text/c4_demo.jsonl"), work=tmp_path)
     print(f"near dedup on c4_demo: {result}, precision {result.precision:.3f}, recall {result.recall:.3f}")
     assert result.copies >= 100 and result.precision >= 0.95 and result.recall >= 0.95
+
+
+def test_indic_text_counts_its_vowel_signs_as_letters():
+    hindi = "भारत एक विशाल देश है और इसकी संस्कृति बहुत पुरानी है"
+    q = QualitySpec(max_non_alnum_fraction=0.25, min_words=10)
+    assert heuristic_verdict(hindi, q) is None  # `\w` alone split words at vowel signs and counted them as symbols
+
+
+def test_texts_without_words_are_compared_by_characters(tmp_path: Path):
+    rows = [{"text": "→ ← ↑ ↓ ∀ ∃ ∈"}, {"text": "🙂🙂🙂 ❤️ ★★★"}]
+    kept, rejects, _ = _silver(tmp_path, rows, dedup="near")
+    assert len(kept) == 2 and rejects == []
+
+
+def test_near_dedup_is_refused_for_tables():
+    import pytest
+
+    from prep_assets.core.errors import SpecError
+
+    with pytest.raises(SpecError, match="dedup: near compares text"):
+        make_spec("t", input={"type": "tabular"}, clean={"dedup": "near"})
