@@ -73,4 +73,6 @@ def test_a_running_drop_sensor_per_dataset_targets_bronze():
     assert sensors["prep_assets_automation"].default_status == DefaultSensorStatus.RUNNING
     text = sensors["sample_text_drops_sensor"]
     assert text.default_status == DefaultSensorStatus.RUNNING
-    assert text.asset_selection.resolve(defs.resolve_asset_graph()) == {AssetKey(["sample_text", "raw_records"])}
+    # bronze of new drops; silver only to rebuild it when earlier drops changed (sample_text: dedup_scope dataset)
+    assert text.asset_selection.resolve(defs.resolve_asset_graph()) == {AssetKey(["sample_text", "raw_records"]),
+                                                                         AssetKey(["sample_text", "clean_records"])}
