@@ -1,6 +1,7 @@
 """Benchmarks that print figures (speed is measured here, never by timed tests).
 
     python -m prep_assets.bench packing [--source FILE] [--tokenizer DIR] [--max-seq-len N] [--work DIR]
+    python -m prep_assets.bench e2e [--mb N] [--source FILE] [--tokenizer DIR] [--max-seq-len N] [--work DIR]
     python -m prep_assets.bench dedup [--mb N] [--work DIR]
     python -m prep_assets.bench near [--source FILE]
 
@@ -13,6 +14,13 @@ whole (`window` overflow), so `bfd`/`ffd`/`single` window them and `full` cuts t
 `dedup` builds a text drop of about --mb MB from the real text files in ../shared/datasets/text (documents
 re-mixed with a seeded generator: distinct documents, plus 5% exact and 5% near copies) and times the silver
 layer with `dedup: exact` and with `dedup: near` (MB/s, records/s, what was removed).
+
+`e2e` builds a prompt/completion drop of about --mb MB from --source (by default the shared benchmark
+corpus; rows repeated with a variant marker on the prompt beyond one pass, so repeats stay distinct), then
+measures on this machine: (a) the bare Rust tokenizer (`encode_batch_fast`, both threads) on the same
+prompt and completion texts, (b) bronze -> shards of the drop through Dagster (`materialize` with every
+blocking check, in a child process), (c) each layer's time (its step and its checks), (d) the child's peak
+RSS; it prints end-to-end / bare tokenizer and the figures as JSON.
 
 `near` prints near-dedup precision and recall on the labelled set of `prep_assets.near_eval`.
 """
@@ -34,6 +42,7 @@ import pyarrow.parquet as pq
 from prep_assets.core import layers
 from prep_assets.core.drops import register_drops, resolve_drop
 from prep_assets.core.lake import dataset_paths, read_json
+from prep_assets.core.layers import STATS as STATS_FILE
 from prep_assets.core.packing import materialize_rows, plan_rows
 from prep_assets.core.spec import DatasetSpec, parse_spec
 from prep_assets.core.tokenizer import load_pinned
@@ -90,12 +99,18 @@ def build_gold(source: Path, tokenizer: Path, max_seq_len: int, work: Path) -> t
     return g, paths.tokenizer_dir, stats
 
 
-def bench_packing(args: argparse.Namespace) -> int:
-    source, tokenizer = Path(args.source), Path(args.tokenizer)
-    for p in (source, tokenizer):
+def _missing(*paths: Path) -> bool:
+    for p in paths:
         if not p.exists():
             print(f"error: {p} not found (pass --source / --tokenizer)", file=sys.stderr)
-            return 2
+            return True
+    return False
+
+
+def bench_packing(args: argparse.Namespace) -> int:
+    source, tokenizer = Path(args.source), Path(args.tokenizer)
+    if _missing(source, tokenizer):
+        return 2
     work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "prep_assets_bench"
     L = args.max_seq_len
     gold_dir, tok_dir, gs = build_gold(source, tokenizer, L, work)
@@ -228,6 +243,119 @@ def bench_near(args: argparse.Namespace) -> int:
     return 0
 
 
+def pc_corpus(source: Path, target_mb: float, out: Path) -> int:
+    """A prompt/completion JSONL of about `target_mb` MB: the rows of `source` in order, then again with
+    " (variant k)" appended to the prompt (distinct records, nearly the same tokens). Returns the row count."""
+    import gzip
+
+    target, size, rows, k = int(target_mb * 1e6), 0, 0, 0
+    with out.open("w", encoding="utf-8") as f:
+        while size < target:
+            opener = gzip.open if source.suffix == ".gz" else open
+            with opener(source, "rt", encoding="utf-8") as src:
+                for line in src:
+                    if size >= target:
+                        break
+                    if k:
+                        row = json.loads(line)
+                        row["prompt"] = f"{row['prompt']} (variant {k})"
+                        line = json.dumps(row, ensure_ascii=False) + "\n"
+                    f.write(line)
+                    size += len(line.encode("utf-8"))
+                    rows += 1
+            k += 1
+    return rows
+
+
+def bare_tokenizer(corpus: Path, tokenizer: Path, batch: int = 4096) -> tuple[int, float]:
+    """(tokens, seconds) of the Rust tokenizer's `encode_batch_fast` over the corpus' prompts and completions
+    (read and parsed beforehand: only encoding is timed)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+    texts = []
+    with corpus.open(encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            texts += [row.get("prompt") or "", row.get("completion") or ""]
+    tokens, start = 0, time.perf_counter()
+    for lo in range(0, len(texts), batch):
+        tokens += sum(len(e.ids) for e in tok.encode_batch_fast(texts[lo : lo + batch], add_special_tokens=False))
+    return tokens, time.perf_counter() - start
+
+
+def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
+    """In a fresh process: tokenizer, then bronze -> shards of the one drop through Dagster; prints JSON."""
+    from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+
+    from prep_assets.definitions import dataset_assets
+    from prep_assets.defs.keys import PARTITIONED, TOKENIZER
+    from prep_assets.defs.resources import LakeResource
+
+    data = work / "data"
+    spec = _spec(tokenizer, max_seq_len)
+    paths = dataset_paths(data, "bench")
+    (drop,), _ = register_drops(paths)
+    assets = dataset_assets(spec)
+    resources = {"lake": LakeResource(data_dir=str(data))}
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("bench_drops", [drop.partition])
+        tok = materialize(assets, selection=[AssetKey(["bench", TOKENIZER])], instance=instance, resources=resources)
+        start = time.perf_counter()
+        result = materialize(assets, selection=AssetSelection.assets(*(AssetKey(["bench", n]) for n in PARTITIONED)),
+                             partition_key=drop.partition, instance=instance, resources=resources, raise_on_error=False)
+        wall = time.perf_counter() - start
+    steps: dict[str, float] = {}
+    for event in result.get_step_success_events():
+        layer = next((n for n in PARTITIONED if n in (event.step_key or "")), "other")
+        steps[layer] = steps.get(layer, 0.0) + event.event_specific_data.duration_ms / 1000  # type: ignore[union-attr]
+    checks = result.get_asset_check_evaluations()
+    gold = read_json(paths.partition_dir("gold", drop.partition) / STATS_FILE)
+    print(json.dumps({"success": result.success and tok.success, "wall_s": wall, "layers_s": steps,
+                      "checks": len(checks), "checks_passed": sum(c.passed for c in checks),
+                      "tokens": gold["tokens"], "examples": gold["examples"]}))
+    return 0 if result.success else 1
+
+
+def bench_e2e(args: argparse.Namespace) -> int:
+    import subprocess
+
+    source, tokenizer = Path(args.source), Path(args.tokenizer)
+    if _missing(source, tokenizer):
+        return 2
+    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "prep_assets_bench_e2e"
+    shutil.rmtree(work, ignore_errors=True)
+    raw = work / "data" / "raw" / "bench"
+    raw.mkdir(parents=True)
+    corpus = raw / "corpus.jsonl"
+    rows = pc_corpus(source, args.mb, corpus)
+    mb = corpus.stat().st_size / 1e6
+    print(f"corpus: {rows:,} prompt/completion rows, {mb:.1f} MB (from {source.name})", flush=True)
+    bare_tokens, bare_s = bare_tokenizer(corpus, tokenizer)
+    bare = bare_tokens / bare_s
+    print(f"bare tokenizer (encode_batch_fast): {bare_tokens:,} tokens in {bare_s:.2f} s = {bare / 1e6:.3f} M tokens/s",
+          flush=True)
+    child = subprocess.run([sys.executable, "-m", "prep_assets.bench", "_e2e_child", str(work), str(tokenizer),
+                            str(args.max_seq_len)], capture_output=True, text=True)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    if child.returncode != 0 or not child.stdout.strip():
+        print(child.stdout[-2000:], child.stderr[-4000:], file=sys.stderr)
+        return 1
+    run = json.loads(child.stdout.strip().splitlines()[-1])
+    e2e = run["tokens"] / run["wall_s"]
+    print(f"end to end through Dagster (bronze -> shards, {run['checks_passed']}/{run['checks']} checks passed): "
+          f"{run['tokens']:,} tokens in {run['wall_s']:.2f} s = {e2e / 1e6:.3f} M tokens/s")
+    for layer, sec in run["layers_s"].items():
+        print(f"  {layer:<20} {sec:8.2f} s")
+    print(f"end-to-end / bare tokenizer: {e2e / bare:.3f}")
+    print(f"peak RSS of the pipeline process: {peak:,.0f} MiB")
+    print(json.dumps({"corpus_mb": round(mb, 1), "rows": rows, "max_seq_len": args.max_seq_len, "strategy": "bfd",
+                      "bare_tokens_per_s": round(bare), "e2e_tokens_per_s": round(e2e), "ratio": round(e2e / bare, 3),
+                      "wall_s": round(run["wall_s"], 2), "layers_s": {k: round(v, 2) for k, v in run["layers_s"].items()},
+                      "peak_rss_mib": round(peak), "checks_passed": run["checks_passed"], "checks": run["checks"]}))
+    return 0 if run["success"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prep_assets.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -246,6 +374,15 @@ def main(argv: list[str] | None = None) -> int:
     nr = sub.add_parser("near", help="near-dedup precision and recall on a labelled set from real documents")
     nr.add_argument("--source", default=str(TEXT_DIR / "c4_demo.jsonl"))
     nr.set_defaults(fn=bench_near)
+    ee = sub.add_parser("e2e", help="end to end through Dagster against the bare tokenizer, with peak RSS")
+    ee.add_argument("--mb", type=float, default=100.0)
+    ee.add_argument("--source", default=str(DEFAULT_SOURCE), help="a prompt/completion JSONL(.gz)")
+    ee.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
+    ee.add_argument("--max-seq-len", type=int, default=4096)
+    ee.add_argument("--work", help="where the drop and the lake are written (default: $TMPDIR/prep_assets_bench_e2e)")
+    ee.set_defaults(fn=bench_e2e)
+    if argv is None and len(sys.argv) == 5 and sys.argv[1] == "_e2e_child":
+        return _e2e_child(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))
     args = parser.parse_args(argv)
     return int(args.fn(args))
 

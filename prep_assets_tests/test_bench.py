@@ -29,3 +29,17 @@ def test_dedup_benchmark_prints_throughput_for_exact_and_near(tmp_path: Path, ca
     out = capsys.readouterr().out
     assert "silver dedup exact" in out and "silver dedup near" in out and out.count("MB/s") == 2
     assert "near_duplicate" in out  # the corpus holds near copies and they are found
+
+
+def test_e2e_benchmark_prints_ratio_layers_and_peak_rss(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    import json
+
+    shared_path("datasets/bench/bench_pc.jsonl.gz")
+    shared_path("tokenizers/gpt2")
+    assert bench.main(["e2e", "--mb", "1", "--max-seq-len", "1024", "--work", str(tmp_path / "work")]) == 0
+    out = capsys.readouterr().out
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["checks_passed"] == figures["checks"] == 17
+    assert set(figures["layers_s"]) == {"raw_records", "clean_records", "tokenized_examples", "packed_shards"}
+    assert figures["bare_tokens_per_s"] > 0 and 0 < figures["ratio"] and figures["peak_rss_mib"] > 0
+    assert "end-to-end / bare tokenizer" in out
