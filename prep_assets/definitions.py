@@ -21,7 +21,7 @@ from prep_assets.defs.keys import (
 )
 from prep_assets.defs.resources import LakeResource, default_data_dir
 from prep_assets.defs.automation import automation_sensor
-from prep_assets.defs.sensors import build_drop_sensor
+from prep_assets.defs.sensors import build_drop_sensor, build_manifest_sensor
 from prep_assets.defs.shards import build_manifest_asset, build_shards
 from prep_assets.defs.silver import build_silver
 
@@ -59,7 +59,7 @@ def build_definitions(data_dir: Path | None = None) -> Definitions:
     for spec in load_specs(data_dir / "datasets"):
         assets += dataset_assets(spec)
         jobs += dataset_jobs(spec)
-        sensors.append(build_drop_sensor(spec))
+        sensors += [build_drop_sensor(spec), build_manifest_sensor(spec)]
     return Definitions(
         assets=[a for a in assets if not isinstance(a, AssetChecksDefinition)],
         asset_checks=[a for a in assets if isinstance(a, AssetChecksDefinition)],

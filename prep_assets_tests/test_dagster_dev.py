@@ -2,40 +2,18 @@
 reach the manifest by the sensor and automation alone; a spec change is rebuilt by a CLI backfill."""
 
 import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from dagster_graphql import DagsterGraphQLClient
 
 from prep_assets_tests.conftest import PROJECT, SAMPLE_DATA
+from prep_assets_tests.servers import DAGSTER, dagster_dev
 
 pytestmark = pytest.mark.slow
 DS = "sample_instruct"
-DAGSTER = Path(sys.executable).parent / "dagster"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(what: str, ready, timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        time.sleep(2)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; dagster dev log tail:\n"
-                + log.read_text(errors="replace")[-3000:])
 
 
 def _manifest(data: Path) -> dict:
@@ -52,22 +30,7 @@ def test_drops_reach_the_manifest_unattended_and_a_backfill_rebuilds_a_changed_s
     shutil.copyfile(SAMPLE_DATA / "datasets" / f"{DS}.yaml", spec_path)
     raw = data / "raw" / DS
     raw.mkdir(parents=True)
-    home.mkdir()
-    shutil.copyfile(PROJECT / "dagster.yaml", home / "dagster.yaml")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "PREP_ASSETS_DATA_DIR": str(data)}
-    port = _free_port()
-    log = tmp_path / "dagster_dev.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-                                cwd=PROJECT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        def up() -> bool:
-            try:
-                return urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2).status == 200
-            except OSError:
-                return False
-
-        _wait("the webserver", up, 120, log)
+    with dagster_dev(home, data, tmp_path / "dagster_dev.log") as server:
         lines = (SAMPLE_DATA / "raw" / DS / "arithmetic_2026-11-01.jsonl").read_text().splitlines(keepends=True)
         (raw / "batch_a.jsonl").write_text("".join(lines[:60]))
         (raw / "batch_b.jsonl").write_text("".join(lines[60:130]))
@@ -75,7 +38,7 @@ def test_drops_reach_the_manifest_unattended_and_a_backfill_rebuilds_a_changed_s
         def both_in_manifest() -> bool:
             return len(_manifest(data).get("partitions", {})) == 2
 
-        _wait("both drops in the manifest", both_in_manifest, 480, log)
+        server.wait("both drops in the manifest", both_in_manifest, 480)
         keys = sorted(_manifest(data)["partitions"])
         assert [k.split("-")[0] for k in keys] == ["batch_a_jsonl", "batch_b_jsonl"]
         for k in keys:
@@ -87,10 +50,10 @@ def test_drops_reach_the_manifest_unattended_and_a_backfill_rebuilds_a_changed_s
         # a spec change (the packing seed) makes the shards stale; reload the code location, then backfill
         assert spec_path.read_text().count("seed: 0") == 1
         spec_path.write_text(spec_path.read_text().replace("seed: 0", "seed: 7"))
-        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+        client = DagsterGraphQLClient("127.0.0.1", port_number=server.port)
         client.reload_repository_location("prep_assets")
         done = subprocess.run([str(DAGSTER), "job", "backfill", "-j", f"{DS}_drops", "--partitions", ",".join(keys),
-                               "--noprompt", "-w", "workspace.yaml"], cwd=PROJECT, env=env, capture_output=True,
+                               "--noprompt", "-w", "workspace.yaml"], cwd=PROJECT, env=server.env, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
@@ -98,19 +61,8 @@ def test_drops_reach_the_manifest_unattended_and_a_backfill_rebuilds_a_changed_s
             m = _manifest(data)
             return m.get("config_hash") != before["config_hash"] and sorted(m.get("partitions", {})) == keys
 
-        _wait("the backfill and the refreshed manifest", rebuilt, 480, log)
+        server.wait("the backfill and the refreshed manifest", rebuilt, 480)
         after = _manifest(data)
         old = {f["path"]: f["sha256"] for s in before["splits"].values() for f in s["files"]}
         new = {f["path"]: f["sha256"] for s in after["splits"].values() for f in s["files"]}
         assert old.keys() == new.keys() and old != new  # the same shards, rows reshuffled by the new seed
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)

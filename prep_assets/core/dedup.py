@@ -70,9 +70,9 @@ class ExactDedup:
         return (first if first != record_id else None), False
 
 
-def _rows(records: Path, rejects: Path) -> str:
-    return ("(SELECT record_id, content_sha256, content FROM read_parquet($records) UNION ALL "
-            "SELECT record_id, content_sha256, content FROM read_parquet($rejects) WHERE content_sha256 IS NOT NULL)")
+# a drop's silver rows with a content hash: the paths are bound as $records / $rejects
+_ROWS = ("(SELECT record_id, content_sha256, content FROM read_parquet($records) UNION ALL "
+         "SELECT record_id, content_sha256, content FROM read_parquet($rejects) WHERE content_sha256 IS NOT NULL)")
 
 
 def collisions(records: Path, rejects: Path, earlier: Sequence[Path]) -> frozenset[str]:
@@ -83,7 +83,7 @@ def collisions(records: Path, rejects: Path, earlier: Sequence[Path]) -> frozens
         params["earlier"] = [str(p) for p in earlier]
         rows += " UNION ALL SELECT content_sha256, content FROM read_parquet($earlier)"
     sql = f"""
-        WITH here AS {_rows(records, rejects)},
+        WITH here AS {_ROWS},
              rows AS ({rows}),
              mine AS (SELECT DISTINCT content_sha256 FROM here),
              multi AS (SELECT content_sha256 FROM rows WHERE content_sha256 IN (SELECT content_sha256 FROM mine)
@@ -98,7 +98,7 @@ def collisions(records: Path, rejects: Path, earlier: Sequence[Path]) -> frozens
 def write_index(out_dir: Path, first_ids: Iterable[str], records: Path, rejects: Path) -> None:
     """Publish a drop's index: each content's first record and bytes, sorted (reruns write the same file)."""
     firsts = pa.table({"record_id": pa.array(list(first_ids), pa.string())})
-    sql = (f"SELECT content_sha256, record_id, content FROM {_rows(records, rejects)} "
+    sql = (f"SELECT content_sha256, record_id, content FROM {_ROWS} "
            "WHERE record_id IN (SELECT record_id FROM firsts) ORDER BY content_sha256, content")
     with duckdb.connect() as con:
         con.register("firsts", firsts)

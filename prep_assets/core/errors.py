@@ -15,3 +15,7 @@ class DropError(PrepAssetsError):
 
 class TokenizerError(PrepAssetsError):
     """The tokenizer cannot be resolved, loaded or trained."""
+
+
+class WriteError(DropError):
+    """An output could not be written (a full disk, a read-only lake); the previous output is kept."""

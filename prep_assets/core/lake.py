@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prep_assets.core.errors import WriteError
 
 _TMP_MARK = ".tmp-"
 _OLD_MARK = ".old-"
@@ -155,23 +158,41 @@ def scratch_dir(near: Path) -> Iterator[Path]:
 
 
 @contextmanager
+def partition_lock(final: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `final` (a file beside it) for as long as the block runs: two runs of one
+    partition at once take turns instead of interleaving their outputs. Released by the OS if the process dies."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(final.with_name(f".{final.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@contextmanager
 def staged_dir(final: Path) -> Iterator[Path]:
     """Yield an empty staging directory; on success it atomically replaces `final`.
 
-    On an exception the staging directory is removed and `final` is untouched.
+    Holds the partition's lock throughout. On an exception the staging directory is removed and `final` is
+    untouched; an OS error while writing (a full disk) is reported with both paths.
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_staging(final)
-    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    staging = final.with_name(f".{final.name}{_TMP_MARK}{tag}")
-    staging.mkdir()
-    try:
-        yield staging
-        _fsync_tree(staging)
-        publish_dir(staging, final, tag=tag)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+    with partition_lock(final):
+        clean_stale_staging(final)
+        tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        staging = final.with_name(f".{final.name}{_TMP_MARK}{tag}")
+        staging.mkdir()
+        try:
+            try:
+                yield staging
+                _fsync_tree(staging)
+                publish_dir(staging, final, tag=tag)
+            except OSError as exc:
+                raise WriteError(f"writing {final} failed: {exc.strerror or exc} (while writing under {staging}); "
+                                 "the previous output is unchanged") from exc
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
 
 
 def publish_dir(staging: Path, final: Path, *, tag: str) -> None:

@@ -628,7 +628,9 @@ def split_metrics(gold: GoldArrays, plan: RowPlan, rows: PackedRows, dropped_by_
         "windows_dropped": plan.dropped_pieces,
         "overlap_tokens": plan.overlap_tokens,
     }
-    return {**metrics, **_utilizations(metrics, rows.row_len)}
+    distributions = {"segment_length": percentiles(plan.length),
+                     "segments_per_row": percentiles(np.diff(plan.row_offsets))}
+    return {**metrics, **_utilizations(metrics, rows.row_len), "distributions": distributions}
 
 
 def _utilizations(m: dict[str, Any], row_len: int) -> dict[str, Any]:

@@ -4,10 +4,9 @@
   upstream's blocking gates passed (a failed gate stops the drop where the data is bad); gold also waits for
   the pinned tokenizer (never racing its first materialization);
 - the tokenizer: built when missing (and not after a failed attempt: fix the spec and materialize it);
-- the manifest: refreshed after any shards partition is updated (it leaves out partitions whose gates failed,
-  so one bad drop never holds the others back).
-Bronze runs are requested by the drop sensor (run key = partition key). Evaluated by one automation sensor,
-on by default, so `dagster dev` runs it out of the box.
+Bronze runs are requested by the drop sensor (run key = partition key), manifest refreshes by the manifest
+sensor (`defs/sensors.py`: it compares event-log ids, so no shards update is ever lost between ticks). Evaluated
+by one automation sensor, on by default, so `dagster dev` runs it out of the box.
 """
 
 from dagster import (
@@ -34,16 +33,6 @@ def gold_condition(tokenizer: AssetKey) -> AutomationCondition:
 def tokenizer_condition() -> AutomationCondition:
     return (AutomationCondition.missing() & ~AutomationCondition.in_progress()
             & ~AutomationCondition.execution_failed())
-
-
-def manifest_condition(tokenizer: AssetKey, shards: AssetKey) -> AutomationCondition:
-    shards_updated = AutomationCondition.any_deps_match(
-        AutomationCondition.newly_updated() | AutomationCondition.will_be_requested()).allow(AssetSelection.assets(shards))
-    updated = shards_updated.since_last_handled()
-    no_tokenizer = AutomationCondition.any_deps_match(AutomationCondition.missing()).allow(
-        AssetSelection.assets(tokenizer))
-    return (updated & ~AutomationCondition.any_deps_in_progress() & ~AutomationCondition.in_progress()
-            & ~no_tokenizer)
 
 
 def automation_sensor() -> AutomationConditionSensorDefinition:

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dagster import Failure, MetadataValue, TableColumn, TableRecord, TableSchema
 
+from prep_assets.core.decode import decode_row, render_text
 from prep_assets.core.errors import PrepAssetsError
 
 
@@ -55,3 +56,11 @@ def preview(path: Path, columns: list[str], n: int = 3) -> MetadataValue:
         return MetadataValue.md("_no rows_")
     rows = next(pf.iter_batches(batch_size=n, columns=columns)).to_pylist()
     return md_table(rows)
+
+
+def decoded_row(shard: Path, tokenizer_dir: Path, max_chars: int = 6000) -> MetadataValue:
+    """Row 0 of a shard as `prep-assets decode` prints it: masked text in «…», one header per segment."""
+    text = render_text(decode_row(shard, 0, tokenizer_dir))
+    if len(text) > max_chars:
+        text = text[:max_chars] + f"\n… ({len(text) - max_chars} more characters: prep-assets decode {shard})"
+    return MetadataValue.md("```\n" + text.replace("```", "`\u200b``") + "\n```")

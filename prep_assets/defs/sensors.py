@@ -11,7 +11,11 @@ import hashlib
 
 
 from dagster import (
+    AssetKey,
     AssetSelection,
+    DagsterInstance,
+    DagsterRunStatus,
+    RunsFilter,
     DefaultSensorStatus,
     RunRequest,
     SensorDefinition,
@@ -24,11 +28,21 @@ from dagster import (
 from prep_assets.core.dedup import stale_silver
 from prep_assets.core.drops import poll_drops, registered_drops, superseded_drops
 from prep_assets.core.spec import DatasetSpec
-from prep_assets.defs.keys import CLEAN_RECORDS, RAW_RECORDS, asset_key
+from prep_assets.defs.keys import (
+    CLEAN_RECORDS,
+    DATASET_MANIFEST,
+    PACKED_SHARDS,
+    RAW_RECORDS,
+    asset_key,
+    drop_job_name,
+    manifest_job_name,
+)
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
 POLL_SECONDS = 15
+UNFINISHED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+              DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
 def sensor_name(spec: DatasetSpec) -> str:
@@ -83,3 +97,63 @@ def _skip(waiting: list[str], notes: list[str]) -> str:
     parts = [f"{len(waiting)} file(s) still changing" if waiting else "no new drop"]
     parts += notes[:5]
     return "; ".join(parts)
+
+
+def manifest_sensor_name(spec: DatasetSpec) -> str:
+    return f"{spec.name}_manifest_sensor"
+
+
+def build_manifest_sensor(spec: DatasetSpec) -> SensorDefinition:
+    """Refreshes the manifest whenever a shards partition was materialized after the manifest's latest
+    materialization, once no run that builds shards or the manifest is queued or running.
+
+    The manifest records the id of the latest shards event it was built after (`shards_event_id`); the sensor
+    compares it with the event log's, not tick-to-tick flags: declarative automation's "updated since
+    last handled" lost a drop whose shards landed in the same tick as a manifest refresh (both flags in one
+    tick: the reset wins), so the manifest stayed one drop short. Run key = the latest shards event's id."""
+    shards, manifest = asset_key(spec, PACKED_SHARDS), asset_key(spec, DATASET_MANIFEST)
+    jobs = {drop_job_name(spec), manifest_job_name(spec)}
+
+    @sensor(
+        name=manifest_sensor_name(spec),
+        minimum_interval_seconds=POLL_SECONDS,
+        default_status=DefaultSensorStatus.RUNNING,
+        asset_selection=AssetSelection.assets(manifest),
+        description=(f"Every {POLL_SECONDS}s: refreshes {spec.name}/dataset_manifest once a packed_shards partition "
+                     "was materialized after it and no shards or manifest run is queued or running (the refresh "
+                     "then sees every gate of that partition)."),
+    )
+    def _sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+        instance = context.instance
+        shards_id = latest_event_id(instance, shards)
+        if shards_id is None:
+            return SkipReason("no packed_shards partition materialized yet")
+        if manifest_covers(instance, manifest) >= shards_id:
+            return SkipReason("the manifest was built after the latest packed_shards materialization")
+        busy = [r.dagster_run.run_id for r in instance.get_run_records(RunsFilter(statuses=UNFINISHED))
+                if r.dagster_run.job_name in jobs
+                or {shards, manifest} & set(r.dagster_run.asset_selection or ())]
+        if busy:
+            return SkipReason(f"waiting for {len(busy)} run(s) building shards or the manifest: {busy[:3]}")
+        return SensorResult(run_requests=[RunRequest(run_key=f"manifest-after-{shards_id}",
+                                                     asset_selection=[manifest])])
+
+    return _sensor
+
+
+SHARDS_EVENT_ID = "shards_event_id"
+
+
+def latest_event_id(instance: DagsterInstance, key: AssetKey) -> int | None:
+    """Storage id of the asset's latest materialization (any partition), None if it has none."""
+    records = instance.fetch_materializations(key, limit=1).records
+    return records[0].storage_id if records else None
+
+
+def manifest_covers(instance: DagsterInstance, manifest: AssetKey) -> int:
+    """The latest shards event id the latest manifest was built after (-1 when there is no manifest yet)."""
+    records = instance.fetch_materializations(manifest, limit=1).records
+    if not records or records[0].asset_materialization is None:
+        return -1
+    value = records[0].asset_materialization.metadata.get(SHARDS_EVENT_ID)
+    return int(value.value) if value is not None else -1

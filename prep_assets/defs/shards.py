@@ -15,12 +15,13 @@ from prep_assets.core import layers
 from prep_assets.core.drops import superseded_drops
 from prep_assets.core.records import SHARD_SCHEMA
 from prep_assets.core.spec import DatasetSpec
-from prep_assets.defs.automation import layer_condition, manifest_condition
+from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.keys import DATASET_MANIFEST, PACKED_SHARDS, TOKENIZED_EXAMPLES, TOKENIZER, asset_key, code_version
 from prep_assets.defs.checks import unpassed_gates
-from prep_assets.defs.metadata import column_schema, md_table, user_errors
+from prep_assets.defs.metadata import column_schema, decoded_row, md_table, user_errors
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
+from prep_assets.defs.sensors import SHARDS_EVENT_ID, latest_event_id
 
 _SPLIT_COLUMNS = ("examples", "examples_split", "sequences", "segments", "input_tokens", "gold_tokens",
                   "output_tokens", "loss_tokens", "prompt_tokens", "padding_tokens", "tokens_dropped_by_overflow",
@@ -47,7 +48,7 @@ def build_shards(spec: DatasetSpec) -> AssetsDefinition:
             f"`packing.strategy` ({spec.packing.strategy}), overflow `{spec.sequence.overflow}`, padded with the pad "
             "id (mask 0, segment 0). Columns: input_ids, loss_mask, position_ids (restart per segment), segment_ids "
             "(1..k, 0 = padding), token_type_ids, seq_lengths, example_ids, example_offsets, num_loss_tokens. Files "
-            "of at most `output.max_tokens_per_shard` tokens under shards/<drop>/<split>/, plus the exports in "
+            "of at most `output.max_tokens_per_shard` tokens under `shards/<drop>/<split>/`, plus the exports in "
             f"`output.formats` ({', '.join(spec.output.formats)})."
         ),
         metadata={"dagster/column_schema": column_schema(SHARD_SCHEMA)},
@@ -61,6 +62,9 @@ def build_shards(spec: DatasetSpec) -> AssetsDefinition:
             stats = layers.build_packed_shards(spec, paths.partition_dir("gold", key), paths.tokenizer_dir, out)
         totals = stats["totals"]
         per_split = [{"split": s, **{c: m[c] for c in _SPLIT_COLUMNS}} for s, m in stats["splits"].items()]
+        distributions = [{"split": s, "figure": name, **d} for s, m in stats["splits"].items() if m["sequences"]
+                         for name, d in m["distributions"].items()]
+        first = next((m["files"][0]["path"] for m in stats["splits"].values() if m["files"]), None)
         return MaterializeResult(
             metadata={
                 "dagster/row_count": totals["sequences"],
@@ -69,6 +73,8 @@ def build_shards(spec: DatasetSpec) -> AssetsDefinition:
                                           "max_batch_size")},
                 "strategy": f"{spec.packing.strategy} / overflow {spec.sequence.overflow}",
                 "splits": md_table(per_split),
+                "length_distributions_tokens": md_table(distributions),
+                **({"decoded_row": decoded_row(out / first, paths.tokenizer_dir)} if first else {}),
                 "files": MetadataValue.json([f["path"] for m in stats["splits"].values() for f in m["files"]]),
                 "exports": MetadataValue.json([f["path"] for m in stats["splits"].values()
                                                for e in m["exports"].values() for f in e["files"]]),
@@ -83,7 +89,6 @@ def build_shards(spec: DatasetSpec) -> AssetsDefinition:
 def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
     @asset(
         key=asset_key(spec, DATASET_MANIFEST),
-        automation_condition=manifest_condition(asset_key(spec, TOKENIZER), asset_key(spec, PACKED_SHARDS)),
         deps=[
             AssetDep(asset_key(spec, PACKED_SHARDS), partition_mapping=AllPartitionMapping()),
             asset_key(spec, TOKENIZER),
@@ -101,6 +106,8 @@ def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
     )
     def dataset_manifest(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
         paths = lake.paths(spec.name)
+        # taken first: shards landing while this runs make the manifest sensor ask for another refresh
+        shards_event_id = latest_event_id(context.instance, asset_key(spec, PACKED_SHARDS))
         registered = sorted(context.instance.get_dynamic_partitions(drops_partitions(spec.name).name))
         excluded = {p: f"superseded by {q}" for p, q in superseded_drops(paths).items()}
         for partition, problems in unpassed_gates(context.instance, spec, registered).items():
@@ -116,6 +123,7 @@ def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
         return MaterializeResult(
             metadata={
                 "num_partitions": len(manifest["partitions"]),
+                SHARDS_EVENT_ID: shards_event_id if shards_event_id is not None else -1,
                 "num_sequences": sum(m["sequences"] for m in manifest["splits"].values()),
                 "num_tokens": sum(m["output_tokens"] for m in manifest["splits"].values()),
                 "splits": md_table(per_split),

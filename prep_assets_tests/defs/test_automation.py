@@ -1,5 +1,5 @@
 """Declarative automation evaluated against a real instance: a new drop is carried layer by layer to the
-manifest, the tokenizer first, and a failed gate stops it (`evaluate_automation_conditions`)."""
+shards, the tokenizer first, and a failed gate stops it (`evaluate_automation_conditions`)."""
 
 from pathlib import Path
 
@@ -50,15 +50,13 @@ def test_a_new_drop_is_carried_layer_by_layer_to_the_manifest(tmp_path: Path, in
     run("tokenizer", None)
     run("raw_records")
     cursor = first.cursor
-    for layer in ("clean_records", "tokenized_examples", "packed_shards", "dataset_manifest"):
+    for layer in ("clean_records", "tokenized_examples", "packed_shards"):
         result, requested = evaluate(cursor)  # each layer once the one above it is in with its gates passed
-        assert requested == {layer: {None if layer == "dataset_manifest" else key}}
+        assert requested == {layer: {key}}
         cursor = result.cursor
-        if layer != "dataset_manifest":
-            run(layer)
-    run("dataset_manifest", None)
+        run(layer)
     _, requested = evaluate(cursor)
-    assert requested == {}  # everything is up to date: nothing requested twice
+    assert requested == {}  # nothing requested twice; the manifest is the manifest sensor's (test_sensors.py)
 
 
 def test_a_failed_bronze_gate_stops_the_drop_there(tmp_path: Path, instance):
@@ -78,3 +76,4 @@ def test_a_failed_bronze_gate_stops_the_drop_there(tmp_path: Path, instance):
     assert [c.check_name for c in result.get_asset_check_evaluations() if not c.passed] == ["raw_records_reject_rate"]
     second = evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
     assert broken not in second.get_requested_partitions(_key("clean_records"))
+

@@ -63,14 +63,17 @@ def test_empty_data_dir_gives_empty_definitions(tmp_path):
     assert list(build_definitions(tmp_path).resolve_asset_graph().get_all_asset_keys()) == []
 
 
-def test_a_running_drop_sensor_per_dataset_targets_bronze():
+def test_a_running_drop_and_manifest_sensor_per_dataset():
     from dagster import DefaultSensorStatus
 
     defs = build_definitions(SAMPLE_DATA)
     sensors = {s.name: s for s in defs.sensors or []}
-    assert set(sensors) == {f"{ds}_drops_sensor" for ds in ("sample_text", "sample_instruct", "sample_chat",
-                                                            "sample_pref", "sample_sensors")} | {"prep_assets_automation"}
-    assert sensors["prep_assets_automation"].default_status == DefaultSensorStatus.RUNNING
+    datasets = ("sample_text", "sample_instruct", "sample_chat", "sample_pref", "sample_sensors")
+    assert set(sensors) == ({f"{ds}_drops_sensor" for ds in datasets} | {f"{ds}_manifest_sensor" for ds in datasets}
+                            | {"prep_assets_automation"})
+    assert all(s.default_status == DefaultSensorStatus.RUNNING for s in sensors.values())
+    assert sensors["sample_text_manifest_sensor"].asset_selection.resolve(defs.resolve_asset_graph()) == {
+        AssetKey(["sample_text", "dataset_manifest"])}
     text = sensors["sample_text_drops_sensor"]
     assert text.default_status == DefaultSensorStatus.RUNNING
     # bronze of new drops; silver only to rebuild it when earlier drops changed (sample_text: dedup_scope dataset)

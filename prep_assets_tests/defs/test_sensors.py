@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, SensorResult, build_sensor_context
+from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context
 
 from prep_assets.core.drops import registered_drops
 from prep_assets.core.lake import dataset_paths
@@ -169,3 +169,53 @@ def test_dataset_scope_a_replaced_file_requests_silver_again_for_later_drops(tmp
     silver(b)  # what the requested run does
     assert duplicates_resolve_to_kept(dirs).passed
     assert [r.partition_key for r in t.tick().run_requests] == []
+
+
+def test_manifest_sensor_refreshes_after_every_shards_update_even_one_landing_with_a_refresh(tmp_path: Path, instance):
+    """Under `dagster dev`, automation's tick flags once lost drop b: the manifest refresh and b's shards landed
+    in one tick. The manifest sensor compares event ids: a manifest built before b's shards is always behind."""
+    from dagster import DagsterRun, DagsterRunStatus, SkipReason, materialize
+
+    from prep_assets.core.drops import register_drops
+    from prep_assets.defs.sensors import build_manifest_sensor
+    from prep_assets_tests.conftest import copy_sample_data
+    from prep_assets_tests.defs.helpers import dataset_defs
+
+    ds = "sample_instruct"
+    data = copy_sample_data(tmp_path / "data")
+    raw = data / "raw" / ds
+    lines = (raw / "arithmetic_2026-11-01.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    (raw / "arithmetic_2026-11-01.jsonl").unlink()
+    (raw / "a.jsonl").write_text("".join(lines[:40]), encoding="utf-8")
+    (raw / "b.jsonl").write_text("".join(lines[40:80]), encoding="utf-8")
+    new, _ = register_drops(dataset_paths(data, ds))
+    a, b = (d.partition for d in sorted(new, key=lambda d: d.file))
+    instance.add_dynamic_partitions(f"{ds}_drops", [a, b])
+    assets = dataset_defs(data, ds)
+    resources = {"lake": LakeResource(data_dir=str(data))}
+    sensor = build_manifest_sensor(load_spec(data / "datasets" / f"{ds}.yaml"))
+
+    def tick():
+        return sensor(build_sensor_context(instance=instance))
+
+    def build(names: list[str], partition: str | None) -> None:
+        keys = [AssetKey([ds, n]) for n in names]
+        assert materialize(assets, selection=keys, partition_key=partition, instance=instance,
+                           resources=resources).success
+
+    assert isinstance(tick(), SkipReason)  # no shards yet
+    build(["tokenizer"], None)
+    build(["raw_records", "clean_records", "tokenized_examples", "packed_shards"], a)
+    first = tick()
+    assert [r.asset_selection for r in first.run_requests] == [[AssetKey([ds, "dataset_manifest"])]]
+    build(["dataset_manifest"], None)
+    assert isinstance(tick(), SkipReason)  # up to date: nothing requested twice
+    # b's shards land right after a refresh (the lost case): the manifest is behind, a new run key
+    build(["raw_records", "clean_records", "tokenized_examples", "packed_shards"], b)
+    second = tick()
+    assert len(second.run_requests) == 1 and second.run_requests[0].run_key != first.run_requests[0].run_key
+    # ... but not while a run that builds shards is queued or running (its gates are not in yet)
+    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id="0" * 8 + "-0000-0000-0000-" + "0" * 12,
+                                status=DagsterRunStatus.STARTED, asset_selection=frozenset({AssetKey([ds, "packed_shards"])})))
+    waiting = tick()
+    assert isinstance(waiting, SkipReason) and "waiting for 1 run" in waiting.skip_message

@@ -1,0 +1,135 @@
+"""The UI as a user sees it, in a real browser (headless Chromium driven by Playwright) against `dagster dev` on
+127.0.0.1: the bronze -> silver -> gold -> shards lineage, a gold asset's metadata and check results, one
+partition materialized from the UI and waited for through the page. Screenshots are kept as test artifacts
+(`$PREP_ASSETS_ARTIFACTS`, default `.artifacts/browser/` in the project)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prep_assets_tests.conftest import PROJECT, SAMPLE_DATA
+from prep_assets_tests.servers import dagster_dev
+
+pytestmark = pytest.mark.slow
+DS = "sample_instruct"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(os.environ.get("PREP_ASSETS_ARTIFACTS") or PROJECT / ".artifacts" / "browser")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        pytest.skip("needs Chromium (Debian: apt-get install chromium); .ci/run installs it")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install -e '.[dev]')")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _materialized_sample(tmp_path: Path) -> tuple[Path, Path]:
+    """A data dir with the sample_instruct dataset, every layer materialized by the README's `prep-assets run`
+    (which also writes $DAGSTER_HOME/.nux so the first visit shows no pop-up)."""
+    data, home = tmp_path / "data", tmp_path / "home"
+    for sub in ("corpus", "templates"):
+        shutil.copytree(SAMPLE_DATA / sub, data / sub)
+    (data / "datasets").mkdir(parents=True)
+    shutil.copyfile(SAMPLE_DATA / "datasets" / f"{DS}.yaml", data / "datasets" / f"{DS}.yaml")
+    shutil.copytree(SAMPLE_DATA / "raw" / DS, data / "raw" / DS)
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    done = subprocess.run([sys.executable, "-m", "prep_assets.cli", "run", "--data-dir", str(data)], cwd=PROJECT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (home / ".nux" / "nux.yaml").is_file()
+    return data, home
+
+
+def test_lineage_metadata_checks_and_a_materialization_from_the_ui(tmp_path: Path, browser):
+    data, home = _materialized_sample(tmp_path)
+    lake = data / "lake" / DS
+    (partition,) = [p.stem for p in (lake / "drops").glob("*.json")]
+    gold = json.loads((lake / "gold" / partition / "stats.json").read_text())
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    with dagster_dev(home, data, tmp_path / "dagster_dev.log") as server:
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page.set_default_timeout(60_000)
+
+        # the lineage from the raw drop to the shards, grouped by layer
+        page.goto(f"{server.url}/assets/{DS}/packed_shards?view=lineage&lineageScope=upstream&lineageDepth=3")
+        graph = page.locator("body")
+        for node in ("raw_records", "clean_records", "tokenized_examples", "packed_shards", "tokenizer"):
+            graph.get_by_text(node, exact=True).first.wait_for()
+        for group in ("bronze", "silver", "gold"):
+            assert graph.get_by_text(group, exact=True).count() >= 1, group
+        page.wait_for_timeout(1500)  # let the graph finish laying out before the picture
+        page.screenshot(path=str(ARTIFACTS / "lineage.png"))
+
+        # a gold asset: its metadata (row count, tokens) and its checks' results
+        page.goto(f"{server.url}/assets/{DS}/tokenized_examples")
+        for key in ("num_loss_tokens", "example_length_tokens", "preview"):
+            page.get_by_text(key, exact=True).first.wait_for()
+        text = page.locator("body").inner_text()
+        assert "Row count" in text and f"{gold['examples']}" in text
+        assert "num_tokens" in text and f"{gold['tokens']}" in text
+        assert "example_length_tokens" in text and "p90" in text
+        page.goto(f"{server.url}/assets/{DS}/tokenized_examples?view=checks")
+        page.get_by_text("tokenized_examples_mask_aligned", exact=True).first.wait_for(state="attached")  # names are middle-truncated
+        text = page.locator("body").inner_text()
+        for check in ("accounted", "have_loss_tokens", "ids_in_vocab", "mask_aligned", "within_max_len"):
+            assert f"tokenized_examples_{check}" in text
+        assert text.count("Succeeded") >= 5 and "Failed" not in text
+        assert "This is a blocking asset check." in text
+
+        # materialize one partition of the shards from the UI, and wait for its success through the page
+        page.goto(f"{server.url}/assets/{DS}/packed_shards")
+        page.get_by_role("button", name="Materialize…").first.click()
+        dialog = page.locator("[role=dialog]")
+        page.get_by_text("Select a partition or create one").click()
+        page.locator(f"text={partition} >> visible=true").last.click()
+        page.keyboard.press("Escape")
+        dialog.get_by_role("button", name="Launch 1 run").click()
+        link = page.locator("a[href*='/runs/']").filter(has_text=re.compile("View|Run")).first
+        link.wait_for()
+        run_path = link.get_attribute("href")
+        assert run_path and re.search(r"/runs/[0-9a-f-]{8,}", run_path), run_path
+        page.goto(f"{server.url}{run_path}")
+
+        def run_status() -> str:
+            page.reload()
+            page.get_by_text(re.compile("Success|Failure|Queued|Starting|Started|Canceled")).first.wait_for()
+            body = page.locator("body").inner_text()
+            return next((s for s in ("Success", "Failure", "Canceled") if s in body), "")
+
+        server.wait("the run launched from the UI", lambda: run_status() != "", 300)
+        body = page.locator("body").inner_text()
+        assert "Success" in body and "Failure" not in body, body[:2000]
+        page.screenshot(path=str(ARTIFACTS / "run.png"))
+
+        # the shards' latest materialization: metrics, and a decoded row with the masked spans marked
+        page.goto(f"{server.url}/assets/{DS}/packed_shards")
+        for key in ("sequence_utilization", "length_distributions_tokens", "decoded_row"):
+            page.get_by_text(key, exact=True).first.wait_for()
+        page.set_viewport_size({"width": 1600, "height": 2600})  # the asset page scrolls inside, not the window
+        page.screenshot(path=str(ARTIFACTS / "packed_shards.png"))
+        page.set_viewport_size({"width": 1600, "height": 1000})
+        page.locator("tr", has_text="decoded_row").get_by_text("[Show Markdown]").click()
+        decoded = page.locator("[role=dialog]")
+        decoded.get_by_text("--- segment 1 ·", exact=False).first.wait_for()
+        text = decoded.inner_text()
+        assert "trained" in text and "«" in text and "<|endoftext|>" in text  # masked prompts in «…», as `decode`
+        page.screenshot(path=str(ARTIFACTS / "decoded_row.png"))
+        page.close()
+
+    runs = json.loads((lake / "shards" / partition / "stats.json").read_text())
+    assert runs["totals"]["sequences"] > 0
