@@ -19,7 +19,7 @@ from prep_assets.defs.keys import (
     manifest_job_name,
     tokenizer_job_name,
 )
-from prep_assets.defs.resources import LakeResource, default_data_dir
+from prep_assets.defs.resources import LakeResource, default_batch_size, default_data_dir
 from prep_assets.defs.automation import automation_sensor
 from prep_assets.defs.sensors import build_drop_sensor, build_manifest_sensor
 from prep_assets.defs.shards import build_manifest_asset, build_shards
@@ -65,7 +65,7 @@ def build_definitions(data_dir: Path | None = None) -> Definitions:
         asset_checks=[a for a in assets if isinstance(a, AssetChecksDefinition)],
         jobs=jobs,
         sensors=[*sensors, automation_sensor()] if sensors else [],
-        resources={"lake": LakeResource(data_dir=str(data_dir))},
+        resources={"lake": LakeResource(data_dir=str(data_dir), batch_size=default_batch_size())},
     )
 
 

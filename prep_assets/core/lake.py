@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from prep_assets.core.errors import WriteError
+from prep_assets.core.faults import write_point
 
 _TMP_MARK = ".tmp-"
 _OLD_MARK = ".old-"
@@ -79,11 +80,13 @@ def canonical_json(value: Any) -> str:
 def write_json_atomic(path: Path, value: Any) -> None:
     """Write JSON (indented, key-sorted) to a temp file and rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_staging(path)
     tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with tmp.open("w", encoding="utf-8") as f:
             json.dump(value, f, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
             f.write("\n")
+            write_point()
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -124,7 +127,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_stale_staging(final: Path) -> list[Path]:
-    """Remove staging/old directories beside `final` left by processes that no longer run."""
+    """Remove staging/old directories (or temp files) beside `final` left by processes that no longer run."""
     removed: list[Path] = []
     parent = final.parent
     if not parent.is_dir():
@@ -138,7 +141,10 @@ def clean_stale_staging(final: Path) -> list[Path]:
         pid_text = name[len(prefix) :].split("-", 1)[0]
         if pid_text.isdigit() and _pid_alive(int(pid_text)) and int(pid_text) != os.getpid():
             continue
-        shutil.rmtree(entry, ignore_errors=True)
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
         removed.append(entry)
     return removed
 
@@ -196,6 +202,7 @@ def staged_dir(final: Path) -> Iterator[Path]:
 
 
 def publish_dir(staging: Path, final: Path, *, tag: str) -> None:
+    write_point()
     if not final.exists():
         os.rename(staging, final)
         return

@@ -9,6 +9,8 @@ from types import TracebackType
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prep_assets.core.faults import write_point
+
 DEFAULT_ROW_GROUP = 16_384
 
 
@@ -46,6 +48,7 @@ class ParquetSink:
         self.write(pa.Table.from_pydict(columns, schema=self.schema))
 
     def _flush(self, n: int) -> None:
+        write_point()
         merged = pa.concat_tables(self._pending)
         # One contiguous chunk per row group: page boundaries then never depend on how batches arrived.
         self._writer.write_table(merged.slice(0, n).combine_chunks(), row_group_size=n)

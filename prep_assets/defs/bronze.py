@@ -34,7 +34,7 @@ def build_bronze(spec: DatasetSpec) -> AssetsDefinition:
         out = paths.partition_dir("bronze", context.partition_key)
         with user_errors():
             drop, source = resolve_drop(paths, context.partition_key)
-            stats = layers.build_raw_records(spec, drop, source, out)
+            stats = layers.build_raw_records(spec, drop, source, out, batch_size=lake.batch_size)
         return MaterializeResult(
             metadata={
                 "dagster/row_count": stats["records"],

@@ -80,7 +80,8 @@ def build_gold(spec: DatasetSpec) -> AssetsDefinition:
         key = context.partition_key
         out = paths.partition_dir("gold", key)
         with user_errors():
-            stats = layers.build_tokenized_examples(spec, paths.partition_dir("silver", key), paths.tokenizer_dir, out)
+            stats = layers.build_tokenized_examples(spec, paths.partition_dir("silver", key), paths.tokenizer_dir, out,
+                                                     batch_size=lake.batch_size)
         lengths = stats["example_length"]
         return MaterializeResult(
             metadata={

@@ -40,7 +40,7 @@ def build_silver(spec: DatasetSpec) -> AssetsDefinition:
         key = context.partition_key
         out = paths.partition_dir("silver", key)
         with user_errors():
-            stats = layers.build_silver(spec, paths, key)
+            stats = layers.build_silver(spec, paths, key, batch_size=lake.batch_size)
         return MaterializeResult(
             metadata={
                 "dagster/row_count": stats["records"],
