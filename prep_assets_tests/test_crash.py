@@ -23,7 +23,7 @@ from prep_assets.core.drops import register_drops
 from prep_assets.core.errors import WriteError
 from prep_assets.core.faults import CRASH_ENV
 from prep_assets.core.gates import gates_for
-from prep_assets.core.lake import dataset_paths
+from prep_assets.core.lake import dataset_paths, lock_path
 from prep_assets.core.spec import load_spec
 from prep_assets_tests.conftest import PROJECT, SAMPLE_DATA
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from prep_assets.core import layers
 from prep_assets.core.drops import resolve_drop
 from prep_assets.core.faults import write_points_seen
-from prep_assets.core.lake import dataset_paths
+from prep_assets.core.lake import dataset_paths, lock_path
 from prep_assets.core.spec import load_spec
 
 layer, data, ds, part = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -159,7 +159,8 @@ def test_two_runs_of_one_partition_at_once_take_turns_and_equal_one_run(referenc
     shutil.copytree(ref_data, data)
     out = _output(data, "gold", partition)
     shutil.rmtree(out)
-    lock = out.with_name(f".{out.name}.lock")
+    lock = lock_path(out)
+    lock.parent.mkdir(exist_ok=True)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)  # as a run of this partition holding it would
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}

@@ -90,18 +90,22 @@ def _one_to_one(upstream: Path, outputs: tuple[Path, Path], name: str, descripti
 # ---------------------------------------------------------------- bronze
 
 
-def count_lines(path: Path, fmt: str) -> int | None:
+def count_lines(path: Path, fmt: str, limit: int | None = None) -> int | None:
     """Physical lines of a line-format drop, counted independently of the reader.
 
-    None where the stream itself is broken (a truncated or corrupt gzip): the reader's count then stands.
+    None where the stream itself is broken (a truncated or corrupt gzip) or inflates past `limit` (where the
+    reader stopped too): the reader's count then stands.
     """
     opener = gzip.open if fmt == "jsonl.gz" else open
-    n, last = 0, b"\n"
+    n, last, size = 0, b"\n", 0
     try:
         with opener(path, "rb") as f:
             while block := f.read(1 << 20):
                 n += block.count(b"\n")
                 last = block[-1:]
+                size += len(block)
+                if limit is not None and size > limit:
+                    return None
     except (EOFError, OSError, zlib.error):
         return None
     return n + (0 if last == b"\n" else 1)
@@ -145,7 +149,7 @@ def bronze_accounted(bronze_dir: Path, source: Path | None) -> Outcome:
     recount = None
     if source is not None and source.is_file():
         if acct["unit"] == "line":
-            recount = count_lines(source, acct["format"])
+            recount = count_lines(source, acct["format"], acct.get("gzip_limit"))
         elif acct["unit"] == "row" and acct["format"] == "parquet":
             recount = count_parquet_rows(source)
         elif acct["unit"] == "row":

@@ -163,12 +163,20 @@ def scratch_dir(near: Path) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def lock_path(final: Path) -> Path:
+    """`lake/<dataset>/<layer>/<partition>` locks `lake/<dataset>/.locks/<layer>.<partition>.lock`: out of the
+    layer's folder, so listing a layer shows partitions only."""
+    return final.parent.parent / ".locks" / f"{final.parent.name}.{final.name}.lock"
+
+
 @contextmanager
 def partition_lock(final: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `final` (a file beside it) for as long as the block runs: two runs of one
+    """Hold an exclusive lock on `final` (a `.locks/` file beside its folder) for as long as the block runs: two runs of one
     partition at once take turns instead of interleaving their outputs. Released by the OS if the process dies."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(final.with_name(f".{final.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    lock = lock_path(final)
+    lock.parent.mkdir(exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

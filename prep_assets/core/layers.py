@@ -37,7 +37,7 @@ from prep_assets.core.masking import tokenize_batch
 from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, write_megatron, write_memmap
 from prep_assets.core.packing import PackedRows, RowPlan, materialize_rows, plan_rows, unit_offsets
 from prep_assets.core.parquet_io import ParquetSink, iter_batches
-from prep_assets.core.readers import Accounting, RawItem, RawReject, read_drop
+from prep_assets.core.readers import Accounting, RawItem, RawReject, gzip_limit, read_drop
 from prep_assets.core.records import (
     BRONZE_REJECT_SCHEMA,
     BRONZE_SCHEMA,
@@ -151,7 +151,8 @@ def build_raw_records(
         ):
             records, rejects = _RowBuffer(rec_sink, batch_size), _RowBuffer(rej_sink, batch_size)
             where = {"drop": drop.partition, "source_file": drop.file}
-            for item in read_drop(source, fmt, max_line_bytes=spec.input.max_line_bytes, acct=acct):
+            for item in read_drop(source, fmt, max_line_bytes=spec.input.max_line_bytes, acct=acct,
+                                  max_gzip_ratio=spec.input.max_gzip_ratio):
                 if isinstance(item, RawReject):
                     reasons[item.reason] += 1
                     rejects.add({**where, "source_line": item.line, "byte_offset": item.byte_offset,
@@ -185,6 +186,8 @@ def build_raw_records(
             "rejects_by_reason": dict(sorted(reasons.items())),
             "spec_version": spec.layer_version("bronze"),
         }
+        if fmt == "jsonl.gz":  # the accounting gate's recount stops where the reader had to
+            stats["gzip_limit"] = gzip_limit(source, spec.input.max_gzip_ratio)
         write_json_atomic(stage / ACCOUNTING, stats)
     return stats
 

@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,7 +63,20 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to inf: as much a non-number as the Infinity literal
+        raise ValueError(f"non-standard JSON constant: {text} is out of the float range")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+GZIP_MIN_LIMIT = 256 * 1024 * 1024
+
+
+def gzip_limit(path: Path, ratio: float) -> int:
+    """The most a .gz drop may decompress to: `ratio` x its size, at least 256 MiB (a gzip bomb stops there)."""
+    return max(GZIP_MIN_LIMIT, int(ratio * path.stat().st_size))
 
 
 def _excerpt(data: bytes | str) -> str:
@@ -86,11 +100,22 @@ def _open_stream(path: Path, fmt: str) -> IO[bytes]:
     return path.open("rb")
 
 
-def read_lines(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting) -> Iterator[RawItem | RawReject]:
-    """JSONL / JSONL.gz / TXT: one record per line."""
+def read_lines(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting,
+               max_gzip_ratio: float = 100.0) -> Iterator[RawItem | RawReject]:
+    """JSONL / JSONL.gz / TXT: one record per line. A .gz drop stops at `gzip_limit` decompressed bytes."""
     as_json = fmt != "txt"
     offset = 0
     line_no = 0
+    limit = gzip_limit(path, max_gzip_ratio) if fmt == "jsonl.gz" else None
+
+    def bomb(line: int, at: int, excerpt: str) -> RawReject:
+        """The rest of the file from `line` as one reject: the stream inflated past the limit."""
+        acct.rejected += 1
+        return RawReject(line, at, "decompression_limit",
+                         f"the gzip stream inflates past {limit} bytes ({max_gzip_ratio:g} x its "
+                         f"{path.stat().st_size} bytes, at least {GZIP_MIN_LIMIT}): a gzip bomb? the rest of the "
+                         "file is not read; raise input.max_gzip_ratio if the data is real", excerpt)
+
     with _open_stream(path, fmt) as f:
         while True:
             try:
@@ -106,13 +131,20 @@ def read_lines(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting) -
             acct.lines_in += 1
             start = offset
             offset += len(raw)
+            if limit is not None and offset > limit:
+                yield bomb(line_no, start, _excerpt(raw[:EXCERPT_CHARS]))
+                return
             if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
                 excerpt = _excerpt(raw[:EXCERPT_CHARS])
                 size = len(raw)
                 while raw and not raw.endswith(b"\n"):  # skip the rest of the line in bounded chunks
+                    del raw  # not held while the next chunk is read
                     raw = f.readline(max_line_bytes)
                     size += len(raw)
                     offset += len(raw)
+                    if limit is not None and offset > limit:
+                        yield bomb(line_no, start, excerpt)
+                        return
                 acct.rejected += 1
                 yield RawReject(line_no, start, "line_too_long", f"{size} bytes > max_line_bytes {max_line_bytes}", excerpt)
                 continue
@@ -379,13 +411,14 @@ def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Ite
             row = sum(group_rows[: g + 1])
 
 
-def read_drop(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting) -> Iterator[RawItem | RawReject]:
+def read_drop(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting,
+              max_gzip_ratio: float = 100.0) -> Iterator[RawItem | RawReject]:
     if fmt == "parquet":
         return read_parquet(path, acct=acct)
     if fmt == "csv":
         return read_csv(path, max_line_bytes=max_line_bytes, acct=acct)
     if fmt in ("jsonl", "jsonl.gz", "txt"):
-        return read_lines(path, fmt, max_line_bytes=max_line_bytes, acct=acct)
+        return read_lines(path, fmt, max_line_bytes=max_line_bytes, acct=acct, max_gzip_ratio=max_gzip_ratio)
     if fmt == "json":
         return read_json_array(path, max_bytes=max(max_line_bytes, 1 << 30), acct=acct)
     raise DropError(f"{path}: no reader for format {fmt!r}")

@@ -65,6 +65,7 @@ class InputSpec(_Strict):
     chosen_key: str = "chosen"
     rejected_key: str = "rejected"
     max_line_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_gzip_ratio: float = Field(default=100.0, gt=1)  # decompressed / compressed bytes (floor 256 MiB)
 
     @model_validator(mode="after")
     def _check_keys(self) -> InputSpec:
