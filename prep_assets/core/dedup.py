@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasketch import MinHash, MinHashLSH
 
+from prep_assets.core.sql import connect as sql_connect
 from prep_assets.core.drops import Drop, DropSet, drop_order, earlier_drops
 from prep_assets.core.lake import DatasetPaths, read_json, staged_dir
 from prep_assets.core.clean import WORD
@@ -91,7 +91,7 @@ def collisions(records: Path, rejects: Path, earlier: Sequence[Path]) -> frozens
         SELECT content_sha256 FROM rows WHERE content_sha256 IN (SELECT content_sha256 FROM multi)
         GROUP BY content_sha256 HAVING count(DISTINCT content) > 1
     """
-    with duckdb.connect() as con:
+    with sql_connect() as con:
         return frozenset(r[0] for r in con.execute(sql, params).fetchall())
 
 
@@ -100,7 +100,7 @@ def write_index(out_dir: Path, first_ids: Iterable[str], records: Path, rejects:
     firsts = pa.table({"record_id": pa.array(list(first_ids), pa.string())})
     sql = (f"SELECT content_sha256, record_id, content FROM {_ROWS} "
            "WHERE record_id IN (SELECT record_id FROM firsts) ORDER BY content_sha256, content")
-    with duckdb.connect() as con:
+    with sql_connect() as con:
         con.register("firsts", firsts)
         reader = con.sql(sql, params={"records": str(records), "rejects": str(rejects)}).to_arrow_reader()
         _publish_index(out_dir, reader)

@@ -42,28 +42,44 @@ def _file_entry(path: Path, rel: str) -> dict[str, Any]:
     return {"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
+class MemmapWriter:
+    """The packed rows of a split as flat little-endian arrays in `dest` (relative path `rel`) plus meta.json,
+    appended chunk by chunk (the same bytes whatever the chunks)."""
+
+    NAMES = ("input_ids", "loss_mask", "position_ids", "segment_ids", "token_type_ids")
+
+    def __init__(self, dest: Path, rel: str, row_len: int, vocab_size: int) -> None:
+        dest.mkdir(parents=True, exist_ok=True)
+        self.dest, self.rel, self.row_len, self.rows = dest, rel, row_len, 0
+        self.dtypes = {"input_ids": memmap_token_dtype(vocab_size).newbyteorder("<"), "loss_mask": np.dtype(np.uint8),
+                       "position_ids": np.dtype("<i4"), "segment_ids": np.dtype("<i4"),
+                       "token_type_ids": np.dtype(np.uint8)}
+        self._files = {name: (dest / f"{name}.bin").open("wb") for name in self.NAMES}
+
+    def append(self, rows: PackedRows) -> None:
+        for name in self.NAMES:
+            getattr(rows, name).astype(self.dtypes[name], copy=False).tofile(self._files[name])
+        self.rows += rows.num_rows
+
+    def close(self) -> dict[str, Any]:
+        shape = [self.rows, self.row_len]
+        meta: dict[str, Any] = {"rows": self.rows, "seq_len": self.row_len, "order": "C", "arrays": {}}
+        files = []
+        for name, f in self._files.items():
+            f.close()
+            path = self.dest / f"{name}.bin"
+            meta["arrays"][name] = {"file": path.name, "dtype": self.dtypes[name].newbyteorder("=").name, "shape": shape}
+            files.append(_file_entry(path, f"{self.rel}/{path.name}"))
+        write_json_atomic(self.dest / "meta.json", meta)
+        files.append(_file_entry(self.dest / "meta.json", f"{self.rel}/meta.json"))
+        return {"dir": self.rel, "rows": self.rows, "files": files}
+
+
 def write_memmap(dest: Path, rel: str, rows: PackedRows, vocab_size: int) -> dict[str, Any]:
-    """The packed rows as flat little-endian arrays in `dest` (relative path `rel`) plus meta.json."""
-    dest.mkdir(parents=True, exist_ok=True)
-    shape = [rows.num_rows, rows.row_len]
-    arrays = {
-        "input_ids": rows.input_ids.astype(memmap_token_dtype(vocab_size).newbyteorder("<")),
-        "loss_mask": rows.loss_mask,
-        "position_ids": rows.position_ids.astype("<i4"),
-        "segment_ids": rows.segment_ids.astype("<i4"),
-        "token_type_ids": rows.token_type_ids,
-    }
-    meta: dict[str, Any] = {"rows": rows.num_rows, "seq_len": rows.row_len, "order": "C", "arrays": {}}
-    files = []
-    for name, values in arrays.items():
-        path = dest / f"{name}.bin"
-        values.tofile(path)
-        meta["arrays"][name] = {"file": path.name, "dtype": np.dtype(values.dtype).newbyteorder("=").name,
-                                "shape": shape}
-        files.append(_file_entry(path, f"{rel}/{path.name}"))
-    write_json_atomic(dest / "meta.json", meta)
-    files.append(_file_entry(dest / "meta.json", f"{rel}/meta.json"))
-    return {"dir": rel, "rows": rows.num_rows, "files": files}
+    """All packed rows of a split at once (see `MemmapWriter`)."""
+    writer = MemmapWriter(dest, rel, rows.row_len, vocab_size)
+    writer.append(rows)
+    return writer.close()
 
 
 def write_megatron(prefix: Path, rel: str, token_ids: np.ndarray, offsets: np.ndarray, vocab_size: int) -> dict[str, Any]:

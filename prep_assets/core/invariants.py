@@ -20,6 +20,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from prep_assets.core.sql import connect as sql_connect
 from prep_assets.core.lake import read_json
 
 SAMPLE = 20
@@ -41,7 +42,7 @@ class Outcome:
 def _query(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """Run `sql` with the named parameters it uses (`$name`); values are always bound, never interpolated."""
     used = set(re.findall(r"\$([A-Za-z_]\w*)", sql))
-    with duckdb.connect() as con:
+    with sql_connect() as con:
         cur = con.execute(sql, {k: v for k, v in params.items() if k in used})
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]

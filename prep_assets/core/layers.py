@@ -7,6 +7,7 @@ its whole partition into a staging directory that replaces the previous output i
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Sequence
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prep_assets.core.arrays import flat_values, list_array, percentiles
+from prep_assets.core.arrays import flat_values, list_array, offsets_from_lengths, percentiles
 from prep_assets.core.clean import assign_split, content_digest, normalize_content, num_chars, quality_verdict
 from prep_assets.core import dedup
 from prep_assets.core.drops import Drop, format_of, resolve_drop
@@ -34,7 +35,7 @@ from prep_assets.core.lake import (
 )
 from prep_assets.core.chat import ChatTemplate
 from prep_assets.core.masking import tokenize_batch
-from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, write_megatron, write_memmap
+from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, MemmapWriter, write_megatron
 from prep_assets.core.packing import PackedRows, RowPlan, materialize_rows, plan_rows, unit_offsets
 from prep_assets.core.parquet_io import ParquetSink, iter_batches
 from prep_assets.core.readers import Accounting, RawItem, RawReject, gzip_limit, read_drop
@@ -516,32 +517,80 @@ class GoldArrays:
         return cls(ids, mask, types, offsets)
 
 
-def pack_split(spec: DatasetSpec, sub: pa.Table, gold: GoldArrays, pad_id: int, seed: tuple[int, ...] | None
-               ) -> tuple[RowPlan, PackedRows]:
-    """Plan and materialize the rows of one split's gold examples (`sub` for pair ids, `gold` its arrays)."""
-    plan = plan_rows(
+def plan_split(spec: DatasetSpec, pair_ids: list[str | None], gold: GoldArrays, seed: tuple[int, ...] | None
+               ) -> RowPlan:
+    """The row plan of one split's gold examples (`pair_ids` in gold order keep preference pairs together)."""
+    return plan_rows(
         np.diff(gold.offsets),
         capacity=spec.sequence.max_seq_len,
         strategy=spec.packing.strategy,
         overflow=spec.sequence.overflow,
         overlap=spec.sequence.overlap,
         loss_mask=gold.loss_mask,
-        units=unit_offsets(sub.column("pair_id").to_pylist()) if spec.input.type == "preference" else None,
+        units=unit_offsets(pair_ids) if spec.input.type == "preference" else None,
         max_per_bin=spec.max_per_example,
         shuffle_seed=seed,
     )
-    rows = materialize_rows(plan, token_ids=gold.token_ids, loss_mask=gold.loss_mask,
-                            token_type_ids=gold.token_type_ids, offsets=gold.offsets,
-                            row_len=spec.sequence.max_seq_len, pad_id=pad_id)
-    return plan, rows
 
 
 TABULAR_MANIFEST_KEYS = ("mode", "columns", "schema_prompt", "bos_id", "eos_id", "order_by", "initial_prefill")
 
 
-def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path) -> dict[str, Any]:
+SHARD_CHUNK_ROWS = 1024  # rows materialized at once: bounds memory; the bytes never depend on it
+_SPILL = "_gold_spill"
+
+
+@dataclass
+class _SplitGold:
+    """One split of gold, spilled to flat files in the staging dir and mapped back (memory stays bounded)."""
+
+    gold: GoldArrays
+    example_ids: pa.Array
+    pair_ids: list[str | None]
+
+
+def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _SplitGold]:
+    """Stream gold once: per split, its token ids / masks / types appended to flat files, its ids kept."""
+    spill.mkdir()
+    kinds = {"token_ids": np.int32, "loss_mask": np.uint8, "token_type_ids": np.uint8}
+    out: dict[str, dict[str, Any]] = {
+        s: {"files": {k: (spill / f"{s}.{k}").open("wb") for k in kinds}, "lengths": [], "ids": [], "pairs": []}
+        for s in SPLITS}
+    try:
+        cols = ["example_id", "split", "token_ids", "loss_mask", "token_type_ids", "pair_id"]
+        for batch in iter_batches(gold_path, batch_size=batch_size, columns=cols):
+            splits = batch.column("split")
+            for split in SPLITS:
+                sub = batch.filter(pc.equal(splits, split))
+                if sub.num_rows == 0:
+                    continue
+                acc = out[split]
+                for name, dtype in kinds.items():
+                    values, offsets = flat_values(sub.column(name), dtype)
+                    values.tofile(acc["files"][name])
+                acc["lengths"].append(np.diff(offsets))
+                acc["ids"].append(sub.column("example_id"))
+                acc["pairs"] += sub.column("pair_id").to_pylist()
+    finally:
+        for acc in out.values():
+            for f in acc["files"].values():
+                f.close()
+    result = {}
+    for split, acc in out.items():
+        arrays = {k: np.memmap(spill / f"{split}.{k}", dtype=t, mode="r") if (spill / f"{split}.{k}").stat().st_size
+                  else np.zeros(0, dtype=t) for k, t in kinds.items()}
+        lengths = np.concatenate(acc["lengths"]) if acc["lengths"] else np.zeros(0, dtype=np.int64)
+        ids = pa.concat_arrays(acc["ids"]) if acc["ids"] else pa.array([], pa.string())
+        result[split] = _SplitGold(GoldArrays(arrays["token_ids"], arrays["loss_mask"], arrays["token_type_ids"],
+                                              offsets_from_lengths(lengths)), ids, acc["pairs"])
+    return result
+
+
+def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path, *,
+                        batch_size: int = DEFAULT_BATCH) -> dict[str, Any]:
     """Shards: fixed-length packed rows per split, in Parquet files of at most max_tokens_per_shard tokens,
-    plus the optional memmap and Megatron exports."""
+    plus the optional memmap and Megatron exports. Streams: gold is read once in batches and spilled per split
+    to flat files (mapped back), rows are planned from the lengths and materialized SHARD_CHUNK_ROWS at a time."""
     info = load_pinned(tokenizer_dir).info
     gold_stats = read_json(gold_dir / STATS)
     if gold_stats["tokenizer_fingerprint"] != info.fingerprint:
@@ -553,39 +602,51 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
         raise DropError(f"gold was built for overflow {gold_stats.get('overflow')!r}, the spec now needs "
                         f"{spec.gold_overflow!r}; rematerialize gold")
     L = spec.sequence.max_seq_len
-    table = pq.read_table(
-        str(gold_dir / EXAMPLES), columns=["example_id", "split", "token_ids", "loss_mask", "token_type_ids", "pair_id"]
-    )
     rows_per_shard = max(1, spec.output.max_tokens_per_shard // L)
     split_stats: dict[str, Any] = {}
     with staged_dir(out_dir) as stage:
+        spilled = _spill_gold(gold_dir / EXAMPLES, stage / _SPILL, batch_size)
         for split_no, split in enumerate(SPLITS):
-            sub = table.filter(pc.equal(table.column("split"), split))
+            sg = spilled[split]
+            gold = sg.gold
             seed = (spec.packing.seed, split_no) if spec.shuffles_rows else None
-            gold = GoldArrays.of(sub)
-            plan, rows = pack_split(spec, sub, gold, info.pad_id, seed)
-            example_ids = sub.column("example_id").combine_chunks().take(pa.array(rows.example_order, type=pa.int64()))
-            files = []
-            if rows.num_rows or sub.num_rows:
+            plan = plan_split(spec, sg.pair_ids, gold, seed)
+            examples = len(gold.offsets) - 1
+            if plan.num_rows or examples:
                 (stage / split).mkdir()
-            for k, lo in enumerate(range(0, rows.num_rows, rows_per_shard)):
-                hi = min(lo + rows_per_shard, rows.num_rows)
+            memmap = (MemmapWriter(stage / split / MEMMAP_DIR, f"{split}/{MEMMAP_DIR}", L, info.vocab_size)
+                      if "npy" in spec.output.formats and plan.num_rows else None)
+            counts, files = RowCounts(), []
+            for k, lo in enumerate(range(0, plan.num_rows, rows_per_shard)):
+                hi = min(lo + rows_per_shard, plan.num_rows)
                 rel = f"{split}/part-{k:05d}.parquet"
+                in_file = RowCounts()
                 with ParquetSink(stage / rel, SHARD_SCHEMA, compression=spec.output.compression, row_group_size=1024) as sink:
-                    sink.write(_row_table(rows, example_ids, lo, hi))
+                    for c_lo in range(lo, hi, SHARD_CHUNK_ROWS):
+                        part = plan.rows(c_lo, min(c_lo + SHARD_CHUNK_ROWS, hi))
+                        rows = materialize_rows(part, token_ids=gold.token_ids, loss_mask=gold.loss_mask,
+                                                token_type_ids=gold.token_type_ids, offsets=gold.offsets, row_len=L,
+                                                pad_id=info.pad_id)
+                        example_ids = sg.example_ids.take(pa.array(part.example, type=pa.int64()))
+                        sink.write(_row_table(rows, example_ids, 0, rows.num_rows))
+                        in_file.add(rows)
+                        if memmap is not None:
+                            memmap.append(rows)
+                counts.merge(in_file)
                 files.append({"path": rel, "sha256": sha256_file(stage / rel), "sequences": hi - lo,
-                              "tokens": int(np.count_nonzero(rows.segment_ids[lo * L : hi * L])),
-                              "loss_tokens": int(rows.num_loss_tokens[lo:hi].sum())})
+                              "tokens": in_file.output, "loss_tokens": in_file.loss})
             exports: dict[str, Any] = {}
-            if "npy" in spec.output.formats and rows.num_rows:
-                exports["npy"] = write_memmap(stage / split / MEMMAP_DIR, f"{split}/{MEMMAP_DIR}", rows, info.vocab_size)
-            if "megatron" in spec.output.formats and sub.num_rows:
+            if memmap is not None:
+                exports["npy"] = memmap.close()
+            if "megatron" in spec.output.formats and examples:
                 exports["megatron"] = write_megatron(stage / split / MEGATRON_PREFIX, f"{split}/{MEGATRON_PREFIX}",
                                                      gold.token_ids, gold.offsets, info.vocab_size)
             overflow = gold_stats.get("tokens_dropped_by_overflow_by_split", {}).get(split, 0)
-            split_stats[split] = {**split_metrics(gold, plan, rows, overflow),
+            split_stats[split] = {**split_metrics(gold.offsets, plan, counts, L, overflow),
                                   "max_batch_size": min((f["sequences"] for f in files), default=0),
                                   "files": files, "exports": exports}
+        del spilled, gold, sg  # unmap before the spill files go
+        shutil.rmtree(stage / _SPILL)
         stats = {
             "tokenizer_fingerprint": info.fingerprint,
             "max_seq_len": L,
@@ -601,31 +662,48 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
     return stats
 
 
+@dataclass
+class RowCounts:
+    """Token counts over packed rows, accumulated chunk by chunk."""
+
+    output: int = 0
+    loss: int = 0
+    prompt: int = 0
+
+    def add(self, rows: PackedRows) -> None:
+        real = rows.segment_ids > 0
+        self.output += int(np.count_nonzero(real))
+        self.loss += int(rows.loss_mask.sum(dtype=np.int64))
+        self.prompt += int(np.count_nonzero(real & (rows.token_type_ids == TYPE_PROMPT)))
+
+    def merge(self, other: RowCounts) -> None:
+        self.output, self.loss, self.prompt = (self.output + other.output, self.loss + other.loss,
+                                               self.prompt + other.prompt)
+
+
 def _ratio(a: int, b: int, empty: float) -> float:
     return round(a / b, 6) if b else empty
 
 
-def split_metrics(gold: GoldArrays, plan: RowPlan, rows: PackedRows, dropped_by_overflow: int) -> dict[str, Any]:
+def split_metrics(gold_offsets: np.ndarray, plan: RowPlan, counts: RowCounts, row_len: int,
+                  dropped_by_overflow: int) -> dict[str, Any]:
     """DESIGN §5 metrics of one split. Input tokens are gold's plus what overflow cut or dropped in gold."""
-    capacity = rows.num_rows * rows.row_len
-    real = rows.segment_ids > 0
-    output = int(np.count_nonzero(real))
-    loss = int(rows.loss_mask.sum(dtype=np.int64))
-    examples = len(gold.offsets) - 1
-    gold_tokens = int(gold.offsets[-1])
+    capacity = plan.num_rows * row_len
+    examples = len(gold_offsets) - 1
+    gold_tokens = int(gold_offsets[-1])
     input_tokens = gold_tokens + dropped_by_overflow
     pieces = np.bincount(plan.example, minlength=examples)
     metrics = {
         "examples": examples,
         "examples_split": int(np.count_nonzero(pieces > 1)),
-        "sequences": rows.num_rows,
+        "sequences": plan.num_rows,
         "segments": int(len(plan.example)),
         "input_tokens": input_tokens,
         "gold_tokens": gold_tokens,
-        "output_tokens": output,
-        "loss_tokens": loss,
-        "prompt_tokens": int(np.count_nonzero(real & (rows.token_type_ids == TYPE_PROMPT))),
-        "padding_tokens": capacity - output,
+        "output_tokens": counts.output,
+        "loss_tokens": counts.loss,
+        "prompt_tokens": counts.prompt,
+        "padding_tokens": capacity - counts.output,
         "tokens_dropped_by_overflow": dropped_by_overflow,
         "tokens_dropped_by_packing": plan.dropped_tokens,
         "windows_dropped": plan.dropped_pieces,
@@ -633,7 +711,7 @@ def split_metrics(gold: GoldArrays, plan: RowPlan, rows: PackedRows, dropped_by_
     }
     distributions = {"segment_length": percentiles(plan.length),
                      "segments_per_row": percentiles(np.diff(plan.row_offsets))}
-    return {**metrics, **_utilizations(metrics, rows.row_len), "distributions": distributions}
+    return {**metrics, **_utilizations(metrics, row_len), "distributions": distributions}
 
 
 def _utilizations(m: dict[str, Any], row_len: int) -> dict[str, Any]:

@@ -285,6 +285,12 @@ class RowPlan:
     def num_rows(self) -> int:
         return len(self.row_offsets) - 1
 
+    def rows(self, lo: int, hi: int) -> RowPlan:
+        """Rows [lo, hi) of the plan, as a plan of their own (what is materialized one chunk at a time)."""
+        a, b = int(self.row_offsets[lo]), int(self.row_offsets[hi])
+        return RowPlan(self.example[a:b], self.start[a:b], self.length[a:b], self.masked[a:b],
+                       self.row_offsets[lo : hi + 1] - a)
+
 
 @dataclass(frozen=True)
 class _Pieces:

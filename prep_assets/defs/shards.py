@@ -59,7 +59,8 @@ def build_shards(spec: DatasetSpec) -> AssetsDefinition:
         key = context.partition_key
         out = paths.partition_dir("shards", key)
         with user_errors():
-            stats = layers.build_packed_shards(spec, paths.partition_dir("gold", key), paths.tokenizer_dir, out)
+            stats = layers.build_packed_shards(spec, paths.partition_dir("gold", key), paths.tokenizer_dir, out,
+                                               batch_size=lake.batch_size)
         totals = stats["totals"]
         per_split = [{"split": s, **{c: m[c] for c in _SPLIT_COLUMNS}} for s, m in stats["splits"].items()]
         distributions = [{"split": s, "figure": name, **d} for s, m in stats["splits"].items() if m["sequences"]
