@@ -243,18 +243,20 @@ def bench_near(args: argparse.Namespace) -> int:
     return 0
 
 
-def pc_corpus(source: Path, target_mb: float, out: Path) -> int:
-    """A prompt/completion JSONL of about `target_mb` MB: the rows of `source` in order, then again with
-    " (variant k)" appended to the prompt (distinct records, nearly the same tokens). Returns the row count."""
+def pc_corpus(source: Path, target_mb: float, out: Path, max_rows: int | None = None) -> int:
+    """A prompt/completion JSONL of about `target_mb` MB (or `max_rows` rows): the rows of `source` in order, then
+    again with " (variant k)" appended to the prompt (distinct records, nearly the same tokens). Returns the row
+    count."""
     import gzip
 
     target, size, rows, k = int(target_mb * 1e6), 0, 0, 0
+    limit = max_rows if max_rows is not None else float("inf")
     with out.open("w", encoding="utf-8") as f:
-        while size < target:
+        while size < target and rows < limit:
             opener = gzip.open if source.suffix == ".gz" else open
             with opener(source, "rt", encoding="utf-8") as src:
                 for line in src:
-                    if size >= target:
+                    if size >= target or rows >= limit:
                         break
                     if k:
                         row = json.loads(line)
@@ -328,7 +330,7 @@ def bench_e2e(args: argparse.Namespace) -> int:
     raw = work / "data" / "raw" / "bench"
     raw.mkdir(parents=True)
     corpus = raw / "corpus.jsonl"
-    rows = pc_corpus(source, args.mb, corpus)
+    rows = pc_corpus(source, args.rows and 1e6 or args.mb, corpus, max_rows=args.rows)
     mb = corpus.stat().st_size / 1e6
     print(f"corpus: {rows:,} prompt/completion rows, {mb:.1f} MB (from {source.name})", flush=True)
     bare_tokens, bare_s = bare_tokenizer(corpus, tokenizer)
@@ -376,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     nr.set_defaults(fn=bench_near)
     ee = sub.add_parser("e2e", help="end to end through Dagster against the bare tokenizer, with peak RSS")
     ee.add_argument("--mb", type=float, default=100.0)
+    ee.add_argument("--rows", type=int, help="a drop of exactly this many rows instead (e.g. 100: Dagster's overhead)")
     ee.add_argument("--source", default=str(DEFAULT_SOURCE), help="a prompt/completion JSONL(.gz)")
     ee.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
     ee.add_argument("--max-seq-len", type=int, default=4096)

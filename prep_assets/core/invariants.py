@@ -59,10 +59,17 @@ def _files(paths: list[Path]) -> list[str]:
 
 def _violating_rows(source: str, where: str, columns: str, params: dict[str, Any], order: str = "source_line"
                     ) -> tuple[int, list[dict[str, Any]]]:
-    """(count, first SAMPLE rows) of `source` matching `where`; `source` and `where` are our own SQL text."""
-    count = _scalar(f"SELECT count(*) FROM {source} WHERE {where}", params)
-    sample = _query(f"SELECT {columns} FROM {source} WHERE {where} ORDER BY {order} LIMIT $n", {**params, "n": SAMPLE})
-    return count, sample
+    """(count, first SAMPLE rows) of `source` matching `where`; `source` and `where` are our own SQL text.
+
+    One pass over the data: the violating rows (normally none) are kept in a temp table, then counted and sampled."""
+    sql = f"CREATE TEMP TABLE violations AS SELECT * FROM {source} WHERE {where}"
+    used = set(re.findall(r"\$([A-Za-z_]\w*)", sql))
+    with sql_connect() as con:
+        con.execute(sql, {k: v for k, v in params.items() if k in used})
+        count = con.execute("SELECT count(*) FROM violations").fetchall()[0][0]
+        cur = con.execute(f"SELECT {columns} FROM violations ORDER BY {order} LIMIT $n", {"n": SAMPLE})
+        cols = [d[0] for d in cur.description]
+        return int(count), [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
 
 _LOCATION = "source_file || ':' || source_line AS location"
@@ -394,10 +401,9 @@ def shards_fixed_length(files: list[Path], max_seq_len: int) -> Outcome:
     where = ("len(input_ids) <> $L OR len(loss_mask) <> $L OR len(position_ids) <> $L OR len(segment_ids) <> $L "
              "OR len(token_type_ids) <> $L OR list_sum(seq_lengths) > $L OR len(seq_lengths) <> len(example_ids) "
              "OR len(example_offsets) <> len(example_ids) OR coalesce(list_sum(loss_mask), 0) <> num_loss_tokens")
-    bad = _query(f"SELECT filename AS file, file_row_number AS row, len(input_ids) AS length FROM "
-                 f"read_parquet($files, filename = true, file_row_number = true) WHERE {where} LIMIT $n",
-                 {**p, "n": SAMPLE})
-    n = _scalar(f"SELECT count(*) FROM read_parquet($files) WHERE {where}", p)
+    n, bad = _violating_rows("read_parquet($files, filename = true, file_row_number = true)", where,
+                             "filename AS file, file_row_number AS row, len(input_ids) AS length", p,
+                             order="filename, file_row_number")
     rows = _scalar("SELECT count(*) FROM read_parquet($files)", {"files": p["files"]})
     return Outcome(name, n, bad, {"rows": rows, "max_seq_len": max_seq_len}, desc)
 
@@ -408,9 +414,7 @@ def shards_padding_masked(files: list[Path], pad_id: int) -> Outcome:
         return _no_shards(name, desc)
     p = {"files": _files(files), "pad": pad_id}
     where = "seg = 0 AND (m <> 0 OR id <> $pad OR typ <> 2 OR pos <> 0)"
-    bad = _query(f"SELECT file, row, i AS token FROM ({_TOKENS}) WHERE {where} ORDER BY file, row, i LIMIT $n",
-                 {**p, "n": SAMPLE})
-    n = _scalar(f"SELECT count(*) FROM ({_TOKENS}) WHERE {where}", p)
+    n, bad = _violating_rows(f"({_TOKENS})", where, "file, row, i AS token", p, order="file, row, i")
     return Outcome(name, n, bad, {}, desc)
 
 
@@ -429,9 +433,7 @@ def shards_positions_restart(files: list[Path]) -> Outcome:
             (seg IS DISTINCT FROM prev_seg AND (pos <> 0 OR m <> 0 OR seg <> coalesce(prev_seg, 0) + 1))
             OR (seg = prev_seg AND pos <> prev_pos + 1))
     """
-    p = {"files": _files(files)}
-    bad = _query(sql + " ORDER BY file, row, token LIMIT $n", {**p, "n": SAMPLE})
-    n = _scalar(f"SELECT count(*) FROM ({sql})", p)
+    n, bad = _violating_rows(f"({sql})", "true", "*", {"files": _files(files)}, order="file, row, token")
     return Outcome(name, n, bad, {}, desc)
 
 
