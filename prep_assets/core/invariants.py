@@ -424,14 +424,19 @@ def shards_positions_restart(files: list[Path]) -> Outcome:
     desc = "positions restart at 0 at each segment and increase by 1; first token of each segment masked"
     if not files:
         return _no_shards(name, desc)
-    sql = f"""
-        WITH t AS ({_TOKENS}),
-        w AS (SELECT *, lag(seg) OVER win AS prev_seg, lag(pos) OVER win AS prev_pos FROM t
-              WINDOW win AS (PARTITION BY file, row ORDER BY i))
-        SELECT file, row, i AS token, seg, pos, m FROM w
-        WHERE seg > 0 AND (
-            (seg IS DISTINCT FROM prev_seg AND (pos <> 0 OR m <> 0 OR seg <> coalesce(prev_seg, 0) + 1))
-            OR (seg = prev_seg AND pos <> prev_pos + 1))
+    # row by row over the lists (no unnest of every token, no window sort): the indices of the tokens that break
+    # the rule, then one output row per such token
+    sql = """
+        SELECT file, row, token, segment_ids[token] AS seg, position_ids[token] AS pos, loss_mask[token] AS m FROM (
+            SELECT filename AS file, file_row_number AS row, segment_ids, position_ids, loss_mask,
+                   unnest(list_filter(generate_series(1, len(segment_ids)), lambda i:
+                       segment_ids[i] > 0 AND (
+                           ((i = 1 OR segment_ids[i] <> segment_ids[i - 1])
+                            AND (position_ids[i] <> 0 OR loss_mask[i] <> 0
+                                 OR segment_ids[i] <> (CASE WHEN i = 1 THEN 0 ELSE segment_ids[i - 1] END) + 1))
+                           OR (i > 1 AND segment_ids[i] = segment_ids[i - 1]
+                               AND position_ids[i] <> position_ids[i - 1] + 1)))) AS token
+            FROM read_parquet($files, filename = true, file_row_number = true))
     """
     n, bad = _violating_rows(f"({sql})", "true", "*", {"files": _files(files)}, order="file, row, token")
     return Outcome(name, n, bad, {}, desc)
@@ -558,6 +563,9 @@ def shards_tokens_conserved(files: list[Path], gold_dir: Path, layout: Layout,
     return Outcome(name, n + len(offending), (offending + bad)[:SAMPLE], facts, desc)
 
 
+_SEG_AT = "coalesce(list_sum(seq_lengths[1 : k - 1]), 0)"  # where segment k starts in its row (0-based)
+
+
 def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0) -> Outcome:
     """Token by token, every segment equals its gold example's tokens and types at its offset, with the gold
     loss mask except its leading tokens (the first; a window's overlap), which are masked."""
@@ -565,20 +573,29 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0) -> Ou
     desc = "every shard token equals the gold token (id, type, mask) it came from; segment starts masked"
     if not files:
         return _no_shards(name, desc)
+    # segment by segment: each segment's slices of the row compared with its gold example's slices (list
+    # equality; no token is unnested unless its segment fails, and then only to name the first bad token)
     sql = f"""
-        WITH s AS (SELECT file, row, seg, example_id, off,
-                          coalesce(sum(len) OVER (PARTITION BY file, row ORDER BY seg
-                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS at
-                   FROM ({_SEGMENTS})),
-        t AS ({_TOKENS}),
-        ts AS (SELECT t.file, t.row, t.i, t.id, t.m, t.typ, s.example_id, s.off, t.i - 1 - s.at AS j
-               FROM t JOIN s ON t.file = s.file AND t.row = s.row AND t.seg = s.seg WHERE t.seg > 0),
-        g AS (SELECT example_id, unnest(token_ids) AS gid, unnest(loss_mask) AS gm, unnest(token_type_ids) AS gtyp,
-                     generate_subscripts(token_ids, 1) - 1 AS p FROM read_parquet($g))
-        SELECT ts.file, ts.row, ts.i AS token, ts.example_id, ts.off + ts.j AS position, ts.id, g.gid, ts.m, g.gm
-        FROM ts LEFT JOIN g ON g.example_id = ts.example_id AND g.p = ts.off + ts.j
-        WHERE g.gid IS NULL OR ts.id <> g.gid OR ts.typ <> g.gtyp
-           OR ts.m <> CASE WHEN ts.j < (CASE WHEN ts.off = 0 THEN 1 ELSE greatest($overlap, 1) END) THEN 0 ELSE g.gm END
+        WITH segs AS (
+            SELECT filename AS file, file_row_number AS row, unnest(list_transform(
+                generate_series(1, len(example_ids)), lambda k: struct_pack(
+                    seg := k, example_id := example_ids[k], off := example_offsets[k], len := seq_lengths[k],
+                    at := {_SEG_AT},
+                    ids := input_ids[{_SEG_AT} + 1 : {_SEG_AT} + seq_lengths[k]],
+                    m := loss_mask[{_SEG_AT} + 1 : {_SEG_AT} + seq_lengths[k]],
+                    typ := token_type_ids[{_SEG_AT} + 1 : {_SEG_AT} + seq_lengths[k]]))) AS s
+            FROM read_parquet($files, filename = true, file_row_number = true)),
+        j AS (SELECT segs.file, segs.row, segs.s, g.example_id AS gold_id, g.token_ids AS gids, g.loss_mask AS gm,
+                     g.token_type_ids AS gtyp, least(s.len, CASE WHEN s.off = 0 THEN 1 ELSE greatest($overlap, 1) END) AS k0
+              FROM segs LEFT JOIN read_parquet($g) g ON g.example_id = segs.s.example_id)
+        SELECT file, row, s.seg AS seg, s.example_id AS example_id, s.off AS off, s.len AS len,
+               s.at + coalesce(list_position(list_transform(generate_series(1, s.len), lambda x:
+                   s.ids[x] = gids[s.off + x] AND s.typ[x] = gtyp[s.off + x]
+                   AND s.m[x] = CASE WHEN x <= k0 THEN 0 ELSE gm[s.off + x] END), false), 1) AS token
+        FROM j
+        WHERE gold_id IS NULL OR s.off + s.len > len(gids)
+           OR s.ids <> gids[s.off + 1 : s.off + s.len] OR s.typ <> gtyp[s.off + 1 : s.off + s.len]
+           OR coalesce(list_sum(s.m[1 : k0]), 0) <> 0 OR s.m[k0 + 1 : s.len] <> gm[s.off + k0 + 1 : s.off + s.len]
     """
     p = {"files": _files(files), "g": str(gold_dir / "examples.parquet"), "overlap": overlap}
     n, bad = _violating_rows(f"({sql})", "true", "*", p, order="file, row, token")

@@ -139,3 +139,21 @@ def test_mask_on_prompt_passes_when_the_spec_trains_prompts(tmp_path: Path):
     g = _gold(tmp_path / "g", [{"token_ids": [5, 6], "loss_mask": [0, 1], "token_type_ids": [0, 0]}])
     assert inv.gold_mask_aligned(g, trainable_types=(0, 1, 3)).passed
     assert not inv.gold_mask_aligned(g, trainable_types=(1, 3)).passed
+
+
+def test_match_gold_and_positions_name_the_first_bad_token_of_a_later_segment(tmp_path: Path):
+    """Two segments in one row: the segment-level gates must find where the second one starts (token 4)."""
+    g = _gold(tmp_path / "g", [GOOD, {"token_ids": [8, 9], "loss_mask": [0, 1], "token_type_ids": [1, 3]}])
+    good = _row(input_ids=[5, 6, 7, 8, 9, 0], loss_mask=[0, 1, 1, 0, 1, 0], position_ids=[0, 1, 2, 0, 1, 0],
+                segment_ids=[1, 1, 1, 2, 2, 0], token_type_ids=[1, 1, 3, 1, 3, 2], seq_lengths=[3, 2],
+                example_ids=["d:1", "d:2"], example_offsets=[0, 0], num_loss_tokens=3)
+    ok = [_shard(tmp_path / "ok" / "train" / "part-00000.parquet", [good])]
+    assert inv.shards_match_gold(ok, g).passed and inv.shards_positions_restart(ok).passed
+    swapped = [_shard(tmp_path / "bad" / "train" / "part-00000.parquet", [{**good, "input_ids": [5, 6, 7, 9, 8, 0]}])]
+    out = inv.shards_match_gold(swapped, g)
+    assert out.violations == 1 and out.offending[0]["example_id"] == "d:2" and out.offending[0]["token"] == 4
+    trained_start = [_shard(tmp_path / "start" / "train" / "part-00000.parquet",
+                            [{**good, "loss_mask": [0, 1, 1, 1, 1, 0], "num_loss_tokens": 4}])]
+    out = inv.shards_positions_restart(trained_start)
+    assert out.violations == 1 and out.offending[0]["token"] == 4
+    assert inv.shards_match_gold(trained_start, g).offending[0]["token"] == 4
