@@ -7,6 +7,7 @@ its whole partition into a staging directory that replaces the previous output i
 from __future__ import annotations
 
 import json
+import mmap
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field
@@ -547,6 +548,21 @@ class _SplitGold:
     gold: GoldArrays
     example_ids: pa.Array
     pair_ids: list[str | None]
+    maps: list[mmap.mmap]
+
+    def release(self) -> None:
+        """Drop the mapped pages this process touched (they stay in the page cache): a chunk's gathers must
+        not add up to the whole split in the resident set."""
+        for m in self.maps:
+            m.madvise(mmap.MADV_DONTNEED)
+
+
+def _map(path: Path, dtype: type) -> tuple[np.ndarray, mmap.mmap | None]:
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=dtype), None
+    with path.open("rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(m, dtype=dtype), m
 
 
 def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _SplitGold]:
@@ -577,12 +593,12 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
                 f.close()
     result = {}
     for split, acc in out.items():
-        arrays = {k: np.memmap(spill / f"{split}.{k}", dtype=t, mode="r") if (spill / f"{split}.{k}").stat().st_size
-                  else np.zeros(0, dtype=t) for k, t in kinds.items()}
+        mapped = {k: _map(spill / f"{split}.{k}", t) for k, t in kinds.items()}
         lengths = np.concatenate(acc["lengths"]) if acc["lengths"] else np.zeros(0, dtype=np.int64)
         ids = pa.concat_arrays(acc["ids"]) if acc["ids"] else pa.array([], pa.string())
-        result[split] = _SplitGold(GoldArrays(arrays["token_ids"], arrays["loss_mask"], arrays["token_type_ids"],
-                                              offsets_from_lengths(lengths)), ids, acc["pairs"])
+        gold = GoldArrays(mapped["token_ids"][0], mapped["loss_mask"][0], mapped["token_type_ids"][0],
+                          offsets_from_lengths(lengths))
+        result[split] = _SplitGold(gold, ids, acc["pairs"], [m for _, m in mapped.values() if m is not None])
     return result
 
 
@@ -632,6 +648,8 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
                         in_file.add(rows)
                         if memmap is not None:
                             memmap.append(rows)
+                        del rows
+                        sg.release()
                 counts.merge(in_file)
                 files.append({"path": rel, "sha256": sha256_file(stage / rel), "sequences": hi - lo,
                               "tokens": in_file.output, "loss_tokens": in_file.loss})

@@ -329,9 +329,8 @@ def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: n
     masked = np.where(k > 0, max(overlap, 1), 0).astype(np.int64)
     keep = np.ones(len(example), dtype=bool)
     if loss_mask is not None and len(example):
-        cum = np.concatenate([[0], np.cumsum(loss_mask, dtype=np.int64)])
         first = offsets_from_lengths(lengths)[:-1][example] + start
-        keep = cum[first + length] - cum[first + masked] > 0
+        keep = range_sums(loss_mask, first + masked, first + length) > 0
     kept = _Pieces(example[keep], start[keep], length[keep], masked[keep])
     # windows of one example are in start order and only neighbours overlap (stride >= capacity / 2)
     same = np.concatenate([[False], kept.example[1:] == kept.example[:-1]])
@@ -339,6 +338,26 @@ def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: n
     repeated = int(np.where(same, np.maximum(prev_end - kept.start, 0), 0).sum())
     dropped = int(lengths.sum() - (kept.length.sum() - repeated))
     return kept, dropped, int(np.count_nonzero(~keep)), repeated
+
+
+def range_sums(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, span: int = 1 << 22) -> np.ndarray:
+    """sum(values[lo[i]:hi[i]]) for ranges whose `lo` and `hi` never decrease, a cumulative sum over at most
+    `span` values at a time (a whole-split cumsum of a 100M-token mask would take 800 MB).
+
+    >>> range_sums(np.array([1, 0, 1, 1]), np.array([0, 1, 2]), np.array([2, 4, 4])).tolist()
+    [1, 2, 2]
+    """
+    out = np.zeros(len(lo), dtype=np.int64)
+    i = 0
+    while i < len(lo):
+        base = int(lo[i])
+        j = max(i + 1, int(np.searchsorted(hi, base + span, side="right")))
+        top = int(hi[j - 1])
+        cum = np.zeros(top - base + 1, dtype=np.int64)
+        np.cumsum(values[base:top], dtype=np.int64, out=cum[1:])
+        out[i:j] = cum[hi[i:j] - base] - cum[lo[i:j] - base]
+        i = j
+    return out
 
 
 def full_pieces(lengths: np.ndarray, capacity: int, max_per_bin: int | None = None) -> tuple[_Pieces, np.ndarray]:

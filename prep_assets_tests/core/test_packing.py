@@ -272,3 +272,15 @@ def test_materialize_rows_exact_layout():
     assert rows.seg_lengths.tolist() == [4, 2, 3] and rows.seg_offsets.tolist() == [0, 2, 3]
     assert rows.example_order.tolist() == [2, 1, 0] and rows.num_loss_tokens.tolist() == [4, 2]
     assert rows.seg_starts.tolist() == [0, 0, 0]
+
+
+def test_range_sums_in_small_spans_equal_one_cumulative_sum():
+    from prep_assets.core.packing import range_sums
+
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 2, 100_000)
+    lo = np.sort(rng.integers(0, 99_000, 5_000))
+    hi = np.maximum.accumulate(np.minimum(lo + rng.integers(0, 1_000, 5_000), 100_000))
+    cum = np.concatenate([[0], np.cumsum(values)])
+    for span in (1, 137, 1 << 22):  # a span smaller than one range still takes that range whole
+        assert (range_sums(values, lo, hi, span=span) == cum[hi] - cum[lo]).all()
