@@ -26,7 +26,7 @@ def _key(name: str) -> AssetKey:
     return AssetKey([DS, name])
 
 
-def test_a_new_drop_is_carried_layer_by_layer_to_the_manifest(tmp_path: Path, instance):
+def test_a_new_drop_is_carried_layer_by_layer_to_the_shards(tmp_path: Path, instance):
     data = copy_sample_data(tmp_path / "data")
     (drop,), _ = register_drops(dataset_paths(data, DS))
     key = drop.partition
