@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from prep_assets.core.arrays import flat_values, list_array, offsets_from_lengths, percentiles
 from prep_assets.core.clean import assign_split, content_digest, normalize_content, num_chars, quality_verdict
