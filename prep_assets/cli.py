@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from prep_assets.core.errors import PrepAssetsError
+from prep_assets.core.lake import data_dir_from_uri
 from prep_assets.defs.resources import DATA_DIR_ENV
 
 DEFAULT_HOME = ".dagster_home"
@@ -50,7 +51,7 @@ def ensure_dagster_home() -> Path:
 
 
 def _resolve_data_dir(arg: str | None) -> Path:
-    data_dir = Path(arg or os.environ.get(DATA_DIR_ENV) or "data").resolve()
+    data_dir = data_dir_from_uri(arg or os.environ.get(DATA_DIR_ENV) or "data")
     if not (data_dir / "datasets").is_dir():
         raise PrepAssetsError(f"{data_dir}: no datasets/ folder here; pass --data-dir or set {DATA_DIR_ENV}")
     os.environ[DATA_DIR_ENV] = str(data_dir)

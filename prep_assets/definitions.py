@@ -21,6 +21,7 @@ from prep_assets.defs.keys import (
 )
 from prep_assets.defs.resources import LakeResource, default_batch_size, default_data_dir
 from prep_assets.defs.automation import automation_sensor
+from prep_assets.defs.executors import executor_from_env
 from prep_assets.defs.sensors import build_drop_sensor, build_manifest_sensor
 from prep_assets.defs.shards import build_manifest_asset, build_shards
 from prep_assets.defs.silver import build_silver
@@ -66,6 +67,7 @@ def build_definitions(data_dir: Path | None = None) -> Definitions:
         jobs=jobs,
         sensors=[*sensors, automation_sensor()] if sensors else [],
         resources={"lake": LakeResource(data_dir=str(data_dir), batch_size=default_batch_size())},
+        executor=executor_from_env(),
     )
 
 

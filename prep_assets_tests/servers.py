@@ -70,14 +70,21 @@ def dagster_dev(home: Path, data: Path, log: Path) -> Iterator[DagsterDev]:
         server.wait("the webserver", server.up, 120)
         yield server
     finally:
-        # started in its own session: SIGINT lets dagster dev stop its children, SIGKILL the group makes sure
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
+        stop_group(proc, signal.SIGINT)  # SIGINT lets dagster dev stop its children
+
+
+def stop_group(proc: subprocess.Popen, first: int = signal.SIGTERM, grace: float = 30) -> None:
+    """Stop a process started in its own session: `first` to the group, then SIGKILL to whatever is left."""
+    try:
+        os.killpg(proc.pid, first)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)

@@ -22,18 +22,27 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
+from urllib.parse import unquote, urlsplit
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prep_assets.core.errors import WriteError
+from prep_assets.core.errors import PrepAssetsError, WriteError
 from prep_assets.core.faults import write_point
 
 _TMP_MARK = ".tmp-"
 _OLD_MARK = ".old-"
+# Staging names carry <pid>-<host>-<random>: the lake may be a filesystem several machines mount, and a pid
+# only says whether a writer is alive on the machine that started it.
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _owner_tag() -> str:
+    return f"{os.getpid()}-{_HOST}-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,26 @@ class DatasetPaths:
         return self.root / layer / partition
 
 
+def data_dir_from_uri(uri: str) -> Path:
+    """The data dir a base URI names: a local path or `file://` URI (absolute once resolved).
+
+    Every machine that runs steps must mount the same filesystem at that path (NFS, EFS, Filestore, a
+    shared volume): the layers publish by atomic rename and serialize a partition's writers with `flock`,
+    which object stores do not offer, so `s3://`, `gs://` and the like are refused with that reason."""
+    parts = urlsplit(uri)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise PrepAssetsError(f"{uri}: a file:// URI names a path on this machine (file:///mnt/lake/data); "
+                                  "mount the shared filesystem and give its mount path")
+        return Path(unquote(parts.path)).resolve()
+    if parts.scheme and len(parts.scheme) > 1:  # one letter: a Windows drive, i.e. a path
+        raise PrepAssetsError(
+            f"{uri}: the lake must be a local path or a file:// URI of a filesystem every worker mounts; "
+            f"{parts.scheme}:// is not supported (publishing is an atomic rename and partitions are locked "
+            "with flock, which object stores do not provide)")
+    return Path(uri).resolve()
+
+
 def dataset_paths(data_dir: Path, dataset: str) -> DatasetPaths:
     return DatasetPaths(root=data_dir / "lake" / dataset, raw_dir=data_dir / "raw" / dataset)
 
@@ -81,7 +110,7 @@ def write_json_atomic(path: Path, value: Any) -> None:
     """Write JSON (indented, key-sorted) to a temp file and rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_staging(path)
-    tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = path.with_name(f".{path.name}{_TMP_MARK}{_owner_tag()}")
     try:
         with tmp.open("w", encoding="utf-8") as f:
             json.dump(value, f, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
@@ -126,8 +155,23 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def clean_stale_staging(final: Path) -> list[Path]:
-    """Remove staging/old directories (or temp files) beside `final` left by processes that no longer run."""
+def _writer_alive(tag: str) -> bool:
+    """Whether the writer named by a staging tag may still run: its pid is alive on this machine, or it ran on
+    another machine (which cannot be asked). Tags without a host (older names) count as this machine's."""
+    parts = tag.split("-")
+    if not parts[0].isdigit():
+        return False
+    pid = int(parts[0])
+    if len(parts) >= 3 and len(parts[1]) == len(_HOST) and parts[1] != _HOST:
+        return True
+    return pid != os.getpid() and _pid_alive(pid)
+
+
+def clean_stale_staging(final: Path, *, locked: bool = False) -> list[Path]:
+    """Remove staging/old directories (or temp files) beside `final` left by writers that no longer run.
+
+    `locked`: the caller holds `final`'s partition lock, so no other writer (on any machine) can be
+    writing its staging directory: every one left is stale."""
     removed: list[Path] = []
     parent = final.parent
     if not parent.is_dir():
@@ -138,8 +182,7 @@ def clean_stale_staging(final: Path) -> list[Path]:
         prefix = next((p for p in prefixes if name.startswith(p)), None)
         if prefix is None:
             continue
-        pid_text = name[len(prefix) :].split("-", 1)[0]
-        if pid_text.isdigit() and _pid_alive(int(pid_text)) and int(pid_text) != os.getpid():
+        if not locked and _writer_alive(name[len(prefix) :]):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
@@ -155,7 +198,7 @@ def scratch_dir(near: Path) -> Iterator[Path]:
     died are removed first."""
     near.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_staging(near)
-    path = near.with_name(f".{near.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    path = near.with_name(f".{near.name}{_TMP_MARK}{_owner_tag()}")
     path.mkdir()
     try:
         yield path
@@ -192,8 +235,8 @@ def staged_dir(final: Path) -> Iterator[Path]:
     untouched; an OS error while writing (a full disk) is reported with both paths.
     """
     with partition_lock(final):
-        clean_stale_staging(final)
-        tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        clean_stale_staging(final, locked=True)
+        tag = _owner_tag()
         staging = final.with_name(f".{final.name}{_TMP_MARK}{tag}")
         staging.mkdir()
         try:

@@ -8,7 +8,7 @@ from prep_assets.core.drops import resolve_drop
 from prep_assets.core.records import BRONZE_SCHEMA
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.keys import RAW_RECORDS, asset_key, code_version
-from prep_assets.defs.metadata import column_schema, counts_table, preview, user_errors
+from prep_assets.defs.metadata import column_schema, counts_table, preview, user_errors, worker
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
@@ -37,6 +37,7 @@ def build_bronze(spec: DatasetSpec) -> AssetsDefinition:
             stats = layers.build_raw_records(spec, drop, source, out, batch_size=lake.batch_size)
         return MaterializeResult(
             metadata={
+                "worker": worker(),
                 "dagster/row_count": stats["records"],
                 "num_rejects": stats["rejects"],
                 "lines_in": stats["lines_in"],

@@ -10,7 +10,7 @@ from prep_assets.core.records import GOLD_SCHEMA
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import gold_condition, tokenizer_condition
 from prep_assets.defs.keys import CLEAN_RECORDS, TOKENIZED_EXAMPLES, TOKENIZER, asset_key, code_version
-from prep_assets.defs.metadata import column_schema, counts_table, md_table, preview, user_errors
+from prep_assets.defs.metadata import column_schema, counts_table, md_table, preview, user_errors, worker
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
@@ -38,6 +38,7 @@ def build_tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
         info = record["info"]
         return MaterializeResult(
             metadata={
+                "worker": worker(),
                 "fingerprint": record["fingerprint"],
                 "vocab_size": info["vocab_size"],
                 "eos_id": info["eos_id"],
@@ -85,6 +86,7 @@ def build_gold(spec: DatasetSpec) -> AssetsDefinition:
         lengths = stats["example_length"]
         return MaterializeResult(
             metadata={
+                "worker": worker(),
                 **tabular_metadata(stats.get("tabular")),
                 "dagster/row_count": stats["examples"],
                 "num_tokens": stats["tokens"],

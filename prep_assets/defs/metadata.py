@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +15,12 @@ from dagster import Failure, MetadataValue, TableColumn, TableRecord, TableSchem
 
 from prep_assets.core.decode import decode_row, render_text
 from prep_assets.core.errors import PrepAssetsError
+
+
+def worker() -> str:
+    """`host:pid` of the process that ran the step: on the Celery executor a worker's, so the UI (and the
+    distributed test) shows which machine built each partition."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @contextmanager

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dagster import ConfigurableResource
 
-from prep_assets.core.lake import DatasetPaths, dataset_paths
+from prep_assets.core.lake import DatasetPaths, data_dir_from_uri, dataset_paths
 
 DATA_DIR_ENV = "PREP_ASSETS_DATA_DIR"
 BATCH_ENV = "PREP_ASSETS_BATCH_SIZE"
@@ -20,19 +20,23 @@ def default_batch_size() -> int:
 
 
 def default_data_dir() -> Path:
-    """`$PREP_ASSETS_DATA_DIR`, else `./data` under the working directory."""
-    return Path(os.environ.get(DATA_DIR_ENV) or "data").resolve()
+    """`$PREP_ASSETS_DATA_DIR` (a path or file:// URI), else `./data` under the working directory."""
+    return data_dir_from_uri(os.environ.get(DATA_DIR_ENV) or "data")
 
 
 class LakeResource(ConfigurableResource):
-    """A data dir holding `datasets/` (specs), `raw/<dataset>/` (drops) and `lake/<dataset>/` (outputs)."""
+    """A data dir holding `datasets/` (specs), `raw/<dataset>/` (drops) and `lake/<dataset>/` (outputs).
+
+    `data_dir` is the lake's base URI: a local path or a `file://` URI. Every path a layer, check or sensor
+    touches is derived from it (workers share nothing else but the Dagster instance), so on several machines
+    it is a filesystem they all mount at the same path."""
 
     data_dir: str
     batch_size: int = DEFAULT_BATCH_SIZE
 
     @property
     def root(self) -> Path:
-        return Path(self.data_dir)
+        return data_dir_from_uri(self.data_dir)
 
     def paths(self, dataset: str) -> DatasetPaths:
         return dataset_paths(self.root, dataset)

@@ -18,7 +18,7 @@ from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.keys import DATASET_MANIFEST, PACKED_SHARDS, TOKENIZED_EXAMPLES, TOKENIZER, asset_key, code_version
 from prep_assets.defs.checks import unpassed_gates
-from prep_assets.defs.metadata import column_schema, decoded_row, md_table, user_errors
+from prep_assets.defs.metadata import column_schema, decoded_row, md_table, user_errors, worker
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 from prep_assets.defs.sensors import SHARDS_EVENT_ID, latest_event_id
@@ -68,6 +68,7 @@ def build_shards(spec: DatasetSpec) -> AssetsDefinition:
         first = next((m["files"][0]["path"] for m in stats["splits"].values() if m["files"]), None)
         return MaterializeResult(
             metadata={
+                "worker": worker(),
                 "dagster/row_count": totals["sequences"],
                 **{f"num_{k}": totals[k] for k in _COUNTS},
                 **{k: totals[k] for k in ("data_utilization", "sequence_utilization", "loss_token_utilization",
@@ -123,6 +124,7 @@ def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
         ]
         return MaterializeResult(
             metadata={
+                "worker": worker(),
                 "num_partitions": len(manifest["partitions"]),
                 SHARDS_EVENT_ID: shards_event_id if shards_event_id is not None else -1,
                 "num_sequences": sum(m["sequences"] for m in manifest["splits"].values()),

@@ -8,7 +8,7 @@ from prep_assets.core.records import SILVER_SCHEMA
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.keys import CLEAN_RECORDS, RAW_RECORDS, asset_key, code_version
-from prep_assets.defs.metadata import column_schema, counts_table, preview, user_errors
+from prep_assets.defs.metadata import column_schema, counts_table, preview, user_errors, worker
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
@@ -43,6 +43,7 @@ def build_silver(spec: DatasetSpec) -> AssetsDefinition:
             stats = layers.build_silver(spec, paths, key, batch_size=lake.batch_size)
         return MaterializeResult(
             metadata={
+                "worker": worker(),
                 "dagster/row_count": stats["records"],
                 "num_records_in": stats["records_in"],
                 "num_rejects": stats["rejects"],

@@ -1,0 +1,46 @@
+"""Which executor runs a job's steps: Dagster's multiprocess executor on this machine (the default), or the
+Celery executor that hands every step to workers on any machine (the production profile, `production/`).
+
+Chosen by `$PREP_ASSETS_EXECUTOR` when the definitions load: the run process and every worker load them with
+the same environment, so both build the same plan. The broker and result backend come from
+`$PREP_ASSETS_CELERY_BROKER` / `$PREP_ASSETS_CELERY_BACKEND` (the workers' `production/celery.yaml` reads
+the same variables).
+"""
+
+from __future__ import annotations
+
+import os
+
+from dagster import ExecutorDefinition
+
+from prep_assets.core.errors import PrepAssetsError
+
+EXECUTOR_ENV = "PREP_ASSETS_EXECUTOR"
+BROKER_ENV = "PREP_ASSETS_CELERY_BROKER"
+BACKEND_ENV = "PREP_ASSETS_CELERY_BACKEND"
+DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
+EXECUTORS = ("multiprocess", "celery")
+
+
+def executor_from_env() -> ExecutorDefinition | None:
+    """None (Dagster's default multiprocess executor) unless `$PREP_ASSETS_EXECUTOR` is `celery`."""
+    name = os.environ.get(EXECUTOR_ENV) or "multiprocess"
+    if name == "multiprocess":
+        return None
+    if name != "celery":
+        raise PrepAssetsError(f"{EXECUTOR_ENV}={name!r}: expected one of {', '.join(EXECUTORS)}")
+    try:
+        from dagster_celery import celery_executor
+    except ImportError as exc:
+        raise PrepAssetsError(f"{EXECUTOR_ENV}=celery needs the production extra: "
+                              "pip install -e '.[production]'") from exc
+    broker = os.environ.get(BROKER_ENV) or DEFAULT_BROKER
+    return celery_executor.configured(
+        {
+            "broker": broker,
+            "backend": os.environ.get(BACKEND_ENV) or broker,
+            # a step that dies with its worker is redelivered: every layer publishes atomically under a lock
+            "config_source": {"task_acks_late": True, "broker_connection_retry_on_startup": True},
+        },
+        name="celery",
+    )
