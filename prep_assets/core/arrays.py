@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 
-def ranges_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def ranges_index(starts: np.ndarray, lengths: np.ndarray, dtype: type = np.int64) -> np.ndarray:
     """Flat indices of the ranges [start, start+length) concatenated in order, without a Python loop.
 
     >>> ranges_index(np.array([5, 0]), np.array([2, 3])).tolist()
@@ -17,9 +17,10 @@ def ranges_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     lengths = np.asarray(lengths, dtype=np.int64)
     total = int(lengths.sum())
     if total == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=dtype)
     out_starts = np.cumsum(lengths) - lengths
-    return np.arange(total, dtype=np.int64) - np.repeat(out_starts - np.asarray(starts, dtype=np.int64), lengths)
+    return np.arange(total, dtype=dtype) - np.repeat((out_starts - np.asarray(starts, dtype=np.int64)).astype(dtype),
+                                                     lengths)
 
 
 def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
@@ -28,10 +29,11 @@ def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
-def within_offsets(lengths: np.ndarray) -> np.ndarray:
-    """For each element of the concatenated ranges, its index within its own range."""
+def within_offsets(lengths: np.ndarray, dtype: type = np.int64) -> np.ndarray:
+    """For each element of the concatenated ranges, its index within its own range (`dtype` must hold the
+    total length)."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    return ranges_index(np.zeros(len(lengths), dtype=np.int64), lengths)
+    return ranges_index(np.zeros(len(lengths), dtype=np.int64), lengths, dtype)
 
 
 def list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.ListArray:

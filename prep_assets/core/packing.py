@@ -483,26 +483,34 @@ def materialize_rows(
     counts = np.diff(plan.row_offsets)
     lengths = plan.length
     num_rows = plan.num_rows
-    row_of_segment = np.repeat(np.arange(num_rows, dtype=np.int64), counts)
     seg_ends = offsets_from_lengths(lengths)
-    seg_start_in_row = seg_ends[:-1] - np.repeat(seg_ends[plan.row_offsets[:-1]], counts)
-    if np.any(np.bincount(row_of_segment, weights=lengths, minlength=num_rows) > row_len):
+    used = seg_ends[plan.row_offsets[1:]] - seg_ends[plan.row_offsets[:-1]]
+    if np.any(used > row_len):
         raise ValueError("a row holds more tokens than the row length")
-    src = ranges_index(offsets[plan.example] + plan.start, lengths)
-    pos = within_offsets(lengths)
-    dest = np.repeat(row_of_segment * row_len + seg_start_in_row, lengths) + pos
-    total = num_rows * row_len
-    input_ids = np.full(total, pad_id, dtype=np.int32)
-    input_ids[dest] = token_ids[src]
-    mask = np.zeros(total, dtype=np.uint8)
-    mask[dest] = loss_mask[src] * (pos >= np.repeat(np.maximum(plan.masked, 1), lengths))
-    positions = np.zeros(total, dtype=np.int32)
-    positions[dest] = pos
-    segments = np.zeros(total, dtype=np.int32)
-    segments[dest] = np.repeat(within_offsets(counts) + 1, lengths)
-    types = np.full(total, TYPE_PADDING, dtype=np.uint8)
-    types[dest] = token_type_ids[src]
-    row_loss = mask.reshape(num_rows, row_len).sum(axis=1, dtype=np.int64) if num_rows else np.zeros(0)
+    # Segments fill each row from its start, so the tokens of row r are its first used[r] cells: one boolean
+    # grid places every column (numpy's masked assignment, no per-token destination index), and one gather
+    # index (int32 where the tokens allow) reads every source column.
+    filled = np.arange(row_len, dtype=np.int32)[None, :] < used[:, None]
+    index_type = np.int32 if len(token_ids) < np.iinfo(np.int32).max else np.int64
+    pos = within_offsets(lengths, index_type)
+    src = np.repeat((offsets[plan.example] + plan.start).astype(index_type), lengths)
+    src += pos
+    grid = (num_rows, row_len)
+    input_ids = np.full(grid, pad_id, dtype=np.int32)
+    input_ids[filled] = token_ids[src]
+    types = np.full(grid, TYPE_PADDING, dtype=np.uint8)
+    types[filled] = token_type_ids[src]
+    kept = loss_mask[src].astype(np.uint8, copy=False)
+    kept[pos < np.repeat(np.maximum(plan.masked, 1).astype(index_type), lengths)] = 0
+    mask = np.zeros(grid, dtype=np.uint8)
+    mask[filled] = kept
+    del kept, src
+    positions = np.zeros(grid, dtype=np.int32)
+    positions[filled] = pos  # < row_len: fits int32 whatever the index type
+    segments = np.zeros(grid, dtype=np.int32)
+    segments[filled] = np.repeat(within_offsets(counts, np.int32) + 1, lengths)
+    row_loss = mask.sum(axis=1, dtype=np.int64) if num_rows else np.zeros(0)
+    input_ids, types, mask, positions, segments = (a.reshape(-1) for a in (input_ids, types, mask, positions, segments))
     return PackedRows(
         row_len=row_len,
         input_ids=input_ids,
