@@ -75,20 +75,27 @@ _ROWS = ("(SELECT record_id, content_sha256, content FROM read_parquet($records)
          "SELECT record_id, content_sha256, content FROM read_parquet($rejects) WHERE content_sha256 IS NOT NULL)")
 
 
+# the same rows' hashes only: what finds the repeated hashes without reading any content
+_HASHES = ("(SELECT content_sha256 FROM read_parquet($records) UNION ALL "
+           "SELECT content_sha256 FROM read_parquet($rejects) WHERE content_sha256 IS NOT NULL)")
+
+
 def collisions(records: Path, rejects: Path, earlier: Sequence[Path]) -> frozenset[str]:
-    """Hashes of this drop's rows that some other row (here or in an earlier drop's index) holds with other bytes."""
+    """Hashes of this drop's rows that some other row (here or in an earlier drop's index) holds with other bytes.
+
+    Contents are read only for the hashes that occur more than once: reading every row's content to group it
+    (400 MB drop) took 555 MiB."""
     params: dict[str, object] = {"records": str(records), "rejects": str(rejects)}
-    rows = "SELECT content_sha256, content FROM here"
-    if earlier:
+    hashes = f"SELECT content_sha256 FROM {_HASHES}"
+    rows = f"SELECT content_sha256, content FROM {_ROWS}"
+    if earlier:  # an earlier drop's hash counts where this drop has it too
         params["earlier"] = [str(p) for p in earlier]
+        hashes = (f"SELECT content_sha256 FROM ({hashes} UNION ALL SELECT content_sha256 FROM read_parquet($earlier)) "
+                  f"WHERE content_sha256 IN (SELECT content_sha256 FROM {_HASHES})")
         rows += " UNION ALL SELECT content_sha256, content FROM read_parquet($earlier)"
     sql = f"""
-        WITH here AS {_ROWS},
-             rows AS ({rows}),
-             mine AS (SELECT DISTINCT content_sha256 FROM here),
-             multi AS (SELECT content_sha256 FROM rows WHERE content_sha256 IN (SELECT content_sha256 FROM mine)
-                       GROUP BY content_sha256 HAVING count(*) > 1)
-        SELECT content_sha256 FROM rows WHERE content_sha256 IN (SELECT content_sha256 FROM multi)
+        WITH multi AS (SELECT content_sha256 FROM ({hashes}) GROUP BY content_sha256 HAVING count(*) > 1)
+        SELECT content_sha256 FROM ({rows}) WHERE content_sha256 IN (SELECT content_sha256 FROM multi)
         GROUP BY content_sha256 HAVING count(DISTINCT content) > 1
     """
     with sql_connect() as con:
