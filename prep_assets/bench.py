@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -286,6 +287,54 @@ def bare_tokenizer(corpus: Path, tokenizer: Path, batch: int = 4096) -> tuple[in
     return tokens, time.perf_counter() - start
 
 
+class RssSampler:
+    """This process' resident memory every 20 ms in a thread (/proc/self/statm), to tell which step peaked."""
+
+    def __init__(self) -> None:
+        import os
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self._page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with open("/proc/self/statm", "rb") as f:
+            while not self._stop.is_set():
+                f.seek(0)
+                self.samples.append((time.time(), int(f.read().split()[1]) * self._page_mib))
+                self._stop.wait(0.02)
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak(self, start: float, end: float) -> float:
+        return max((rss for t, rss in self.samples if start <= t <= end), default=0.0)
+
+
+def _step_peaks(instance: Any, run_id: str, rss: RssSampler) -> dict[str, dict[str, float]]:
+    """Per step: its time span and the process' RSS when it started and at its peak (MiB)."""
+    from dagster import DagsterEventType
+
+    spans: dict[str, list[float]] = {}
+    for entry in instance.all_logs(run_id):
+        ev = entry.dagster_event
+        if ev is None or not entry.step_key:
+            continue
+        if ev.event_type == DagsterEventType.STEP_START:
+            spans[entry.step_key] = [entry.timestamp, entry.timestamp]
+        elif ev.event_type in (DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE) and entry.step_key in spans:
+            spans[entry.step_key][1] = entry.timestamp
+    return {k: {"s": round(b - a, 2), "rss_start_mib": round(rss.peak(a - 0.05, a + 0.05)),
+                "peak_mib": round(rss.peak(a, b))} for k, (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0])}
+
+
 def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
     """In a fresh process: tokenizer, then bronze -> shards of the one drop through Dagster; prints JSON."""
     from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
@@ -304,16 +353,19 @@ def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
         instance.add_dynamic_partitions("bench_drops", [drop.partition])
         tok = materialize(assets, selection=[AssetKey(["bench", TOKENIZER])], instance=instance, resources=resources)
         start = time.perf_counter()
-        result = materialize(assets, selection=AssetSelection.assets(*(AssetKey(["bench", n]) for n in PARTITIONED)),
-                             partition_key=drop.partition, instance=instance, resources=resources, raise_on_error=False)
+        with RssSampler() as rss:
+            result = materialize(assets, selection=AssetSelection.assets(*(AssetKey(["bench", n]) for n in PARTITIONED)),
+                                 partition_key=drop.partition, instance=instance, resources=resources,
+                                 raise_on_error=False)
         wall = time.perf_counter() - start
+        peaks = _step_peaks(instance, result.run_id, rss)
     steps: dict[str, float] = {}
     for event in result.get_step_success_events():
         layer = next((n for n in PARTITIONED if n in (event.step_key or "")), "other")
         steps[layer] = steps.get(layer, 0.0) + event.event_specific_data.duration_ms / 1000  # type: ignore[union-attr]
     checks = result.get_asset_check_evaluations()
     gold = read_json(paths.partition_dir("gold", drop.partition) / STATS_FILE)
-    print(json.dumps({"success": result.success and tok.success, "wall_s": wall, "layers_s": steps,
+    print(json.dumps({"success": result.success and tok.success, "wall_s": wall, "layers_s": steps, "steps": peaks,
                       "checks": len(checks), "checks_passed": sum(c.passed for c in checks),
                       "tokens": gold["tokens"], "examples": gold["examples"]}))
     return 0 if result.success else 1
@@ -349,6 +401,9 @@ def bench_e2e(args: argparse.Namespace) -> int:
           f"{run['tokens']:,} tokens in {run['wall_s']:.2f} s = {e2e / 1e6:.3f} M tokens/s")
     for layer, sec in run["layers_s"].items():
         print(f"  {layer:<20} {sec:8.2f} s")
+    print("steps (time; the process' RSS when the step started -> its peak during the step):")
+    for step, st in run["steps"].items():
+        print(f"  {step:<60} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
     print(f"end-to-end / bare tokenizer: {e2e / bare:.3f}")
     print(f"peak RSS of the pipeline process: {peak:,.0f} MiB")
     print(json.dumps({"corpus_mb": round(mb, 1), "rows": rows, "max_seq_len": args.max_seq_len, "strategy": "bfd",

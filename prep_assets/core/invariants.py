@@ -207,8 +207,12 @@ def bronze_required_fields(bronze_dir: Path) -> Outcome:
 
 def silver_unique(silver_dir: Path) -> Outcome:
     """No two kept records have the same content (hash and bytes; within the drop)."""
+    # same content => same hash: contents are grouped only for hashes held more than once (grouping every
+    # content of a 400 MB drop took 650 MiB)
     source = ("(SELECT content_sha256, list(record_id ORDER BY source_line) AS record_ids, count(*) AS copies "
-              "FROM read_parquet($s) GROUP BY content_sha256, content)")
+              "FROM read_parquet($s) WHERE content_sha256 IN "
+              "(SELECT content_sha256 FROM read_parquet($s) GROUP BY content_sha256 HAVING count(*) > 1) "
+              "GROUP BY content_sha256, content)")
     n, dup = _violating_rows(source, "copies > 1", "content_sha256, record_ids, copies",
                              {"s": str(silver_dir / "records.parquet")}, order="content_sha256")
     return Outcome("clean_records_unique", n, dup, {}, "no two kept records have the same content")
