@@ -74,13 +74,14 @@ def postgres(bindir: Path, db: str = "dagster") -> Iterator[Postgres]:
     try:
         run("initdb", "-D", str(datadir), "-U", user, "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
         opts = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off -c max_connections=200"
-        run("pg_ctl", "-D", str(datadir), "-l", str(root / "server.log"), "-w", "-t", "60", "-o", opts, "start")
-        try:
+        try:  # stopped even when the start timed out with the server half up
+            run("pg_ctl", "-D", str(datadir), "-l", str(root / "server.log"), "-w", "-t", "60", "-o", opts, "start")
             subprocess.run([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", user, db],
                            check=True, capture_output=True, text=True)
             yield Postgres(port, user, db, datadir)
         finally:
-            run("pg_ctl", "-D", str(datadir), "-m", "fast", "-w", "-t", "60", "stop")
+            subprocess.run(_as_postgres([str(bindir / "pg_ctl"), "-D", str(datadir), "-m", "fast", "-w", "-t", "60",
+                                         "stop"]), capture_output=True, cwd=root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -97,11 +98,11 @@ def started(cmd: list[str], env: dict[str, str], log: Path, *, first: int = sign
 
 
 @contextmanager
-def redis_server(log: Path) -> Iterator[str]:
-    """A Redis server on 127.0.0.1 without persistence; yields its URL."""
+def redis_server(log: Path, env: dict[str, str]) -> Iterator[str]:
+    """A Redis server on 127.0.0.1 without persistence (environment `env`); yields its URL."""
     port = free_port()
     cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    with started(cmd, dict(os.environ), log) as proc:
+    with started(cmd, env, log) as proc:
         deadline = time.monotonic() + 30
         while b"Ready to accept connections" not in log.read_bytes():
             if proc.poll() is not None or time.monotonic() > deadline:

@@ -111,7 +111,8 @@ def test_backfill_of_6_drops_on_postgres_and_2_celery_workers_matches_the_single
     shutil.copyfile(PROJECT / "production" / "dagster.yaml", home / "dagster.yaml")
     logs = tmp_path / "logs"
     logs.mkdir()
-    with postgres(pg_bin) as pg, redis_server(logs / "redis.log") as broker:
+    # redis carries the same DAGSTER_HOME as every other process started here: the leak check below sees it too
+    with postgres(pg_bin) as pg, redis_server(logs / "redis.log", {**base, "DAGSTER_HOME": str(home)}) as broker:
         env = {**base, **pg.env(), "DAGSTER_HOME": str(home), "PREP_ASSETS_DATA_DIR": dist.as_uri(),
                "PREP_ASSETS_EXECUTOR": "celery", "PREP_ASSETS_CELERY_BROKER": broker,
                "PREP_ASSETS_CELERY_BACKEND": broker, "PATH": f"{BIN}{os.pathsep}{base.get('PATH', '')}"}

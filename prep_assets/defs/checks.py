@@ -90,6 +90,15 @@ def _manifest_duplicates_gate(spec: DatasetSpec) -> AssetChecksDefinition:
     return _check
 
 
+NEVER_RUN = "never run"
+NOT_CURRENT = "not run on the latest materialization"
+
+
+def gates_pending(problems: list[str]) -> bool:
+    """Some gates have not run on the latest materialization yet and none failed: a run may be on its way."""
+    return bool(problems) and all(p.endswith((f": {NEVER_RUN}", f": {NOT_CURRENT}")) for p in problems)
+
+
 def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: list[str]) -> dict[str, list[str]]:
     """Per partition, the gates that did not pass on its latest materialization (failed, never run, or older)."""
     gates = gates_for(spec)
@@ -102,11 +111,11 @@ def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: lis
         for gate in gates:
             info = latest.get((partition, gate.name))
             if info is None:
-                problems.append(f"{gate.name}: never run")
+                problems.append(f"{gate.name}: {NEVER_RUN}")
             elif info.latest_execution_status != AssetCheckExecutionRecordStatus.SUCCEEDED:
                 problems.append(f"{gate.name}: {info.latest_execution_status.value.lower()}")
             elif not info.is_current:
-                problems.append(f"{gate.name}: not run on the latest materialization")
+                problems.append(f"{gate.name}: {NOT_CURRENT}")
         out[partition] = problems
     return out
 

@@ -39,8 +39,10 @@ def executor_from_env() -> ExecutorDefinition | None:
         {
             "broker": broker,
             "backend": os.environ.get(BACKEND_ENV) or broker,
-            # a step that dies with its worker is redelivered: every layer publishes atomically under a lock
-            "config_source": {"task_acks_late": True, "broker_connection_retry_on_startup": True},
+            # a step whose worker process died is redelivered (a lost machine's after Redis' visibility timeout,
+            # 1 h by default): every layer publishes atomically under its partition lock, so a redo is safe
+            "config_source": {"task_acks_late": True, "task_reject_on_worker_lost": True,
+                              "broker_connection_retry_on_startup": True},
         },
         name="celery",
     )

@@ -12,6 +12,7 @@ import hashlib
 
 from dagster import (
     AssetKey,
+    AssetRecordsFilter,
     AssetSelection,
     DagsterInstance,
     DagsterRunStatus,
@@ -144,9 +145,10 @@ def build_manifest_sensor(spec: DatasetSpec) -> SensorDefinition:
 SHARDS_EVENT_ID = "shards_event_id"
 
 
-def latest_event_id(instance: DagsterInstance, key: AssetKey) -> int | None:
-    """Storage id of the asset's latest materialization (any partition), None if it has none."""
-    records = instance.fetch_materializations(key, limit=1).records
+def latest_event_id(instance: DagsterInstance, key: AssetKey, partition: str | None = None) -> int | None:
+    """Storage id of the asset's latest materialization (of one partition, or any), None if it has none."""
+    flt = AssetRecordsFilter(asset_key=key, asset_partitions=[partition]) if partition is not None else key
+    records = instance.fetch_materializations(flt, limit=1).records
     return records[0].storage_id if records else None
 
 

@@ -17,7 +17,7 @@ from prep_assets.core.records import SHARD_SCHEMA
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.keys import DATASET_MANIFEST, PACKED_SHARDS, TOKENIZED_EXAMPLES, TOKENIZER, asset_key, code_version
-from prep_assets.defs.checks import unpassed_gates
+from prep_assets.defs.checks import gates_pending, unpassed_gates
 from prep_assets.defs.metadata import column_schema, decoded_row, md_table, user_errors, worker
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
@@ -115,6 +115,11 @@ def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
         for partition, problems in unpassed_gates(context.instance, spec, registered).items():
             if problems and partition not in excluded:
                 excluded[partition] = "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else "")
+                pending = latest_event_id(context.instance, asset_key(spec, PACKED_SHARDS), partition)
+                if gates_pending(problems) and pending is not None and shards_event_id is not None:
+                    # its gates may still be running (runs go side by side in production): count the manifest
+                    # as built before those shards, so the manifest sensor asks again once they are done
+                    shards_event_id = min(shards_event_id, pending - 1)
         with user_errors():
             manifest = layers.build_manifest(spec, paths, [p for p in registered if p not in excluded])
         per_split = [

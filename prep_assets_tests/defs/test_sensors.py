@@ -171,10 +171,9 @@ def test_dataset_scope_a_replaced_file_requests_silver_again_for_later_drops(tmp
     assert [r.partition_key for r in t.tick().run_requests] == []
 
 
-def test_manifest_sensor_refreshes_after_every_shards_update_even_one_landing_with_a_refresh(tmp_path: Path, instance):
-    """Under `dagster dev`, automation's tick flags once lost drop b: the manifest refresh and b's shards landed
-    in one tick. The manifest sensor compares event ids: a manifest built before b's shards is always behind."""
-    from dagster import DagsterRun, DagsterRunStatus, SkipReason, materialize
+def _two_drops(tmp_path: Path, instance):
+    """sample_instruct cut into drops a and b, registered; (partitions, manifest sensor tick, build)."""
+    from dagster import AssetSelection, materialize
 
     from prep_assets.core.drops import register_drops
     from prep_assets.defs.sensors import build_manifest_sensor
@@ -198,20 +197,32 @@ def test_manifest_sensor_refreshes_after_every_shards_update_even_one_landing_wi
     def tick():
         return sensor(build_sensor_context(instance=instance))
 
-    def build(names: list[str], partition: str | None) -> None:
-        keys = [AssetKey([ds, n]) for n in names]
-        assert materialize(assets, selection=keys, partition_key=partition, instance=instance,
-                           resources=resources).success
+    def build(names: list[str], partition: str | None, checks: bool = True) -> None:
+        selection = AssetSelection.assets(*(AssetKey([ds, n]) for n in names))
+        assert materialize(assets, selection=selection if checks else selection.without_checks(),
+                           partition_key=partition, instance=instance, resources=resources).success
 
+    return ds, a, b, tick, build
+
+
+LAYERS = ["raw_records", "clean_records", "tokenized_examples", "packed_shards"]
+
+
+def test_manifest_sensor_refreshes_after_every_shards_update_even_one_landing_with_a_refresh(tmp_path: Path, instance):
+    """Under `dagster dev`, automation's tick flags once lost drop b: the manifest refresh and b's shards landed
+    in one tick. The manifest sensor compares event ids: a manifest built before b's shards is always behind."""
+    from dagster import DagsterRun, DagsterRunStatus, SkipReason
+
+    ds, a, b, tick, build = _two_drops(tmp_path, instance)
     assert isinstance(tick(), SkipReason)  # no shards yet
     build(["tokenizer"], None)
-    build(["raw_records", "clean_records", "tokenized_examples", "packed_shards"], a)
+    build(LAYERS, a)
     first = tick()
     assert [r.asset_selection for r in first.run_requests] == [[AssetKey([ds, "dataset_manifest"])]]
     build(["dataset_manifest"], None)
     assert isinstance(tick(), SkipReason)  # up to date: nothing requested twice
     # b's shards land right after a refresh (the lost case): the manifest is behind, a new run key
-    build(["raw_records", "clean_records", "tokenized_examples", "packed_shards"], b)
+    build(LAYERS, b)
     second = tick()
     assert len(second.run_requests) == 1 and second.run_requests[0].run_key != first.run_requests[0].run_key
     # ... but not while a run that builds shards is queued or running (its gates are not in yet)
@@ -219,3 +230,23 @@ def test_manifest_sensor_refreshes_after_every_shards_update_even_one_landing_wi
                                 status=DagsterRunStatus.STARTED, asset_selection=frozenset({AssetKey([ds, "packed_shards"])})))
     waiting = tick()
     assert isinstance(waiting, SkipReason) and "waiting for 1 run" in waiting.skip_message
+
+
+def test_a_manifest_built_while_a_drops_gates_are_still_to_run_counts_as_behind_its_shards(tmp_path: Path, instance):
+    """With runs side by side (the production profile), a refresh can read drop b after its shards landed and
+    before its gates ran: b is left out, and the manifest must not count b's shards as handled."""
+    from dagster import SkipReason
+
+    from prep_assets.defs.sensors import latest_event_id, manifest_covers
+
+    ds, a, b, tick, build = _two_drops(tmp_path, instance)
+    build(["tokenizer"], None)
+    build(LAYERS, a)
+    build(LAYERS, b, checks=False)  # b's shards are in, its gates not yet
+    build(["dataset_manifest"], None)
+    shards_b = latest_event_id(instance, AssetKey([ds, "packed_shards"]), b)
+    assert manifest_covers(instance, AssetKey([ds, "dataset_manifest"])) < shards_b
+    assert len(tick().run_requests) == 1  # asks again; once b's gates pass, the refresh includes b
+    build(LAYERS, b)
+    build(["dataset_manifest"], None)
+    assert isinstance(tick(), SkipReason)
