@@ -12,6 +12,8 @@ import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
 from prep_assets.cli import main
+from prep_assets.core.decode import decode_row, decode_rows
+from prep_assets.core.errors import PrepAssetsError
 from prep_assets_tests.conftest import PROJECT, copy_sample_data, write_dataset
 
 pytestmark = pytest.mark.slow
@@ -134,6 +136,24 @@ def test_decode_names_where_a_continued_segment_starts(in_process: Path, capsys:
     assert main(["decode", str(shard), "--row", str(row)]) == 0
     assert f"from token {rows[row][0]} ·" in capsys.readouterr().out
 
+
+
+def test_decode_of_a_row_in_any_row_group_agrees_with_decoding_every_row(in_process: Path, tmp_path: Path):
+    data = in_process
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
+    shard = sorted((data / "lake" / "sample_text" / "shards").glob("*/train/part-00000.parquet"))[0]
+    table = pq.read_table(shard)
+    assert table.num_rows >= 5
+    small_groups = tmp_path / "part-00000.parquet"
+    pq.write_table(table, small_groups, row_group_size=2)  # rows 0-1, 2-3, 4-...: row k in group k // 2
+    tok = data / "lake" / "sample_text" / "tokenizer"
+    every = list(decode_rows(small_groups, tok))
+    assert len(every) == table.num_rows
+    for row in (0, 1, 2, 3, table.num_rows - 1):
+        got = decode_row(small_groups, row, tok)
+        assert got == every[row] and got["segments"] == decode_row(shard, row)["segments"]
+    with pytest.raises(PrepAssetsError, match=r"row 99999 out of range"):
+        decode_row(small_groups, 99_999, tok)
 
 def test_failed_gate_keeps_partition_out_of_manifest_and_stale_until_fixed(tmp_path: Path):
     data = copy_sample_data(tmp_path / "data")

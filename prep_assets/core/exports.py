@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +83,16 @@ def write_memmap(dest: Path, rel: str, rows: PackedRows, vocab_size: int) -> dic
     return writer.close()
 
 
-def write_megatron(prefix: Path, rel: str, token_ids: np.ndarray, offsets: np.ndarray, vocab_size: int) -> dict[str, Any]:
-    """Documents (token_ids split at `offsets`) as `<prefix>.bin` + `<prefix>.idx` in the MMIDIDX layout."""
+def write_megatron(prefix: Path, rel: str, token_ids: np.ndarray | Iterable[np.ndarray], offsets: np.ndarray,
+                   vocab_size: int) -> dict[str, Any]:
+    """Documents (token_ids split at `offsets`) as `<prefix>.bin` + `<prefix>.idx` in the MMIDIDX layout.
+    `token_ids` may come as consecutive chunks (a spilled split is written without being held in memory)."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
     dtype = megatron_dtype(vocab_size)
     lengths = np.diff(offsets).astype("<i4")
-    token_ids.astype(dtype.newbyteorder("<")).tofile(prefix.with_suffix(".bin"))
+    with open(prefix.with_suffix(".bin"), "wb") as f:
+        for chunk in [token_ids] if isinstance(token_ids, np.ndarray) else token_ids:
+            chunk.astype(dtype.newbyteorder("<")).tofile(f)
     pointers = (offsets[:-1] * dtype.itemsize).astype("<i8")
     documents = np.arange(len(lengths) + 1, dtype="<i8")  # one sequence per document
     with open(prefix.with_suffix(".idx"), "wb") as f:

@@ -7,11 +7,10 @@ its whole partition into a staging directory that replaces the previous output i
 from __future__ import annotations
 
 import json
-import mmap
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from prep_assets.core.lake import (
 from prep_assets.core.chat import ChatTemplate
 from prep_assets.core.masking import tokenize_batch
 from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, MemmapWriter, write_megatron
-from prep_assets.core.packing import PackedRows, RowPlan, materialize_rows, plan_rows, unit_offsets
+from prep_assets.core.packing import PackedRows, RowPlan, plan_rows, rows_from_values, segment_sources, unit_offsets
 from prep_assets.core.parquet_io import ParquetSink, iter_batches
 from prep_assets.core.readers import Accounting, RawItem, RawReject, gzip_limit, read_drop
 from prep_assets.core.records import (
@@ -56,6 +55,7 @@ from prep_assets.core.records import (
     near_dup_text,
 )
 from prep_assets.core.spec import DatasetSpec, TabularSpec
+from prep_assets.core.spill import TokenSpill
 from prep_assets.core.tabular import group_label, infer_column_types, initial_prefill
 from prep_assets.core.tabular_gold import build_tabular_examples
 from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
@@ -517,16 +517,17 @@ class GoldArrays:
         return cls(ids, mask, types, offsets)
 
 
-def plan_split(spec: DatasetSpec, pair_ids: list[str | None], gold: GoldArrays, seed: tuple[int, ...] | None
-               ) -> RowPlan:
-    """The row plan of one split's gold examples (`pair_ids` in gold order keep preference pairs together)."""
+def plan_split(spec: DatasetSpec, pair_ids: list[str | None], offsets: np.ndarray, loss_mask: Any,
+               seed: tuple[int, ...] | None) -> RowPlan:
+    """The row plan of one split's gold examples (`pair_ids` in gold order keep preference pairs together);
+    `loss_mask` is the split's flat mask, or anything that slices into it (`FrontToBack`)."""
     return plan_rows(
-        np.diff(gold.offsets),
+        np.diff(offsets),
         capacity=spec.sequence.max_seq_len,
         strategy=spec.packing.strategy,
         overflow=spec.sequence.overflow,
         overlap=spec.sequence.overlap,
-        loss_mask=gold.loss_mask,
+        loss_mask=loss_mask,
         units=unit_offsets(pair_ids) if spec.input.type == "preference" else None,
         max_per_bin=spec.max_per_example,
         shuffle_seed=seed,
@@ -542,35 +543,27 @@ _SPILL = "_gold_spill"
 
 @dataclass
 class _SplitGold:
-    """One split of gold, spilled to flat files in the staging dir and mapped back (memory stays bounded)."""
+    """One split of gold, spilled to a flat file in the staging dir (memory stays bounded): planning reads it
+    mapped front to back, rows read their pieces from it."""
 
-    gold: GoldArrays
+    spill: TokenSpill
+    offsets: np.ndarray
     example_ids: pa.Array
     pair_ids: list[str | None]
-    maps: list[mmap.mmap]
 
-    def release(self) -> None:
-        """Drop the mapped pages this process touched (they stay in the page cache): a chunk's gathers must
-        not add up to the whole split in the resident set."""
-        for m in self.maps:
-            m.madvise(mmap.MADV_DONTNEED)
-
-
-def _map(path: Path, dtype: type) -> tuple[np.ndarray, mmap.mmap | None]:
-    if path.stat().st_size == 0:
-        return np.zeros(0, dtype=dtype), None
-    with path.open("rb") as f:
-        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    return np.frombuffer(m, dtype=dtype), m
+    def id_chunks(self, tokens: int = 1 << 22) -> Iterator[np.ndarray]:
+        """The token ids front to back, a chunk at a time (the pages of the one before dropped)."""
+        ids = self.spill.front_to_back("id")
+        for lo in range(0, len(ids), tokens):
+            yield ids[lo : lo + tokens]
+        self.spill.release()
 
 
 def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _SplitGold]:
-    """Stream gold once: per split, its token ids / masks / types appended to flat files, its ids kept."""
+    """Stream gold once: per split, its tokens appended to a spill file, its example ids kept."""
     spill.mkdir()
-    kinds = {"token_ids": np.int32, "loss_mask": np.uint8, "token_type_ids": np.uint8}
     out: dict[str, dict[str, Any]] = {
-        s: {"files": {k: (spill / f"{s}.{k}").open("wb") for k in kinds}, "lengths": [], "ids": [], "pairs": []}
-        for s in SPLITS}
+        s: {"spill": TokenSpill(spill / f"{s}.tokens"), "lengths": [], "ids": [], "pairs": []} for s in SPLITS}
     try:
         cols = ["example_id", "split", "token_ids", "loss_mask", "token_type_ids", "pair_id"]
         for batch in iter_batches(gold_path, batch_size=batch_size, columns=cols):
@@ -580,24 +573,24 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
                 if sub.num_rows == 0:
                     continue
                 acc = out[split]
-                for name, dtype in kinds.items():
-                    values, offsets = flat_values(sub.column(name), dtype)
-                    values.tofile(acc["files"][name])
+                ids, offsets = flat_values(sub.column("token_ids"), np.int32)
+                mask, _ = flat_values(sub.column("loss_mask"), np.uint8)
+                types, _ = flat_values(sub.column("token_type_ids"), np.uint8)
+                acc["spill"].append(ids, mask, types)
                 acc["lengths"].append(np.diff(offsets))
                 acc["ids"].append(sub.column("example_id"))
                 acc["pairs"] += sub.column("pair_id").to_pylist()
-    finally:
         for acc in out.values():
-            for f in acc["files"].values():
-                f.close()
+            acc["spill"].seal()
+    except BaseException:
+        for acc in out.values():
+            acc["spill"].close()
+        raise
     result = {}
     for split, acc in out.items():
-        mapped = {k: _map(spill / f"{split}.{k}", t) for k, t in kinds.items()}
         lengths = np.concatenate(acc["lengths"]) if acc["lengths"] else np.zeros(0, dtype=np.int64)
         ids = pa.concat_arrays(acc["ids"]) if acc["ids"] else pa.array([], pa.string())
-        gold = GoldArrays(mapped["token_ids"][0], mapped["loss_mask"][0], mapped["token_type_ids"][0],
-                          offsets_from_lengths(lengths))
-        result[split] = _SplitGold(gold, ids, acc["pairs"], [m for _, m in mapped.values() if m is not None])
+        result[split] = _SplitGold(acc["spill"], offsets_from_lengths(lengths), ids, acc["pairs"])
     return result
 
 
@@ -621,48 +614,50 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
     split_stats: dict[str, Any] = {}
     with staged_dir(out_dir) as stage:
         spilled = _spill_gold(gold_dir / EXAMPLES, stage / _SPILL, batch_size)
-        for split_no, split in enumerate(SPLITS):
-            sg = spilled[split]
-            gold = sg.gold
-            seed = (spec.packing.seed, split_no) if spec.shuffles_rows else None
-            plan = plan_split(spec, sg.pair_ids, gold, seed)
-            examples = len(gold.offsets) - 1
-            if plan.num_rows or examples:
-                (stage / split).mkdir()
-            memmap = (MemmapWriter(stage / split / MEMMAP_DIR, f"{split}/{MEMMAP_DIR}", L, info.vocab_size)
-                      if "npy" in spec.output.formats and plan.num_rows else None)
-            counts, files = RowCounts(), []
-            for k, lo in enumerate(range(0, plan.num_rows, rows_per_shard)):
-                hi = min(lo + rows_per_shard, plan.num_rows)
-                rel = f"{split}/part-{k:05d}.parquet"
-                in_file = RowCounts()
-                with ParquetSink(stage / rel, SHARD_SCHEMA, compression=spec.output.compression, row_group_size=1024) as sink:
-                    for c_lo in range(lo, hi, SHARD_CHUNK_ROWS):
-                        part = plan.rows(c_lo, min(c_lo + SHARD_CHUNK_ROWS, hi))
-                        rows = materialize_rows(part, token_ids=gold.token_ids, loss_mask=gold.loss_mask,
-                                                token_type_ids=gold.token_type_ids, offsets=gold.offsets, row_len=L,
-                                                pad_id=info.pad_id)
-                        example_ids = sg.example_ids.take(pa.array(part.example, type=pa.int64()))
-                        sink.write(_row_table(rows, example_ids, 0, rows.num_rows))
-                        in_file.add(rows)
-                        if memmap is not None:
-                            memmap.append(rows)
-                        del rows
-                        sg.release()
-                counts.merge(in_file)
-                files.append({"path": rel, "sha256": sha256_file(stage / rel), "sequences": hi - lo,
-                              "tokens": in_file.output, "loss_tokens": in_file.loss})
-            exports: dict[str, Any] = {}
-            if memmap is not None:
-                exports["npy"] = memmap.close()
-            if "megatron" in spec.output.formats and examples:
-                exports["megatron"] = write_megatron(stage / split / MEGATRON_PREFIX, f"{split}/{MEGATRON_PREFIX}",
-                                                     gold.token_ids, gold.offsets, info.vocab_size)
-            overflow = gold_stats.get("tokens_dropped_by_overflow_by_split", {}).get(split, 0)
-            split_stats[split] = {**split_metrics(gold.offsets, plan, counts, L, overflow),
-                                  "max_batch_size": min((f["sequences"] for f in files), default=0),
-                                  "files": files, "exports": exports}
-        del spilled, gold, sg  # unmap before the spill files go
+        try:
+            for split_no, split in enumerate(SPLITS):
+                sg = spilled[split]
+                seed = (spec.packing.seed, split_no) if spec.shuffles_rows else None
+                plan = plan_split(spec, sg.pair_ids, sg.offsets, sg.spill.front_to_back("mask"), seed)
+                sg.spill.release()
+                examples = len(sg.offsets) - 1
+                if plan.num_rows or examples:
+                    (stage / split).mkdir()
+                memmap = (MemmapWriter(stage / split / MEMMAP_DIR, f"{split}/{MEMMAP_DIR}", L, info.vocab_size)
+                          if "npy" in spec.output.formats and plan.num_rows else None)
+                counts, files = RowCounts(), []
+                for k, lo in enumerate(range(0, plan.num_rows, rows_per_shard)):
+                    hi = min(lo + rows_per_shard, plan.num_rows)
+                    rel = f"{split}/part-{k:05d}.parquet"
+                    in_file = RowCounts()
+                    with ParquetSink(stage / rel, SHARD_SCHEMA, compression=spec.output.compression, row_group_size=1024) as sink:
+                        for c_lo in range(lo, hi, SHARD_CHUNK_ROWS):
+                            part = plan.rows(c_lo, min(c_lo + SHARD_CHUNK_ROWS, hi))
+                            values = sg.spill.read(segment_sources(part, sg.offsets), part.length)
+                            rows = rows_from_values(part, *values, row_len=L, pad_id=info.pad_id)
+                            del values
+                            example_ids = sg.example_ids.take(pa.array(part.example, type=pa.int64()))
+                            sink.write(_row_table(rows, example_ids, 0, rows.num_rows))
+                            in_file.add(rows)
+                            if memmap is not None:
+                                memmap.append(rows)
+                            del rows
+                    counts.merge(in_file)
+                    files.append({"path": rel, "sha256": sha256_file(stage / rel), "sequences": hi - lo,
+                                  "tokens": in_file.output, "loss_tokens": in_file.loss})
+                exports: dict[str, Any] = {}
+                if memmap is not None:
+                    exports["npy"] = memmap.close()
+                if "megatron" in spec.output.formats and examples:
+                    exports["megatron"] = write_megatron(stage / split / MEGATRON_PREFIX, f"{split}/{MEGATRON_PREFIX}",
+                                                         sg.id_chunks(), sg.offsets, info.vocab_size)
+                overflow = gold_stats.get("tokens_dropped_by_overflow_by_split", {}).get(split, 0)
+                split_stats[split] = {**split_metrics(sg.offsets, plan, counts, L, overflow),
+                                      "max_batch_size": min((f["sequences"] for f in files), default=0),
+                                      "files": files, "exports": exports}
+        finally:
+            for sg in spilled.values():
+                sg.spill.close()
         shutil.rmtree(stage / _SPILL)
         stats = {
             "tokenizer_fingerprint": info.fingerprint,

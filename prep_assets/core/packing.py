@@ -314,7 +314,8 @@ def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: n
     its tokens is a loss target after its overlap (and, with overlap 0, its first token) is masked. Tokens
     dropped = gold tokens in no kept window; overlap tokens = tokens in two kept windows (each counted once
     more), so kept window tokens = gold tokens - dropped + overlap. `loss_mask` is the flat mask of all
-    examples (concatenated in order); None keeps every window.
+    examples (concatenated in order), or anything whose slices are (a spilled split read front to back);
+    None keeps every window.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if not 0 <= 2 * overlap <= capacity:
@@ -464,6 +465,11 @@ class PackedRows:
         return len(self.seg_offsets) - 1
 
 
+def segment_sources(plan: RowPlan, offsets: np.ndarray) -> np.ndarray:
+    """Where each planned piece starts in the flat token arrays of its examples (`offsets`)."""
+    return offsets[plan.example] + plan.start
+
+
 def materialize_rows(
     plan: RowPlan,
     *,
@@ -474,7 +480,17 @@ def materialize_rows(
     row_len: int,
     pad_id: int,
 ) -> PackedRows:
-    """Gather the planned pieces into rows of exactly `row_len` tokens, padding the rest.
+    """Gather the planned pieces from in-memory arrays into rows of exactly `row_len` tokens (`rows_from_values`)."""
+    index_type = np.int32 if len(token_ids) < np.iinfo(np.int32).max else np.int64
+    src = np.repeat(segment_sources(plan, offsets).astype(index_type), plan.length)
+    src += within_offsets(plan.length, index_type)
+    return rows_from_values(plan, token_ids[src], loss_mask[src], token_type_ids[src], row_len=row_len, pad_id=pad_id)
+
+
+def rows_from_values(plan: RowPlan, token_ids: np.ndarray, loss_mask: np.ndarray, token_type_ids: np.ndarray, *,
+                     row_len: int, pad_id: int) -> PackedRows:
+    """Rows of exactly `row_len` tokens from the planned pieces' tokens, concatenated in plan order (what a
+    gather from memory or a read from a spill file returns), padding the rest.
 
     Padding: the pad id, loss_mask 0, segment 0, position 0, token type 2. Positions restart at 0 at
     every segment; segments are numbered 1..k within a row; each segment's first token and its `masked`
@@ -488,25 +504,21 @@ def materialize_rows(
     if np.any(used > row_len):
         raise ValueError("a row holds more tokens than the row length")
     # Segments fill each row from its start, so the tokens of row r are its first used[r] cells: one boolean
-    # grid places every column (numpy's masked assignment, no per-token destination index), and one gather
-    # index (int32 where the tokens allow) reads every source column.
+    # grid places every column (numpy's masked assignment, no per-token destination index).
     filled = np.arange(row_len, dtype=np.int32)[None, :] < used[:, None]
-    index_type = np.int32 if len(token_ids) < np.iinfo(np.int32).max else np.int64
-    pos = within_offsets(lengths, index_type)
-    src = np.repeat((offsets[plan.example] + plan.start).astype(index_type), lengths)
-    src += pos
+    pos = within_offsets(lengths, np.int32)  # < row_len
     grid = (num_rows, row_len)
     input_ids = np.full(grid, pad_id, dtype=np.int32)
-    input_ids[filled] = token_ids[src]
+    input_ids[filled] = token_ids
     types = np.full(grid, TYPE_PADDING, dtype=np.uint8)
-    types[filled] = token_type_ids[src]
-    kept = loss_mask[src].astype(np.uint8, copy=False)
-    kept[pos < np.repeat(np.maximum(plan.masked, 1).astype(index_type), lengths)] = 0
+    types[filled] = token_type_ids
+    kept = loss_mask.astype(np.uint8, copy=True)
+    kept[pos < np.repeat(np.maximum(plan.masked, 1).astype(np.int32), lengths)] = 0
     mask = np.zeros(grid, dtype=np.uint8)
     mask[filled] = kept
-    del kept, src
+    del kept
     positions = np.zeros(grid, dtype=np.int32)
-    positions[filled] = pos  # < row_len: fits int32 whatever the index type
+    positions[filled] = pos
     segments = np.zeros(grid, dtype=np.int32)
     segments[filled] = np.repeat(within_offsets(counts, np.int32) + 1, lengths)
     row_loss = mask.sum(axis=1, dtype=np.int64) if num_rows else np.zeros(0)
