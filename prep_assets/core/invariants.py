@@ -428,11 +428,25 @@ def shards_positions_restart(files: list[Path]) -> Outcome:
     desc = "positions restart at 0 at each segment and increase by 1; first token of each segment masked"
     if not files:
         return _no_shards(name, desc)
-    # row by row over the lists (no unnest of every token, no window sort): the indices of the tokens that break
-    # the rule, then one output row per such token
-    sql = """
+    # Two steps in one query. First, whole lists compared at once: a row laid out exactly as its seq_lengths say
+    # (segments 1..k of those lengths, positions 0..n-1 in each, zeros after, every segment start masked, no
+    # empty segment) keeps the rule, so only the other rows go on (half the time of checking every token). Then,
+    # on those rows only, the rule token by token: the indices of the tokens that break it, one output row each.
+    sql = f"""
+        WITH r AS (SELECT filename AS file, file_row_number AS row, segment_ids, position_ids, loss_mask, seq_lengths,
+                          greatest(len(segment_ids) - coalesce(list_sum(seq_lengths), 0), 0)::INTEGER AS pad
+                   FROM read_parquet($files, filename = true, file_row_number = true)),
+        c AS (SELECT * FROM r
+              WHERE coalesce(list_min(seq_lengths), 1) < 1
+                 OR segment_ids <> list_concat(flatten(list_transform(generate_series(1, len(seq_lengths)),
+                                                   lambda k: list_resize([]::INTEGER[], seq_lengths[k], k::INTEGER))),
+                                               list_resize([]::INTEGER[], pad, 0))
+                 OR position_ids <> list_concat(flatten(list_transform(seq_lengths, lambda n: range(n)::INTEGER[])),
+                                                list_resize([]::INTEGER[], pad, 0))
+                 OR list_sum(list_transform(generate_series(1, len(seq_lengths)),
+                                            lambda k: loss_mask[({_SEG_AT})::BIGINT + 1])) <> 0)
         SELECT file, row, token, segment_ids[token] AS seg, position_ids[token] AS pos, loss_mask[token] AS m FROM (
-            SELECT filename AS file, file_row_number AS row, segment_ids, position_ids, loss_mask,
+            SELECT file, row, segment_ids, position_ids, loss_mask,
                    unnest(list_filter(generate_series(1, len(segment_ids)), lambda i:
                        segment_ids[i] > 0 AND (
                            ((i = 1 OR segment_ids[i] <> segment_ids[i - 1])
@@ -440,7 +454,7 @@ def shards_positions_restart(files: list[Path]) -> Outcome:
                                  OR segment_ids[i] <> (CASE WHEN i = 1 THEN 0 ELSE segment_ids[i - 1] END) + 1))
                            OR (i > 1 AND segment_ids[i] = segment_ids[i - 1]
                                AND position_ids[i] <> position_ids[i - 1] + 1)))) AS token
-            FROM read_parquet($files, filename = true, file_row_number = true))
+            FROM c)
     """
     n, bad = _violating_rows(f"({sql})", "true", "*", {"files": _files(files)}, order="file, row, token")
     return Outcome(name, n, bad, {}, desc)

