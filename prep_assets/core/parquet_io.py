@@ -14,10 +14,11 @@ from prep_assets.core.faults import write_point
 
 DEFAULT_ROW_GROUP = 16_384
 
-# Arrow's default mimalloc pool keeps what each layer freed, so one process running every layer (an in-process
-# Dagster run, the benchmark) held 2.5 GB on a 400 MB drop; the system allocator hands it back (1.6 GB, same
-# speed). A user's ARROW_DEFAULT_MEMORY_POOL still wins.
-if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+# Arrow's mimalloc pool keeps freed memory per thread, so one process running every layer (an in-process Dagster
+# run, the benchmark) held 2.5 GB on a 400 MB drop. `prep_assets/__init__.py` makes the system allocator Arrow's
+# C++ default before pyarrow loads; where pyarrow was loaded first (by the caller), at least the pool pyarrow's
+# own functions use is switched here. A user's ARROW_DEFAULT_MEMORY_POOL still wins.
+if os.environ.get("ARROW_DEFAULT_MEMORY_POOL", "system") == "system":
     pa.set_memory_pool(pa.system_memory_pool())
 
 
