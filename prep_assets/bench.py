@@ -46,7 +46,7 @@ from prep_assets.core.lake import dataset_paths, read_json
 from prep_assets.core.layers import STATS as STATS_FILE
 from prep_assets.core.packing import materialize_rows, plan_rows
 from prep_assets.core.spec import DatasetSpec, parse_spec
-from prep_assets.core.tokenizer import load_pinned
+from prep_assets.core.tokenizer import load_pinned_info
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 DEFAULT_SOURCE = SHARED / "datasets" / "bench" / "bench_pc.jsonl.gz"
@@ -123,7 +123,7 @@ def bench_packing(args: argparse.Namespace) -> int:
     gold = layers.GoldArrays.of(pq.read_table(str(gold_dir / "examples.parquet"),
                                               columns=["token_ids", "loss_mask", "token_type_ids"]))
     lengths = np.diff(gold.offsets)
-    pad = load_pinned(tok_dir).info.pad_id
+    pad = load_pinned_info(tok_dir).pad_id
     bound = -(-int(lengths.sum()) // L)
     for strategy in args.strategies.split(","):
         spec = _spec(tokenizer, L, strategy)

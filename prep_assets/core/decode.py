@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+from transformers import PreTrainedTokenizerBase
 
 from prep_assets.core.errors import PrepAssetsError
-from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned
+from prep_assets.core.tokenizer import load_pinned_info, load_tokenizer
 
 MASK_OPEN, MASK_CLOSE = "«", "»"
 
@@ -18,6 +19,12 @@ MASK_OPEN, MASK_CLOSE = "«", "»"
 def tokenizer_dir_for(shard: Path) -> Path:
     """lake/<dataset>/shards/<drop>/<split>/part-*.parquet -> lake/<dataset>/tokenizer."""
     return shard.resolve().parents[3] / "tokenizer"
+
+
+def _decoder(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
+    """The pinned tokenizer for decoding only (its encoders for gold are not built: a third of the load time)."""
+    load_pinned_info(tokenizer_dir)  # a clear error where nothing is pinned
+    return load_tokenizer(tokenizer_dir)
 
 
 def decode_row(shard: Path, row: int, tokenizer_dir: Path | None = None) -> dict[str, Any]:
@@ -34,23 +41,23 @@ def decode_row(shard: Path, row: int, tokenizer_dir: Path | None = None) -> dict
         if row < first + n:
             break
         first += n
-    pt = load_pinned(tokenizer_dir or tokenizer_dir_for(shard))
-    return _decode(shard, row, pf.read_row_group(group).slice(row - first, 1).to_pylist()[0], pt)
+    tok = _decoder(tokenizer_dir or tokenizer_dir_for(shard))
+    return _decode(shard, row, pf.read_row_group(group).slice(row - first, 1).to_pylist()[0], tok)
 
 
 def decode_rows(shard: Path, tokenizer_dir: Path | None = None) -> Iterator[dict[str, Any]]:
     """Every row of a shard decoded (the file and the tokenizer loaded once)."""
     if not shard.is_file():
         raise PrepAssetsError(f"{shard}: no such shard file")
-    pt = load_pinned(tokenizer_dir or tokenizer_dir_for(shard))
+    tok = _decoder(tokenizer_dir or tokenizer_dir_for(shard))
     pf, i = pq.ParquetFile(str(shard)), 0
     for group in range(pf.metadata.num_row_groups):  # a row group at a time: memory stays bounded
         for r in pf.read_row_group(group).to_pylist():
-            yield _decode(shard, i, r, pt)
+            yield _decode(shard, i, r, tok)
             i += 1
 
 
-def _decode(shard: Path, row: int, r: dict[str, Any], pt: PinnedTokenizer) -> dict[str, Any]:
+def _decode(shard: Path, row: int, r: dict[str, Any], tok: PreTrainedTokenizerBase) -> dict[str, Any]:
     ids, mask, seg = np.array(r["input_ids"]), np.array(r["loss_mask"]), np.array(r["segment_ids"])
     segments = []
     offsets = r.get("example_offsets") or [0] * len(r["example_ids"])
@@ -64,7 +71,7 @@ def _decode(shard: Path, row: int, r: dict[str, Any], pt: PinnedTokenizer) -> di
                 end += 1
             tokens = ids[idx[start : end + 1]].tolist()
             spans.append({"trained": bool(mask[idx[start]]), "tokens": len(tokens),
-                          "text": pt.hf.decode(tokens, skip_special_tokens=False)})
+                          "text": tok.decode(tokens, skip_special_tokens=False)})
             start = end + 1
         segments.append({"segment": n, "example_id": example_id, "example_offset": int(offset),
                          "tokens": int(len(idx)), "spans": spans})

@@ -58,7 +58,7 @@ from prep_assets.core.spec import DatasetSpec, TabularSpec
 from prep_assets.core.spill import TokenSpill
 from prep_assets.core.tabular import group_label, infer_column_types, initial_prefill
 from prep_assets.core.tabular_gold import build_tabular_examples
-from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
+from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, load_pinned_info, pin_tokenizer
 
 DEFAULT_BATCH = 4096
 RECORDS, REJECTS, EXAMPLES, STATS, ACCOUNTING = (
@@ -599,7 +599,7 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
     """Shards: fixed-length packed rows per split, in Parquet files of at most max_tokens_per_shard tokens,
     plus the optional memmap and Megatron exports. Streams: gold is read once in batches and spilled per split
     to flat files (mapped back), rows are planned from the lengths and materialized SHARD_CHUNK_ROWS at a time."""
-    info = load_pinned(tokenizer_dir).info
+    info = load_pinned_info(tokenizer_dir)  # ids and fingerprint only: packing never encodes
     gold_stats = read_json(gold_dir / STATS)
     if gold_stats["tokenizer_fingerprint"] != info.fingerprint:
         raise DropError(

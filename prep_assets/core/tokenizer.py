@@ -262,17 +262,20 @@ class PinnedTokenizer:
         return [e.ids for e in encoder.encode_batch_fast(texts, add_special_tokens=False)]
 
 
-def load_pinned(tokenizer_dir: Path) -> PinnedTokenizer:
-    """Load the lake's pinned tokenizer with the info recorded when it was pinned."""
+def load_pinned_info(tokenizer_dir: Path) -> TokenizerInfo:
+    """What was recorded when the lake's tokenizer was pinned (ids, vocab size, fingerprint), without loading it."""
     fp_path = tokenizer_dir / FINGERPRINT_FILE
     if not fp_path.is_file():
         raise TokenizerError(f"{tokenizer_dir}: no pinned tokenizer; materialize the tokenizer asset first")
-    record = read_json(fp_path)
+    return TokenizerInfo(**read_json(fp_path)["info"])
+
+
+def load_pinned(tokenizer_dir: Path) -> PinnedTokenizer:
+    """Load the lake's pinned tokenizer with the info recorded when it was pinned."""
+    info = load_pinned_info(tokenizer_dir)
     hf = load_tokenizer(tokenizer_dir)
     encoder = Tokenizer.from_str(hf.backend_tokenizer.to_str())
     encoder.no_padding()
     encoder.no_truncation()
     encoder.encode_special_tokens = True
-    return PinnedTokenizer(
-        info=TokenizerInfo(**record["info"]), encoder=encoder, continuation=continuation_encoder(encoder), hf=hf
-    )
+    return PinnedTokenizer(info=info, encoder=encoder, continuation=continuation_encoder(encoder), hf=hf)
