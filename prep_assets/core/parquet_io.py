@@ -88,7 +88,9 @@ class ParquetSink:
 
 
 def iter_batches(path: Path, *, batch_size: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-    pf = pq.ParquetFile(str(path))
+    # pre_buffer (Arrow's default) reads ahead the column chunks of many row groups at once: iterating a 400 MB
+    # drop's gold took +220 MiB with it, +87 MiB without, at the same speed on local files
+    pf = pq.ParquetFile(str(path), pre_buffer=False)
     yield from pf.iter_batches(batch_size=batch_size, columns=columns)
 
 
