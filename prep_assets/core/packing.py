@@ -482,9 +482,11 @@ def materialize_rows(
 ) -> PackedRows:
     """Gather the planned pieces from in-memory arrays into rows of exactly `row_len` tokens (`rows_from_values`)."""
     index_type = np.int32 if len(token_ids) < np.iinfo(np.int32).max else np.int64
+    pos = within_offsets(plan.length, index_type)
     src = np.repeat(segment_sources(plan, offsets).astype(index_type), plan.length)
-    src += within_offsets(plan.length, index_type)
-    return rows_from_values(plan, token_ids[src], loss_mask[src], token_type_ids[src], row_len=row_len, pad_id=pad_id)
+    src += pos
+    return _rows(plan, token_ids[src], loss_mask[src].astype(np.uint8, copy=False), token_type_ids[src], pos,
+                 row_len=row_len, pad_id=pad_id)
 
 
 def rows_from_values(plan: RowPlan, token_ids: np.ndarray, loss_mask: np.ndarray, token_type_ids: np.ndarray, *,
@@ -496,6 +498,13 @@ def rows_from_values(plan: RowPlan, token_ids: np.ndarray, loss_mask: np.ndarray
     every segment; segments are numbered 1..k within a row; each segment's first token and its `masked`
     leading tokens have loss_mask 0.
     """
+    return _rows(plan, token_ids, loss_mask.astype(np.uint8, copy=True), token_type_ids,
+                 within_offsets(plan.length, np.int32), row_len=row_len, pad_id=pad_id)
+
+
+def _rows(plan: RowPlan, token_ids: np.ndarray, kept: np.ndarray, token_type_ids: np.ndarray, pos: np.ndarray, *,
+          row_len: int, pad_id: int) -> PackedRows:
+    """`rows_from_values` with the pieces' token positions given and the mask `kept` owned (masked in place)."""
     counts = np.diff(plan.row_offsets)
     lengths = plan.length
     num_rows = plan.num_rows
@@ -506,19 +515,16 @@ def rows_from_values(plan: RowPlan, token_ids: np.ndarray, loss_mask: np.ndarray
     # Segments fill each row from its start, so the tokens of row r are its first used[r] cells: one boolean
     # grid places every column (numpy's masked assignment, no per-token destination index).
     filled = np.arange(row_len, dtype=np.int32)[None, :] < used[:, None]
-    pos = within_offsets(lengths, np.int32)  # < row_len
     grid = (num_rows, row_len)
     input_ids = np.full(grid, pad_id, dtype=np.int32)
     input_ids[filled] = token_ids
     types = np.full(grid, TYPE_PADDING, dtype=np.uint8)
     types[filled] = token_type_ids
-    kept = loss_mask.astype(np.uint8, copy=True)
-    kept[pos < np.repeat(np.maximum(plan.masked, 1).astype(np.int32), lengths)] = 0
+    kept[pos < np.repeat(np.maximum(plan.masked, 1).astype(pos.dtype), lengths)] = 0
     mask = np.zeros(grid, dtype=np.uint8)
     mask[filled] = kept
-    del kept
     positions = np.zeros(grid, dtype=np.int32)
-    positions[filled] = pos
+    positions[filled] = pos  # < row_len: fits int32 whatever the index type
     segments = np.zeros(grid, dtype=np.int32)
     segments[filled] = np.repeat(within_offsets(counts, np.int32) + 1, lengths)
     row_loss = mask.sum(axis=1, dtype=np.int64) if num_rows else np.zeros(0)
