@@ -429,22 +429,27 @@ def shards_positions_restart(files: list[Path]) -> Outcome:
     if not files:
         return _no_shards(name, desc)
     # Two steps in one query. First, whole lists compared at once: a row laid out exactly as its seq_lengths say
-    # (segments 1..k of those lengths, positions 0..n-1 in each, zeros after, every segment start masked, no
-    # empty segment) keeps the rule, so only the other rows go on (half the time of checking every token). Then,
-    # on those rows only, the rule token by token: the indices of the tokens that break it, one output row each.
+    # (segments 1..k of those lengths, positions 0..n-1 in each, zeros after, every segment start masked) keeps
+    # the rule, so only the other rows go on (half the time of checking every token). The layout is built only
+    # from sane seq_lengths (no NULL, none below 1, their sum within the row); any other row goes on as it is.
+    # Then, on the rows that went on, the rule token by token: the indices of the tokens that break it.
     sql = f"""
         WITH r AS (SELECT filename AS file, file_row_number AS row, segment_ids, position_ids, loss_mask, seq_lengths,
-                          greatest(len(segment_ids) - coalesce(list_sum(seq_lengths), 0), 0)::INTEGER AS pad
+                          (len(segment_ids) - list_sum(seq_lengths))::INTEGER AS pad
                    FROM read_parquet($files, filename = true, file_row_number = true)),
         c AS (SELECT * FROM r
-              WHERE coalesce(list_min(seq_lengths), 1) < 1
-                 OR segment_ids <> list_concat(flatten(list_transform(generate_series(1, len(seq_lengths)),
-                                                   lambda k: list_resize([]::INTEGER[], seq_lengths[k], k::INTEGER))),
-                                               list_resize([]::INTEGER[], pad, 0))
-                 OR position_ids <> list_concat(flatten(list_transform(seq_lengths, lambda n: range(n)::INTEGER[])),
-                                                list_resize([]::INTEGER[], pad, 0))
-                 OR list_sum(list_transform(generate_series(1, len(seq_lengths)),
-                                            lambda k: loss_mask[({_SEG_AT})::BIGINT + 1])) <> 0)
+              WHERE CASE WHEN list_count(seq_lengths) = len(seq_lengths) AND coalesce(list_min(seq_lengths), 1) >= 1
+                              AND coalesce(list_sum(seq_lengths), 0) <= len(segment_ids)
+                         THEN coalesce(
+                              segment_ids <> list_concat(flatten(list_transform(generate_series(1, len(seq_lengths)),
+                                                  lambda k: list_resize([]::INTEGER[], seq_lengths[k], k::INTEGER))),
+                                                         list_resize([]::INTEGER[], coalesce(pad, len(segment_ids)), 0))
+                              OR position_ids <> list_concat(flatten(list_transform(seq_lengths,
+                                                                                    lambda n: range(n)::INTEGER[])),
+                                                             list_resize([]::INTEGER[], coalesce(pad, len(segment_ids)), 0))
+                              OR list_sum(list_transform(generate_series(1, len(seq_lengths)),
+                                                         lambda k: loss_mask[({_SEG_AT})::BIGINT + 1])) <> 0, true)
+                         ELSE true END)
         SELECT file, row, token, segment_ids[token] AS seg, position_ids[token] AS pos, loss_mask[token] AS m FROM (
             SELECT file, row, segment_ids, position_ids, loss_mask,
                    unnest(list_filter(generate_series(1, len(segment_ids)), lambda i:

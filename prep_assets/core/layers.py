@@ -580,18 +580,17 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
                 acc["lengths"].append(np.diff(offsets))
                 acc["ids"].append(sub.column("example_id"))
                 acc["pairs"] += sub.column("pair_id").to_pylist()
-        for acc in out.values():
+        result = {}
+        for split, acc in out.items():
             acc["spill"].seal()
+            lengths = np.concatenate(acc["lengths"]) if acc["lengths"] else np.zeros(0, dtype=np.int64)
+            ids = pa.concat_arrays(acc["ids"]) if acc["ids"] else pa.array([], pa.string())
+            result[split] = _SplitGold(acc["spill"], offsets_from_lengths(lengths), ids, acc["pairs"])
+        return result
     except BaseException:
         for acc in out.values():
             acc["spill"].close()
         raise
-    result = {}
-    for split, acc in out.items():
-        lengths = np.concatenate(acc["lengths"]) if acc["lengths"] else np.zeros(0, dtype=np.int64)
-        ids = pa.concat_arrays(acc["ids"]) if acc["ids"] else pa.array([], pa.string())
-        result[split] = _SplitGold(acc["spill"], offsets_from_lengths(lengths), ids, acc["pairs"])
-    return result
 
 
 def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path, *,

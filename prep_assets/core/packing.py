@@ -498,8 +498,9 @@ def rows_from_values(plan: RowPlan, token_ids: np.ndarray, loss_mask: np.ndarray
     every segment; segments are numbered 1..k within a row; each segment's first token and its `masked`
     leading tokens have loss_mask 0.
     """
+    index_type = np.int32 if int(plan.length.sum()) < np.iinfo(np.int32).max else np.int64
     return _rows(plan, token_ids, loss_mask.astype(np.uint8, copy=True), token_type_ids,
-                 within_offsets(plan.length, np.int32), row_len=row_len, pad_id=pad_id)
+                 within_offsets(plan.length, index_type), row_len=row_len, pad_id=pad_id)
 
 
 def _rows(plan: RowPlan, token_ids: np.ndarray, kept: np.ndarray, token_type_ids: np.ndarray, pos: np.ndarray, *,

@@ -18,7 +18,7 @@ DEFAULT_ROW_GROUP = 16_384
 # run, the benchmark) held 2.5 GB on a 400 MB drop. `prep_assets/__init__.py` makes the system allocator Arrow's
 # C++ default before pyarrow loads; where pyarrow was loaded first (by the caller), at least the pool pyarrow's
 # own functions use is switched here. A user's ARROW_DEFAULT_MEMORY_POOL still wins.
-if os.environ.get("ARROW_DEFAULT_MEMORY_POOL", "system") == "system":
+if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") in (None, "", "system"):
     pa.set_memory_pool(pa.system_memory_pool())
 
 
@@ -46,7 +46,8 @@ class ParquetSink:
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
         plain = token_columns(schema)
-        rest = [f.name for f in schema if f.name not in plain]
+        # Parquet names a list's values by their leaf path: `example_ids.list.element`
+        rest = [f"{f.name}.list.element" if pa.types.is_list(f.type) else f.name for f in schema if f.name not in plain]
         self._writer = pq.ParquetWriter(
             str(path), schema, compression=None if compression == "none" else compression, write_page_index=False,
             use_dictionary=rest, write_statistics=rest,

@@ -96,15 +96,18 @@ def test_corrupted_shard_fails_its_invariant(tmp_path: Path, corruption, invaria
 
 
 
-def test_positions_restart_judges_tokens_not_seq_lengths_and_catches_a_skipped_segment(tmp_path: Path):
-    # its first step sets aside rows laid out exactly as their seq_lengths say; what it passes on is judged
-    # token by token, so a row whose seq_lengths alone are wrong keeps the rule (tokens_conserved catches it)
+@pytest.mark.parametrize("seq_lengths", [[2, 0, 2], [2, None, 2], [2, -1, 2], [2, 1_000_000_000], None],
+                         ids=["empty_segment", "null_length", "negative_length", "huge_length", "no_lengths"])
+def test_positions_restart_judges_tokens_not_seq_lengths_and_catches_a_skipped_segment(tmp_path: Path, seq_lengths):
+    # its first step sets aside rows laid out exactly as their (sane) seq_lengths say; what it passes on is judged
+    # token by token, so a row whose seq_lengths alone are wrong keeps the rule (tokens_conserved catches it),
+    # and no corrupt seq_lengths can make a skipped segment number look laid out
     two = {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 1, 0, 1], "position_ids": [0, 1, 0, 1],
            "segment_ids": [1, 1, 2, 2], "token_type_ids": [1, 1, 1, 1], "seq_lengths": [2, 2],
            "example_ids": ["d:1", "d:2"], "example_offsets": [0, 0], "num_loss_tokens": 2}
     ok = [_shard(tmp_path / "a" / "train" / "part-00000.parquet", [_row(), two, _row(seq_lengths=[2])])]
     assert inv.shards_positions_restart(ok).passed
-    skipped = {**two, "segment_ids": [1, 1, 3, 3], "seq_lengths": [2, 0, 2], "example_ids": ["d:1", "d:3", "d:2"],
+    skipped = {**two, "segment_ids": [1, 1, 3, 3], "seq_lengths": seq_lengths, "example_ids": ["d:1", "d:3", "d:2"],
                "example_offsets": [0, 0, 0]}
     out = inv.shards_positions_restart([_shard(tmp_path / "b" / "train" / "part-00000.parquet", [_row(), skipped])])
     assert out.violations == 1 and out.offending[0]["row"] == 1 and out.offending[0]["token"] == 3
