@@ -17,7 +17,7 @@ from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, read_json
 from prep_assets.core.masking import trainable_types
 from prep_assets.core.spec import DatasetSpec
-from prep_assets.core.tokenizer import FINGERPRINT_FILE
+from prep_assets.core.tokenizer import load_pinned_info
 
 RAW_RECORDS, CLEAN_RECORDS, TOKENIZED_EXAMPLES, PACKED_SHARDS = (
     "raw_records", "clean_records", "tokenized_examples", "packed_shards")
@@ -46,10 +46,6 @@ def _source(p: DatasetPaths, k: str) -> Path | None:
         return resolve_drop(p, k)[1]
     except DropError:
         return None  # the file is gone or changed: account against the reader's own line count
-
-
-def _pinned(p: DatasetPaths) -> dict[str, Any]:
-    return read_json(p.tokenizer_dir / FINGERPRINT_FILE)["info"]
 
 
 def layout(spec: DatasetSpec) -> inv.Layout:
@@ -85,7 +81,7 @@ GATES: tuple[Gate, ...] = (
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_have_loss_tokens", "every example has at least one loss token",
          lambda s, p, k: inv.gold_loss_tokens(gold(p, k))),
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_ids_in_vocab", "every token id < the tokenizer's vocab size",
-         lambda s, p, k: inv.gold_ids_in_vocab(gold(p, k), _pinned(p)["vocab_size"])),
+         lambda s, p, k: inv.gold_ids_in_vocab(gold(p, k), load_pinned_info(p.tokenizer_dir).vocab_size)),
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_within_max_len", "1 <= tokens <= sequence.max_seq_len (any "
          "length >= 1 where packing splits examples: strategy full or overflow window)",
          lambda s, p, k: inv.gold_within_max_len(gold(p, k), s.sequence.max_seq_len, s.splits_examples)),
@@ -102,7 +98,7 @@ GATES: tuple[Gate, ...] = (
     Gate(PACKED_SHARDS, "packed_shards_fixed_length", "every row exactly sequence.max_seq_len",
          lambda s, p, k: inv.shards_fixed_length(inv.shard_files(shards(p, k)), s.sequence.max_seq_len)),
     Gate(PACKED_SHARDS, "packed_shards_padding_masked", "padding: pad id, mask 0, segment 0",
-         lambda s, p, k: inv.shards_padding_masked(inv.shard_files(shards(p, k)), _pinned(p)["pad_id"])),
+         lambda s, p, k: inv.shards_padding_masked(inv.shard_files(shards(p, k)), load_pinned_info(p.tokenizer_dir).pad_id)),
     Gate(PACKED_SHARDS, "packed_shards_positions_restart", "positions restart at segment starts; first token masked",
          lambda s, p, k: inv.shards_positions_restart(inv.shard_files(shards(p, k)))),
     Gate(PACKED_SHARDS, "packed_shards_tokens_conserved", "per split, shard tokens = gold tokens - tokens dropped "
