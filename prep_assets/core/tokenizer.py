@@ -239,12 +239,14 @@ def continuation_encoder(encoder: Tokenizer) -> Tokenizer:
 
     SentencePiece-style tokenizers mark the start of an input with a word-start symbol (a `Prepend`
     normalizer or Metaspace `prepend_scheme`); encoding a completion on its own would add that symbol at
-    every prompt/completion boundary. Byte-level BPE is unaffected.
+    every prompt/completion boundary. Byte-level BPE without `add_prefix_space` is unaffected: then the encoder
+    itself is returned, so callers can tell (`continuation is encoder`) and encode all texts in one call.
     """
     config = json.loads(encoder.to_str())
-    for key in ("normalizer", "pre_tokenizer"):
-        config[key] = _without_word_start(config.get(key))
-    out = Tokenizer.from_str(json.dumps(config))
+    stripped = {**config, **{key: _without_word_start(config.get(key)) for key in ("normalizer", "pre_tokenizer")}}
+    if stripped == config:
+        return encoder
+    out = Tokenizer.from_str(json.dumps(stripped))
     out.encode_special_tokens = True
     return out
 
