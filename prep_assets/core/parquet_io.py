@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
@@ -34,6 +36,9 @@ class ParquetSink:
     """Append record batches; rows are written in row groups of exactly `row_group_size` (last one shorter).
 
     An empty output still gets a file with the schema, so readers and checks never special-case absence.
+    Row groups are encoded and compressed by one background thread (Arrow releases the GIL), in order, so the
+    caller's Python goes on with the next batch meanwhile; at most two row groups wait. A write error surfaces
+    at the next write or at close.
     """
 
     def __init__(
@@ -52,6 +57,8 @@ class ParquetSink:
             str(path), schema, compression=None if compression == "none" else compression, write_page_index=False,
             use_dictionary=rest, write_statistics=rest,
         )
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parquet-sink")
+        self._inflight: deque[Future[None]] = deque()
 
     def write(self, table: pa.Table | pa.RecordBatch) -> None:
         if isinstance(table, pa.RecordBatch):
@@ -70,16 +77,26 @@ class ParquetSink:
     def _flush(self, n: int) -> None:
         write_point()
         merged = pa.concat_tables(self._pending)
-        # One contiguous chunk per row group: page boundaries then never depend on how batches arrived.
-        self._writer.write_table(merged.slice(0, n).combine_chunks(), row_group_size=n)
+        while len(self._inflight) >= 2:
+            self._inflight.popleft().result()
+        self._inflight.append(self._pool.submit(self._write_group, merged.slice(0, n)))
         rest = merged.slice(n)
         self._pending = [rest] if rest.num_rows else []
         self._pending_rows = rest.num_rows
 
+    def _write_group(self, group: pa.Table) -> None:
+        # One contiguous chunk per row group: page boundaries then never depend on how batches arrived.
+        self._writer.write_table(group.combine_chunks(), row_group_size=group.num_rows)
+
     def close(self) -> None:
-        if self._pending_rows:
-            self._flush(self._pending_rows)
-        self._writer.close()
+        try:
+            if self._pending_rows:
+                self._flush(self._pending_rows)
+            while self._inflight:
+                self._inflight.popleft().result()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)  # nothing is written after the file is closed
+            self._writer.close()
 
     def __enter__(self) -> ParquetSink:
         return self

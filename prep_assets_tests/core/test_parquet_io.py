@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 import pyarrow.parquet as pq
 
 from prep_assets.core.parquet_io import ParquetSink, token_columns
@@ -26,3 +27,31 @@ def test_integer_list_columns_skip_dictionary_and_statistics_other_columns_keep_
         dictionary = any("DICTIONARY" in e for e in col.encodings)
         assert (dictionary, col.is_stats_set) == ((False, False) if name in plain else (True, True)), name
     assert pq.read_table(path).to_pylist() == [ROW] * 10
+
+
+def test_background_writes_keep_row_order_and_fixed_row_groups_across_uneven_batches(tmp_path: Path):
+    schema = pa.schema([("i", pa.int64()), ("s", pa.string())])
+    path = tmp_path / "rows.parquet"
+    sizes = [1, 7, 300, 2, 1000, 13, 500, 177]  # 2,000 rows in batches that straddle the row groups
+    with ParquetSink(path, schema, row_group_size=256) as sink:
+        start = 0
+        for n in sizes:
+            sink.write(pa.table({"i": list(range(start, start + n)), "s": [f"r{k}" for k in range(start, start + n)]}))
+            start += n
+    meta = pq.ParquetFile(path).metadata
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [256] * 7 + [208]
+    assert pq.read_table(path).column("i").to_pylist() == list(range(2000))
+
+
+def test_a_failing_row_group_write_surfaces_at_close_and_the_file_is_closed(tmp_path: Path):
+    schema = pa.schema([("i", pa.int64())])
+    sink = ParquetSink(tmp_path / "x.parquet", schema, row_group_size=4)
+
+    def fail(group: pa.Table) -> None:
+        raise OSError("disk full")
+
+    sink._write_group = fail  # type: ignore[method-assign]  # the disk filling up under the writer thread
+    sink.write(pa.table({"i": [1, 2, 3, 4, 5]}))
+    with pytest.raises(OSError, match="disk full"):
+        sink.close()
+    assert sink._writer.is_open is False
