@@ -106,10 +106,16 @@ class ParquetSink:
 
 
 def iter_batches(path: Path, *, batch_size: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """The file's rows in batches, the next one decoded on a background thread while the caller works on this one."""
     # pre_buffer (Arrow's default) reads ahead the column chunks of many row groups at once: iterating a 400 MB
     # drop's gold took +220 MiB with it, +87 MiB without, at the same speed on local files
     pf = pq.ParquetFile(str(path), pre_buffer=False)
-    yield from pf.iter_batches(batch_size=batch_size, columns=columns)
+    batches = pf.iter_batches(batch_size=batch_size, columns=columns)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="parquet-read") as pool:
+        ahead = pool.submit(next, batches, None)
+        while (batch := ahead.result()) is not None:
+            ahead = pool.submit(next, batches, None)
+            yield batch
 
 
 def num_rows(path: Path) -> int:
