@@ -7,7 +7,6 @@ its whole partition into a staging directory that replaces the previous output i
 from __future__ import annotations
 
 import gc
-import json
 import shutil
 from collections import Counter
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from prep_assets.core.errors import DropError
 from prep_assets.core.lake import (
     DatasetPaths,
     canonical_json,
+    loads_json,
     read_json,
     scratch_dir,
     sha256_file,
@@ -270,7 +270,7 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
                     records_in += 1
                     record_id = row["record_id"]
                     prov = {k: row[k] for k in cols[:-1]}
-                    content = normalize_content(json.loads(row["content"]), norm)
+                    content = normalize_content(loads_json(row["content"]), norm)
                     canonical = canonical_json(content)
                     verdict = quality_verdict(content, clean)
                     if verdict is not None:
@@ -383,7 +383,7 @@ def _record_examples(spec: DatasetSpec, silver_dir: Path, pt: PinnedTokenizer, c
     """One gold example per silver record (two per preference pair), tokenized and written batch by batch."""
     cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "split", "content"]
     for batch in iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols):
-        contents = [json.loads(c) for c in batch.column("content").to_pylist()]
+        contents = [loads_json(c) for c in batch.column("content").to_pylist()]
         tb = tokenize_batch(contents, spec, pt, chat)
         tally.totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
         record_split = batch.column("split").to_pylist()

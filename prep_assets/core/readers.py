@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prep_assets.core.errors import DropError
+from prep_assets.core.lake import loads_json
 
 UTF8_BOM = b"\xef\xbb\xbf"
 EXCERPT_CHARS = 160
@@ -86,7 +87,7 @@ def _excerpt(data: bytes | str) -> str:
 
 def _parse_json(text: str) -> tuple[Any, str | None, str]:
     try:
-        return _DECODER.decode(text), None, ""
+        return loads_json(text, _DECODER.decode), None, ""
     except ValueError as exc:  # JSONDecodeError is a ValueError; so is a rejected NaN/Infinity
         reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
         return None, reason, str(exc)

@@ -61,3 +61,39 @@ def test_lake_base_uri_is_a_path_or_file_uri_and_object_stores_are_refused_with_
         lake.data_dir_from_uri("s3://bucket/data")
     with pytest.raises(PrepAssetsError, match="mount the shared filesystem"):
         lake.data_dir_from_uri("file://fileserver/export/data")
+
+
+def _json_dumps(value):
+    import json
+
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def test_canonical_json_writes_the_json_modules_bytes_for_every_code_point_and_value_kind():
+    """orjson writes plain values; the json module everything else: the bytes (and so every digest) are the same."""
+    chars = "".join(chr(cp) for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF)
+    for k in range(0, len(chars), 4096):
+        value = {"text": chars[k : k + 4096], "b": [chars[k : k + 3], None, True, 7]}
+        assert lake.canonical_json(value) == _json_dumps(value)
+    edge = [{"z": 1, "a": [2**63 - 1, -(2**63)], "\uffff": 0, "\U0001f600": 1, "é": 2, "e": 3},
+            {"f": 0.1, "g": 1e16, "h": 1e-07},  # floats: repr's format, not orjson's
+            {"big": 2**70, "neg": -(2**64)},  # beyond 64 bits
+            {"lone": "\ud800 surrogate"},  # orjson refuses it
+            [1, [2, [3, {"x": False}]]]]
+    for value in edge:
+        assert lake.canonical_json(value) == _json_dumps(value)
+
+
+def test_loads_json_reads_what_json_loads_reads_floats_huge_ints_and_surrogates_included():
+    import json
+
+    texts = ['{"prompt": "a", "completion": "b"}', '123456789012345678901234567890', '{"x": [1, 2.5e-3, 1e16]}',
+             '"\\ud800"', '{"a": 1, "a": 2}', "[1e-400]", '{"n": 18446744073709551615, "m": -9223372036854775808}',
+             '  [true, false, null, "\\u00e9\\n"]  ']
+    for text in texts:
+        got, want = lake.loads_json(text), json.loads(text)
+        assert got == want and type(got) is type(want), text
+        assert _json_dumps(got) == _json_dumps(want)
+    assert type(lake.loads_json("123456789012345678901234567890")) is int  # orjson alone reads a float
+    with pytest.raises(json.JSONDecodeError):
+        lake.loads_json('{"unterminated": ')  # errors are the json module's, with its message
