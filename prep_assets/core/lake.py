@@ -115,10 +115,16 @@ def _plain(value: Any) -> bool:
         return True
     if kind is int:
         return -_INT64 <= value < _INT64
-    if kind is dict:
-        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if kind is dict:  # loops, not all(<genexpr>), and strings checked inline: the leaves are mostly strings
+        for k, v in value.items():
+            if type(k) is not str or (type(v) is not str and not _plain(v)):
+                return False
+        return True
     if kind is list:
-        return all(_plain(v) for v in value)
+        for v in value:
+            if type(v) is not str and not _plain(v):
+                return False
+        return True
     return False
 
 
