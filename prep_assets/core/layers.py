@@ -35,7 +35,7 @@ from prep_assets.core.lake import (
     write_json_atomic,
 )
 from prep_assets.core.chat import ChatTemplate
-from prep_assets.core.masking import tokenize_batch
+from prep_assets.core.masking import tokenize_batches
 from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, MemmapWriter, write_megatron
 from prep_assets.core.packing import PackedRows, RowPlan, plan_rows, rows_from_values, segment_sources, unit_offsets
 from prep_assets.core.parquet_io import ParquetSink, iter_batches
@@ -382,9 +382,9 @@ def _record_examples(spec: DatasetSpec, silver_dir: Path, pt: PinnedTokenizer, c
                      ex_sink: ParquetSink, rej_sink: ParquetSink, batch_size: int, tally: _GoldTally) -> None:
     """One gold example per silver record (two per preference pair), tokenized and written batch by batch."""
     cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "split", "content"]
-    for batch in iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols):
-        contents = [loads_json(c) for c in batch.column("content").to_pylist()]
-        tb = tokenize_batch(contents, spec, pt, chat)
+    batches = ((batch, [loads_json(c) for c in batch.column("content").to_pylist()])
+               for batch in iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols))
+    for batch, tb in tokenize_batches(batches, spec, pt, chat):
         tally.totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
         record_split = batch.column("split").to_pylist()
         for rec, n in tb.lost or []:

@@ -13,9 +13,11 @@ it starts a segment and has no context to be predicted from. Overflow beyond `ma
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.tokenizer import PinnedTokenizer
 
 _TEXT, _SPECIAL = 0, 1
+K = TypeVar("K")
 
 
 class Piece(NamedTuple):
@@ -115,33 +118,83 @@ def _first_text_flags(pieces: list[Piece]) -> list[bool]:
     return flags
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A batch's pieces, before encoding. `is_first` flags each piece that starts its example's text (encoded as
+    an input start; later texts as continuations); None when the tokenizer encodes both alike (one call)."""
+
+    per_example: list[list[Piece]]
+    flat: list[Piece]
+    is_first: list[bool] | None
+
+
+def _prepare(contents: list[dict[str, Any]], spec: DatasetSpec, pt: PinnedTokenizer) -> _Prepared:
+    trained = _Trained.of(spec)
+    per_example = [example_pieces(c, spec, pt, trained) for c in contents]
+    flat = list(chain.from_iterable(per_example))
+    if pt.continuation is pt.encoder:  # one call, texts in record order: ~8% faster than two (less idle tail)
+        return _Prepared(per_example, flat, None)
+    return _Prepared(per_example, flat, list(chain.from_iterable(_first_text_flags(p) for p in per_example)))
+
+
+def _encode(prep: _Prepared, pt: PinnedTokenizer) -> tuple[list[list[int]], list[list[int]]]:
+    """The ids of the batch's texts: (starts, continuations). The Rust tokenizer runs without the GIL."""
+    if prep.is_first is None:
+        return pt.encode_batch([p.text for p in prep.flat if p.kind == _TEXT]), []
+    flags = prep.is_first
+    return (pt.encode_batch([p.text for p, f in zip(prep.flat, flags) if p.kind == _TEXT and f]),
+            pt.encode_batch([p.text for p, f in zip(prep.flat, flags) if p.kind == _TEXT and not f], continuation=True))
+
+
+def _assemble(prep: _Prepared, encoded: tuple[list[list[int]], list[list[int]]], spec: DatasetSpec,
+              pt: PinnedTokenizer) -> TokenizedBatch:
+    starts, rests = iter(encoded[0]), iter(encoded[1])
+    flat = prep.flat
+    if prep.is_first is None:
+        piece_ids = [next(starts) if p.kind == _TEXT else [p.token_id] for p in flat]
+    else:
+        piece_ids = [(next(starts) if f else next(rests)) if p.kind == _TEXT else [p.token_id]
+                     for p, f in zip(flat, prep.is_first)]
+    piece_lens = np.fromiter((len(ids) for ids in piece_ids), dtype=np.int64, count=len(piece_ids))
+    ids = np.fromiter(chain.from_iterable(piece_ids), dtype=np.int32, count=int(piece_lens.sum()))
+    mask = np.repeat(np.fromiter((p.train for p in flat), dtype=np.uint8, count=len(flat)), piece_lens)
+    types = np.repeat(np.fromiter((p.token_type for p in flat), dtype=np.uint8, count=len(flat)), piece_lens)
+    n = len(prep.per_example)
+    owner = np.repeat(np.arange(n), [len(p) for p in prep.per_example])
+    lengths = np.bincount(owner, weights=piece_lens, minlength=n).astype(np.int64)
+    head = 1 if pt.info.add_bos and pt.info.bos_id is not None else 0
+    return apply_overflow(ids, mask, types, lengths, policy=spec.gold_overflow, max_len=spec.sequence.max_seq_len,
+                          head=head)
+
+
 def tokenize_batch(
     contents: list[dict[str, Any]], spec: DatasetSpec, pt: PinnedTokenizer, chat: ChatTemplate | None = None
 ) -> TokenizedBatch:
     if spec.input.type in ("chat", "preference"):
         return _tokenize_chat(contents, spec, pt, chat or ChatTemplate(pt))
-    trained = _Trained.of(spec)
-    per_example = [example_pieces(c, spec, pt, trained) for c in contents]
-    flat_pieces = list(chain.from_iterable(per_example))
-    if pt.continuation is pt.encoder:  # one call, texts in record order: ~8% faster than two (less idle tail)
-        encoded = iter(pt.encode_batch([p.text for p in flat_pieces if p.kind == _TEXT]))
-        piece_ids = [next(encoded) if p.kind == _TEXT else [p.token_id] for p in flat_pieces]
-    else:  # the first text of an example is encoded as an input start; every later one as a continuation
-        is_first = list(chain.from_iterable(_first_text_flags(p) for p in per_example))
-        starts = iter(pt.encode_batch([p.text for p, f in zip(flat_pieces, is_first) if p.kind == _TEXT and f]))
-        rests = iter(pt.encode_batch([p.text for p, f in zip(flat_pieces, is_first) if p.kind == _TEXT and not f],
-                                     continuation=True))
-        piece_ids = [(next(starts) if f else next(rests)) if p.kind == _TEXT else [p.token_id]
-                     for p, f in zip(flat_pieces, is_first)]
-    piece_lens = np.fromiter((len(ids) for ids in piece_ids), dtype=np.int64, count=len(piece_ids))
-    ids = np.fromiter(chain.from_iterable(piece_ids), dtype=np.int32, count=int(piece_lens.sum()))
-    mask = np.repeat(np.fromiter((p.train for p in flat_pieces), dtype=np.uint8, count=len(flat_pieces)), piece_lens)
-    types = np.repeat(np.fromiter((p.token_type for p in flat_pieces), dtype=np.uint8, count=len(flat_pieces)), piece_lens)
-    owner = np.repeat(np.arange(len(contents)), [len(p) for p in per_example])
-    lengths = np.bincount(owner, weights=piece_lens, minlength=len(contents)).astype(np.int64)
-    head = 1 if pt.info.add_bos and pt.info.bos_id is not None else 0
-    return apply_overflow(ids, mask, types, lengths, policy=spec.gold_overflow, max_len=spec.sequence.max_seq_len,
-                          head=head)
+    prep = _prepare(contents, spec, pt)
+    return _assemble(prep, _encode(prep, pt), spec, pt)
+
+
+def tokenize_batches(items: Iterable[tuple[K, list[dict[str, Any]]]], spec: DatasetSpec, pt: PinnedTokenizer,
+                     chat: ChatTemplate | None = None) -> Iterator[tuple[K, TokenizedBatch]]:
+    """`tokenize_batch` over a stream of (key, contents), pipelined: while one worker thread encodes batch k+1
+    (Rust, no GIL), this thread assembles batch k and the caller writes it and reads the next. Same results, in
+    order. Chat and preference records are tokenized one batch after the other."""
+    if spec.input.type in ("chat", "preference"):
+        for key, contents in items:
+            yield key, tokenize_batch(contents, spec, pt, chat)
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode") as pool:
+        pending: tuple[K, _Prepared, Future[tuple[list[list[int]], list[list[int]]]]] | None = None
+        for key, contents in items:
+            prep = _prepare(contents, spec, pt)
+            encoding = pool.submit(_encode, prep, pt)
+            if pending is not None:
+                yield pending[0], _assemble(pending[1], pending[2].result(), spec, pt)
+            pending = (key, prep, encoding)
+        if pending is not None:
+            yield pending[0], _assemble(pending[1], pending[2].result(), spec, pt)
 
 
 def chat_examples(content: dict[str, Any], spec: DatasetSpec) -> list[tuple[str | None, list[dict[str, str]], list[bool]]]:

@@ -120,3 +120,24 @@ def test_trainable_types_follow_the_mask_spec():
     assert trainable_types(make_spec(input={"type": "instruction"}, mask={"prompt": "train"})) == (
         TYPE_PROMPT, TYPE_COMPLETION, TYPE_EOS)
     assert trainable_types(make_spec()) == (TYPE_COMPLETION, TYPE_EOS)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "tinyllama"])
+def test_pipelined_batches_equal_one_batch_at_a_time_in_order(name: str, tmp_path: Path):
+    """tokenize_batches encodes batch k+1 on a worker thread while batch k is assembled: same results, same order,
+    with one encoder (gpt2) and with separate start/continuation encoders (tinyllama)."""
+    from prep_assets.core.masking import tokenize_batches
+
+    pin_tokenizer(TokenizerSpec(path=str(shared_path(f"tokenizers/{name}"))), base=tmp_path, dest=tmp_path)
+    pt = load_pinned(tmp_path)
+    spec = make_spec(input={"type": "instruction"}, sequence={"max_seq_len": 24, "overflow": "drop"})
+    batches = [[{"turns": [{"prompt": f"q{b}.{i} " * (i % 5 + 1), "completion": f"a{b}.{i} " * (i % 7 + 1)}]}
+                for i in range(b * 3 + 1)] for b in range(6)]
+    piped = list(tokenize_batches(((b, c) for b, c in enumerate(batches)), spec, pt))
+    assert [k for k, _ in piped] == list(range(6))
+    for (_, got), contents in zip(piped, batches, strict=True):
+        want = tokenize_batch(contents, spec, pt)
+        assert got.kept.tolist() == want.kept.tolist() and got.rejects == want.rejects
+        for a, b in zip(_examples(got), _examples(want), strict=True):
+            assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert any(tb.rejects for _, tb in piped)  # overflow rejects go through the pipeline too
