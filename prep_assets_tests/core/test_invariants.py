@@ -96,6 +96,27 @@ def test_corrupted_shard_fails_its_invariant(tmp_path: Path, corruption, invaria
 
 
 
+@pytest.mark.parametrize(
+    ("row", "bad_tokens"),
+    [({"segment_ids": [1, 0, 1, 0], "loss_mask": [0, 1, 1, 0]}, [2]),  # trained padding mid-row, clean tail
+     ({"segment_ids": [1, 0, 1, 0], "input_ids": [5, 0, 7, 0], "position_ids": [0, 0, 0, 0],
+       "loss_mask": [0, 0, 0, 0], "token_type_ids": [1, 2, 3, 2]}, []),  # clean padding mid-row
+     ({"segment_ids": [1, 1, 0, 0], "input_ids": [5, 6, 0, 0], "position_ids": [0, 1, 0, 0],
+       "loss_mask": [0, 1, 0, 0], "token_type_ids": [1, 1, 2, 1]}, [4]),  # tail not all padding type
+     ({"segment_ids": [1, 1, 1, 1], "input_ids": [5, 6, 7, 0], "position_ids": [0, 1, 2, 3]}, []),  # no padding
+     ({"segment_ids": [1, 1, 0, None], "input_ids": [5, 6, 0, 9], "loss_mask": [0, 1, 0, 1],
+       "position_ids": [0, 1, 0, 5], "token_type_ids": [1, 1, 2, 3]}, []),  # a NULL segment is no padding token
+     ({"position_ids": [0, 1, 2, 5]}, [4])],  # padding at a position
+    ids=["trained_padding_mid_row", "clean_padding_mid_row", "tail_type_wrong", "no_padding", "null_segment",
+         "padding_position"],
+)
+def test_padding_gate_judges_every_segment_0_token_not_only_a_clean_tail(tmp_path: Path, row, bad_tokens):
+    # its first step sets aside rows whose tokens from the first segment-0 one on are all clean padding
+    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row(**row)])]
+    out = inv.shards_padding_masked(f, 0)
+    assert [r["token"] for r in out.offending] == bad_tokens and out.violations == len(bad_tokens)
+
+
 @pytest.mark.parametrize("seq_lengths", [[2, 0, 2], [2, None, 2], [2, -1, 2], [2, 1_000_000_000], None],
                          ids=["empty_segment", "null_length", "negative_length", "huge_length", "no_lengths"])
 def test_positions_restart_judges_tokens_not_seq_lengths_and_catches_a_skipped_segment(tmp_path: Path, seq_lengths):
