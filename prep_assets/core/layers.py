@@ -555,6 +555,10 @@ TABULAR_MANIFEST_KEYS = ("mode", "columns", "schema_prompt", "bos_id", "eos_id",
 
 
 SHARD_CHUNK_ROWS = 1024  # rows materialized at once: bounds memory; the bytes never depend on it
+# Rows per Parquet row group of a shard (at 4096 tokens, ~1M tokens). DuckDB works through a row group at a time,
+# so list functions in the shard gates hold about this many rows' lists: 1024-row groups took the row checksum of
+# `packed_shards_match_gold` to +740 MiB, 256-row groups to +220 MiB (and the decoded-row metadata reads one group).
+SHARD_ROW_GROUP = 256
 _SPILL = "_gold_spill"
 
 
@@ -646,7 +650,8 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
                     hi = min(lo + rows_per_shard, plan.num_rows)
                     rel = f"{split}/part-{k:05d}.parquet"
                     in_file = RowCounts()
-                    with ParquetSink(stage / rel, SHARD_SCHEMA, compression=spec.output.compression, row_group_size=1024) as sink:
+                    with ParquetSink(stage / rel, SHARD_SCHEMA, compression=spec.output.compression,
+                                     row_group_size=SHARD_ROW_GROUP) as sink:
                         for c_lo in range(lo, hi, SHARD_CHUNK_ROWS):
                             part = plan.rows(c_lo, min(c_lo + SHARD_CHUNK_ROWS, hi))
                             values = sg.spill.read(segment_sources(part, sg.offsets), part.length)

@@ -195,3 +195,23 @@ def test_match_gold_and_positions_name_the_first_bad_token_of_a_later_segment(tm
     out = inv.shards_positions_restart(trained_start)
     assert out.violations == 1 and out.offending[0]["token"] == 4
     assert inv.shards_match_gold(trained_start, g).offending[0]["token"] == 4
+
+
+@pytest.mark.parametrize(
+    ("second", "bad"),
+    [({}, []),
+     ({"example_ids": ["d:9"]}, [(1, "d:9", 1)]),  # names no gold example
+     ({"example_offsets": [1]}, [(1, "d:1", 1)]),  # reaches past the gold example's end
+     ({"input_ids": [5, 6, 8, 0]}, [(1, "d:1", 3)]),  # one token changed, in the second row only
+     ({"loss_mask": [1, 1, 1, 0], "num_loss_tokens": 3}, [(1, "d:1", 1)]),  # segment start trained
+     ({"input_ids": [6, 5, 7, 0], "token_type_ids": [1, 1, 1, 2]}, [(1, "d:1", 1)])],  # two lists wrong at once
+    ids=["all_good", "unknown_example", "offset_past_the_end", "changed_token_in_a_later_row", "trained_start",
+         "ids_and_types_wrong"],
+)
+def test_match_gold_finds_the_bad_rows_then_their_segments_and_first_bad_token(tmp_path: Path, second, bad):
+    """Pass 1 compares each row's token-hash sum with its gold's; pass 2 names the failing rows' segments."""
+    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row(), _row(**second), _row()])]
+    g = _gold(tmp_path / "g", [GOOD])
+    out = inv.shards_match_gold(f, g)
+    assert [(r["row"], r["example_id"], r["token"]) for r in out.offending] == bad
+    assert out.violations == len(bad)
