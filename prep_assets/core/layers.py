@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 import shutil
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -382,66 +382,69 @@ def _record_examples(spec: DatasetSpec, silver_dir: Path, pt: PinnedTokenizer, c
                      ex_sink: ParquetSink, rej_sink: ParquetSink, batch_size: int, tally: _GoldTally) -> None:
     """One gold example per silver record (two per preference pair), tokenized and written batch by batch."""
     cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "split", "content"]
-    batches = ((batch, [loads_json(c) for c in batch.column("content").to_pylist()])
-               for batch in iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols))
-    for batch, tb in tokenize_batches(batches, spec, pt, chat):
-        tally.totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
-        record_split = batch.column("split").to_pylist()
-        for rec, n in tb.lost or []:
-            tally.overflow_by_split[record_split[rec]] += n
-        if tb.cut is not None:
-            for e in np.flatnonzero(tb.cut).tolist():
-                tally.overflow_by_split[record_split[int(tb.kept[e])]] += int(tb.cut[e])
-        if tb.rejects:
-            idx = pa.array([r[0] for r in tb.rejects], type=pa.int64())
-            rej = batch.select(cols[:-1]).take(idx)
-            for r in tb.rejects:
-                tally.reasons[r[1]] += 1
-            rej_sink.write(
-                pa.Table.from_batches([rej]).append_column("reason", pa.array([r[1] for r in tb.rejects]))
-                .append_column("detail", pa.array([r[2] for r in tb.rejects]))
-                .append_column("num_tokens", pa.array([r[3] for r in tb.rejects], type=pa.int32()))
-                .append_column("group_key", pa.nulls(len(tb.rejects), pa.string()))
+    # closed on the way out, error or not, so their worker threads stop with the step (a traceback kept by the
+    # caller would otherwise keep the generators, and a prefetch or an encode, alive)
+    with (closing(iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols)) as read,
+          closing(tokenize_batches(((batch, [loads_json(c) for c in batch.column("content").to_pylist()])
+                                    for batch in read), spec, pt, chat)) as stream):
+        for batch, tb in stream:
+            tally.totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
+            record_split = batch.column("split").to_pylist()
+            for rec, n in tb.lost or []:
+                tally.overflow_by_split[record_split[rec]] += n
+            if tb.cut is not None:
+                for e in np.flatnonzero(tb.cut).tolist():
+                    tally.overflow_by_split[record_split[int(tb.kept[e])]] += int(tb.cut[e])
+            if tb.rejects:
+                idx = pa.array([r[0] for r in tb.rejects], type=pa.int64())
+                rej = batch.select(cols[:-1]).take(idx)
+                for r in tb.rejects:
+                    tally.reasons[r[1]] += 1
+                rej_sink.write(
+                    pa.Table.from_batches([rej]).append_column("reason", pa.array([r[1] for r in tb.rejects]))
+                    .append_column("detail", pa.array([r[2] for r in tb.rejects]))
+                    .append_column("num_tokens", pa.array([r[3] for r in tb.rejects], type=pa.int32()))
+                    .append_column("group_key", pa.nulls(len(tb.rejects), pa.string()))
+                )
+            if len(tb.kept) == 0:
+                continue
+            lengths = np.diff(tb.offsets)
+            cum_loss = np.concatenate([[0], np.cumsum(tb.loss_mask, dtype=np.int64)])
+            cum_prompt = np.concatenate([[0], np.cumsum(tb.token_type_ids == TYPE_PROMPT, dtype=np.int64)])
+            n_loss = cum_loss[tb.offsets[1:]] - cum_loss[tb.offsets[:-1]]
+            n_prompt = cum_prompt[tb.offsets[1:]] - cum_prompt[tb.offsets[:-1]]
+            kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(pa.array(tb.kept, type=pa.int64()))
+            pair_id = branch = pa.nulls(len(tb.kept), pa.string())
+            shared = pa.nulls(len(tb.kept), pa.int32())
+            example_id = kept.column("record_id")
+            if tb.branches is not None and tb.shared_prefix is not None:
+                pair_id, branch = example_id, pa.array(tb.branches, pa.string())
+                shared = pa.array(tb.shared_prefix.astype(np.int32))
+                example_id = pc.binary_join_element_wise(example_id, branch, "/")
+            ex_sink.write(
+                pa.table(
+                    {
+                        "example_id": example_id,
+                        **{c: kept.column(c) for c in cols[:-1]},
+                        "token_ids": list_array(tb.token_ids, tb.offsets, pa.int32()),
+                        "loss_mask": list_array(tb.loss_mask, tb.offsets, pa.uint8()),
+                        "token_type_ids": list_array(tb.token_type_ids, tb.offsets, pa.uint8()),
+                        "num_tokens": pa.array(lengths.astype(np.int32)),
+                        "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
+                        "num_prompt_tokens": pa.array(n_prompt.astype(np.int32)),
+                        "pair_id": pair_id,
+                        "branch": branch,
+                        "shared_prefix_tokens": shared,
+                        "record_ids": pa.nulls(len(tb.kept), pa.list_(pa.string())),
+                        "group_keys": pa.nulls(len(tb.kept), pa.list_(pa.string())),
+                    },
+                    schema=GOLD_SCHEMA,
+                )
             )
-        if len(tb.kept) == 0:
-            continue
-        lengths = np.diff(tb.offsets)
-        cum_loss = np.concatenate([[0], np.cumsum(tb.loss_mask, dtype=np.int64)])
-        cum_prompt = np.concatenate([[0], np.cumsum(tb.token_type_ids == TYPE_PROMPT, dtype=np.int64)])
-        n_loss = cum_loss[tb.offsets[1:]] - cum_loss[tb.offsets[:-1]]
-        n_prompt = cum_prompt[tb.offsets[1:]] - cum_prompt[tb.offsets[:-1]]
-        kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(pa.array(tb.kept, type=pa.int64()))
-        pair_id = branch = pa.nulls(len(tb.kept), pa.string())
-        shared = pa.nulls(len(tb.kept), pa.int32())
-        example_id = kept.column("record_id")
-        if tb.branches is not None and tb.shared_prefix is not None:
-            pair_id, branch = example_id, pa.array(tb.branches, pa.string())
-            shared = pa.array(tb.shared_prefix.astype(np.int32))
-            example_id = pc.binary_join_element_wise(example_id, branch, "/")
-        ex_sink.write(
-            pa.table(
-                {
-                    "example_id": example_id,
-                    **{c: kept.column(c) for c in cols[:-1]},
-                    "token_ids": list_array(tb.token_ids, tb.offsets, pa.int32()),
-                    "loss_mask": list_array(tb.loss_mask, tb.offsets, pa.uint8()),
-                    "token_type_ids": list_array(tb.token_type_ids, tb.offsets, pa.uint8()),
-                    "num_tokens": pa.array(lengths.astype(np.int32)),
-                    "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
-                    "num_prompt_tokens": pa.array(n_prompt.astype(np.int32)),
-                    "pair_id": pair_id,
-                    "branch": branch,
-                    "shared_prefix_tokens": shared,
-                    "record_ids": pa.nulls(len(tb.kept), pa.list_(pa.string())),
-                    "group_keys": pa.nulls(len(tb.kept), pa.list_(pa.string())),
-                },
-                schema=GOLD_SCHEMA,
-            )
-        )
-        tally.lengths.append(lengths)
-        tally.totals["tokens"] += int(lengths.sum())
-        tally.totals["loss_tokens"] += int(n_loss.sum())
-        tally.totals["prompt_tokens"] += int(n_prompt.sum())
+            tally.lengths.append(lengths)
+            tally.totals["tokens"] += int(lengths.sum())
+            tally.totals["loss_tokens"] += int(n_loss.sum())
+            tally.totals["prompt_tokens"] += int(n_prompt.sum())
 
 
 def build_tokenized_examples(

@@ -37,8 +37,9 @@ class ParquetSink:
 
     An empty output still gets a file with the schema, so readers and checks never special-case absence.
     Row groups are encoded and compressed by one background thread (Arrow releases the GIL), in order, so the
-    caller's Python goes on with the next batch meanwhile; at most two row groups wait. A write error surfaces
-    at the next write or at close.
+    caller's Python goes on with the next batch meanwhile; at most two row groups wait. A failed row group stops
+    the writing: its error is raised at the next write or at close (and at every one after), and close removes the
+    file rather than leave one that reads as complete without the failed rows.
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class ParquetSink:
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parquet-sink")
         self._inflight: deque[Future[None]] = deque()
+        self._failed: BaseException | None = None
 
     def write(self, table: pa.Table | pa.RecordBatch) -> None:
         if isinstance(table, pa.RecordBatch):
@@ -76,27 +78,45 @@ class ParquetSink:
 
     def _flush(self, n: int) -> None:
         write_point()
+        self._collect(wait_below=2)
         merged = pa.concat_tables(self._pending)
-        while len(self._inflight) >= 2:
-            self._inflight.popleft().result()
         self._inflight.append(self._pool.submit(self._write_group, merged.slice(0, n)))
         rest = merged.slice(n)
         self._pending = [rest] if rest.num_rows else []
         self._pending_rows = rest.num_rows
 
+    def _collect(self, wait_below: int) -> None:
+        """Raise the first failed row group's error (again, at every later call); wait until fewer than
+        `wait_below` row groups are in flight."""
+        if self._failed is not None:
+            raise self._failed
+        while self._inflight and (len(self._inflight) >= wait_below or self._inflight[0].done()):
+            try:
+                self._inflight.popleft().result()
+            except BaseException as exc:
+                self._failed = exc
+                raise
+
     def _write_group(self, group: pa.Table) -> None:
+        if self._failed is not None:  # a row group failed before this one: write nothing after it
+            return
         # One contiguous chunk per row group: page boundaries then never depend on how batches arrived.
-        self._writer.write_table(group.combine_chunks(), row_group_size=group.num_rows)
+        try:
+            self._writer.write_table(group.combine_chunks(), row_group_size=group.num_rows)
+        except BaseException as exc:
+            self._failed = exc
+            raise
 
     def close(self) -> None:
         try:
-            if self._pending_rows:
+            if self._pending_rows and self._failed is None:
                 self._flush(self._pending_rows)
-            while self._inflight:
-                self._inflight.popleft().result()
+            self._collect(wait_below=1)
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)  # nothing is written after the file is closed
             self._writer.close()
+            if self._failed is not None:  # a file missing row groups must not look complete
+                self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> ParquetSink:
         return self

@@ -215,3 +215,20 @@ def test_match_gold_finds_the_bad_rows_then_their_segments_and_first_bad_token(t
     out = inv.shards_match_gold(f, g)
     assert [(r["row"], r["example_id"], r["token"]) for r in out.offending] == bad
     assert out.violations == len(bad)
+
+
+def test_match_gold_rows_without_segments_pass_and_tokens_no_segment_names_are_their_own_violation(tmp_path: Path):
+    g = _gold(tmp_path / "g", [GOOD])
+    padding = _row(input_ids=[0, 0, 0, 0], loss_mask=[0, 0, 0, 0], position_ids=[0, 0, 0, 0], segment_ids=[0, 0, 0, 0],
+                   token_type_ids=[2, 2, 2, 2], seq_lengths=[], example_ids=[], example_offsets=[], num_loss_tokens=0)
+    no_lengths = _row(seq_lengths=[])  # segments named but no lengths: nothing to compare (fixed_length flags it)
+    ok = [_shard(tmp_path / "ok" / "train" / "part-00000.parquet", [_row(), padding, no_lengths])]
+    assert inv.shards_match_gold(ok, g).passed
+    # seq_lengths covering a token that no example id names: the row fails though no listed segment does
+    unnamed = _row(seq_lengths=[3, 1])
+    bad_token = _row(input_ids=[5, 6, 8, 0])
+    mixed = [_shard(tmp_path / "bad" / "train" / "part-00000.parquet", [unnamed, bad_token])]
+    out = inv.shards_match_gold(mixed, g)
+    assert out.violations == 2
+    assert [(r["row"], r["token"]) for r in out.offending] == [(0, None), (1, 3)]
+    assert "disagree" in out.offending[0]["detail"]

@@ -43,15 +43,21 @@ def test_background_writes_keep_row_order_and_fixed_row_groups_across_uneven_bat
     assert pq.read_table(path).column("i").to_pylist() == list(range(2000))
 
 
-def test_a_failing_row_group_write_surfaces_at_close_and_the_file_is_closed(tmp_path: Path):
+def test_a_failing_row_group_stops_the_writing_raises_and_leaves_no_file(tmp_path: Path):
+    """The disk filling up under the writer thread: no row group is written after the failed one, its error reaches
+    the caller (at a later write or at close), and no file that would read as complete without them is left."""
     schema = pa.schema([("i", pa.int64())])
-    sink = ParquetSink(tmp_path / "x.parquet", schema, row_group_size=4)
+    path = tmp_path / "x.parquet"
+    calls = []
 
-    def fail(group: pa.Table) -> None:
+    def fail(table: pa.Table, row_group_size: int) -> None:
+        calls.append(table.num_rows)
         raise OSError("disk full")
 
-    sink._write_group = fail  # type: ignore[method-assign]  # the disk filling up under the writer thread
-    sink.write(pa.table({"i": [1, 2, 3, 4, 5]}))
     with pytest.raises(OSError, match="disk full"):
-        sink.close()
-    assert sink._writer.is_open is False
+        with ParquetSink(path, schema, row_group_size=4) as sink:
+            sink._writer.write_table = fail  # type: ignore[method-assign]
+            for k in range(10):
+                sink.write(pa.table({"i": list(range(4 * k, 4 * k + 4))}))
+    assert calls == [4]
+    assert sink._writer.is_open is False and not path.exists()
