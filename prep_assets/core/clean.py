@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import regex
 
 from prep_assets.core.lake import canonical_json
@@ -43,6 +45,27 @@ def normalize_text(text: str, norm: NormalizeSpec) -> str:
 
 def normalize_content(content: dict[str, Any], norm: NormalizeSpec) -> dict[str, Any]:
     return map_content_texts(content, lambda s: normalize_text(s, norm))
+
+
+# In a record's canonical JSON (ensure_ascii=False: only control characters, quotes and backslashes are escaped),
+# what any normalization step could change shows up as one of these: an escape for CR, a control character or any
+# other \u escape; DEL; a space or tab before an escaped newline; whitespace before a string's closing quote
+# (what rstrip removes). A backslash that is itself escaped can only match more, never less.
+_MAY_CHANGE = r'\\u|\\b|\\f|\\r|\x7f| \\n|\\t\\n| "|\\n"|\\t"'
+
+
+def left_as_is(canonical: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per record (its canonical JSON, as bronze writes it): True where normalization provably changes none of its
+    texts, so its silver content is the same string and neither normalization nor re-serialisation needs to run.
+
+    Only all-ASCII records qualify (NFC never changes ASCII; other characters could be unnormalized or Unicode
+    whitespace), and only where no text holds what `normalize_text` could remove or rewrite (`_MAY_CHANGE`, matched
+    on the JSON text by Arrow's RE2 over the whole batch). Anything else takes the record-by-record path."""
+    if len(canonical) == 0:
+        return np.zeros(0, dtype=bool)
+    ascii_only = pc.string_is_ascii(canonical)
+    may_change = pc.match_substring_regex(canonical, _MAY_CHANGE)
+    return pc.and_(ascii_only, pc.invert(may_change)).to_numpy(zero_copy_only=False)
 
 
 def content_digest(canonical: str) -> str:

@@ -20,7 +20,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prep_assets.core.arrays import flat_values, list_array, offsets_from_lengths, percentiles
-from prep_assets.core.clean import assign_split, content_digest, normalize_content, num_chars, quality_verdict
+from prep_assets.core.clean import (
+    assign_split,
+    content_digest,
+    left_as_is,
+    normalize_content,
+    num_chars,
+    quality_verdict,
+)
 from prep_assets.core import dedup
 from prep_assets.core.drops import Drop, format_of, resolve_drop
 from prep_assets.core.errors import DropError
@@ -266,12 +273,16 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
 
             cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "content"]
             for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
-                for row in batch.to_pylist():
+                as_is = left_as_is(batch.column("content")).tolist()
+                values = [batch.column(c).to_pylist() for c in cols]  # a list per column: 4x faster than rows
+                for record_id, drop, source_file, source_line, byte_offset, canonical, same in zip(*values, as_is):
                     records_in += 1
-                    record_id = row["record_id"]
-                    prov = {k: row[k] for k in cols[:-1]}
-                    content = normalize_content(loads_json(row["content"]), norm)
-                    canonical = canonical_json(content)
+                    prov = {"record_id": record_id, "drop": drop, "source_file": source_file,
+                            "source_line": source_line, "byte_offset": byte_offset}
+                    content = loads_json(canonical)
+                    if not same:
+                        content = normalize_content(content, norm)
+                        canonical = canonical_json(content)
                     verdict = quality_verdict(content, clean)
                     if verdict is not None:
                         reject(prov, verdict.reason, verdict.detail, canonical)

@@ -1,7 +1,18 @@
+import random
 import unicodedata
 from collections import Counter
 
-from prep_assets.core.clean import assign_split, content_sha256, normalize_content, normalize_text, quality_verdict
+import pyarrow as pa
+
+from prep_assets.core.clean import (
+    assign_split,
+    content_sha256,
+    left_as_is,
+    normalize_content,
+    normalize_text,
+    quality_verdict,
+)
+from prep_assets.core.lake import canonical_json
 from prep_assets.core.spec import NormalizeSpec, SplitSpec
 from prep_assets_tests.conftest import make_spec
 
@@ -30,6 +41,39 @@ def test_trailing_whitespace_per_line_and_at_end():
 def test_normalization_switched_off_keeps_bytes():
     off = NormalizeSpec(nfc=False, newlines=False, control_chars=False, trailing_whitespace=False)
     assert normalize_text("a\r\n\x00 ", off) == "a\r\n\x00 "
+
+
+def _as_is(contents: list[dict]) -> list[bool]:
+    return left_as_is(pa.array([canonical_json(c) for c in contents])).tolist()
+
+
+def test_left_as_is_passes_clean_ascii_and_flags_everything_normalization_would_touch():
+    clean = [{"text": "plain words, 'quotes' and \"escapes\" and a\ttab\nand lines"},
+             {"turns": [{"prompt": "What is 2+2?", "completion": "4."}]}, {"text": ""}]
+    touched = ["caf\u00e9", "a\r\nb", "a\rb", "a\x00b", "a\x07b", "a\x08b", "a\x0cb", "a\x7fb", "a \nb", "a\t\nb",
+               "ends with space ", "ends with newline\n", "ends with tab\t", "a\x1fb"]
+    assert _as_is(clean) == [True] * len(clean)
+    assert _as_is([{"text": t} for t in touched]) == [False] * len(touched)
+    assert _as_is([{"turns": [{"prompt": "fine", "completion": t}]} for t in touched]) == [False] * len(touched)
+    assert left_as_is(pa.array([], pa.string())).tolist() == []
+
+
+def test_left_as_is_never_passes_a_record_that_normalization_changes():
+    """Random texts over the characters each step acts on: wherever `left_as_is` says so, normalizing (every
+    step on, and each one alone) leaves the canonical JSON exactly as it was."""
+    rng = random.Random(7)
+    alphabet = list("ab \t\n\r\\\"'u0") + ["\x00", "\x08", "\x0b", "\x0c", "\x1c", "\x7f", "\x85", "\xa0", "e\u0301",
+                                             "\u00e9", "\u2028", "\u3000", "\\u00", "\\n", "\\r"]
+    contents = [{"text": "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))} for _ in range(20_000)]
+    contents += [{"turns": [{"prompt": c["text"], "completion": "x"}]} for c in contents[:2000]]
+    flags = _as_is(contents)
+    assert 1000 < sum(flags) < len(flags)  # both paths are exercised
+    specs = [NORM] + [NormalizeSpec(**{k: k == on for k in ("nfc", "newlines", "control_chars", "trailing_whitespace")})
+                      for on in ("nfc", "newlines", "control_chars", "trailing_whitespace")]
+    for content, same in zip(contents, flags):
+        if same:
+            for norm in specs:
+                assert canonical_json(normalize_content(content, norm)) == canonical_json(content), content
 
 
 def test_quality_verdicts_name_their_reason():
