@@ -41,11 +41,8 @@ class Outcome:
 
 def _query(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """Run `sql` with the named parameters it uses (`$name`); values are always bound, never interpolated."""
-    used = set(re.findall(r"\$([A-Za-z_]\w*)", sql))
     with sql_connect() as con:
-        cur = con.execute(sql, {k: v for k, v in params.items() if k in used})
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+        return _rows_in(con, sql, params)
 
 
 def _scalar(sql: str, params: dict[str, Any]) -> Any:
@@ -63,16 +60,33 @@ def _violating_rows(source: str, where: str, columns: str, params: dict[str, Any
     `tables` Arrow tables the SQL names (registered under those fixed names).
 
     One pass over the data: the violating rows (normally none) are kept in a temp table, then counted and sampled."""
-    sql = f"CREATE TEMP TABLE violations AS SELECT * FROM {source} WHERE {where}"
-    used = set(re.findall(r"\$([A-Za-z_]\w*)", sql))
     with sql_connect() as con:
         for table_name, table in (tables or {}).items():
             con.register(table_name, table)
-        con.execute(sql, {k: v for k, v in params.items() if k in used})
-        count = con.execute("SELECT count(*) FROM violations").fetchall()[0][0]
-        cur = con.execute(f"SELECT {columns} FROM violations ORDER BY {order} LIMIT $n", {"n": SAMPLE})
-        cols = [d[0] for d in cur.description]
-        return int(count), [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+        return _violations_in(con, source, where, columns, params, order)
+
+
+def _bound(sql: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters `sql` uses (`$name`): DuckDB refuses unused ones."""
+    used = set(re.findall(r"\$([A-Za-z_]\w*)", sql))
+    return {k: v for k, v in params.items() if k in used}
+
+
+def _violations_in(con: Any, source: str, where: str, columns: str, params: dict[str, Any],
+                   order: str) -> tuple[int, list[dict[str, Any]]]:
+    """`_violating_rows` on an open connection (whose temp tables `source` may name)."""
+    sql = f"CREATE TEMP TABLE violations AS SELECT * FROM {source} WHERE {where}"
+    con.execute(sql, _bound(sql, params))
+    count = con.execute("SELECT count(*) FROM violations").fetchall()[0][0]
+    cur = con.execute(f"SELECT {columns} FROM violations ORDER BY {order} LIMIT $n", {"n": SAMPLE})
+    cols = [d[0] for d in cur.description]
+    return int(count), [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+
+def _rows_in(con: Any, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    cur = con.execute(sql, _bound(sql, params))
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
 
 _LOCATION = "source_file || ':' || source_line AS location"
@@ -496,7 +510,10 @@ _SEGMENTS = f"""
 """
 _NO_SEGMENTS = ("(SELECT NULL::VARCHAR AS split, NULL::VARCHAR AS file, NULL::BIGINT AS row, NULL::VARCHAR AS "
                 "example_id, NULL::INTEGER AS off, NULL::INTEGER AS len, NULL::BIGINT AS seg WHERE false)")
-# the pieces each gold example should become: itself, or (windowed) its windows that keep a loss token
+# the pieces each gold example should become: itself (read without its lists' values: only their lengths) ...
+_EXPECTED_WHOLE = ("SELECT example_id, split, len(token_ids) AS n, 0 AS k, 0 AS off, len(token_ids) AS len, true AS kept "
+                   "FROM read_parquet($g)")
+# ... or (windowed) its windows that keep a loss token
 _EXPECTED = """
     WITH g AS (SELECT example_id, split, len(token_ids) AS n, loss_mask FROM read_parquet($g)),
     w AS (SELECT *, unnest(range(0, CASE WHEN $windowed AND n > $L THEN 1 + (n - $L + $stride - 1) // $stride
@@ -504,18 +521,20 @@ _EXPECTED = """
     e AS (SELECT example_id, split, n, k, k * $stride AS off,
                  CASE WHEN $windowed THEN least($L, n - k * $stride) ELSE n END AS len,
                  CASE WHEN k = 0 THEN 0 ELSE greatest($overlap, 1) END AS masked, loss_mask FROM w)
-    SELECT example_id, split, off, len,
+    SELECT example_id, split, n, k, off, len,
            NOT $windowed OR coalesce(list_sum(list_slice(loss_mask, off + masked + 1, off + len)), 0) > 0 AS kept
     FROM e
 """
 # per split: gold tokens, and of the expected kept pieces their tokens and those repeated from the previous one
-_EXPECTED_TOTALS = f"""
-    WITH e AS (SELECT * FROM ({_EXPECTED}) WHERE kept),
+_GOLD_TOTALS = ("SELECT split, sum(len(token_ids))::BIGINT AS gold, sum(len(token_ids))::BIGINT AS tokens, "
+                "0::BIGINT AS dropped, 0::BIGINT AS overlap FROM read_parquet($g) GROUP BY split")
+_EXPECTED_TOTALS = """
+    WITH e AS (SELECT * FROM expected WHERE kept),
     r AS (SELECT split, len, greatest(0, coalesce(lag(off + len) OVER (PARTITION BY example_id ORDER BY off), 0)
                                          - off) AS repeated FROM e),
     t AS (SELECT split, sum(len)::BIGINT AS tokens, sum(repeated)::BIGINT AS overlap FROM r GROUP BY split),
-    g AS (SELECT split, sum(len(token_ids))::BIGINT AS gold FROM read_parquet($g) GROUP BY split)
-    SELECT g.split, coalesce(t.tokens, 0) AS tokens, g.gold - coalesce(t.tokens - t.overlap, 0) AS dropped,
+    g AS (SELECT split, sum(n)::BIGINT AS gold FROM expected WHERE k = 0 GROUP BY split)
+    SELECT g.split, g.gold, coalesce(t.tokens, 0) AS tokens, g.gold - coalesce(t.tokens - t.overlap, 0) AS dropped,
            coalesce(t.overlap, 0) AS overlap
     FROM g LEFT JOIN t USING (split)
 """
@@ -551,11 +570,10 @@ def shards_tokens_conserved(files: list[Path], gold_dir: Path, layout: Layout,
             WHERE a.example_id IS NULL OR g.example_id IS NULL OR a.first <> 0 OR a.last_end <> g.n
                OR a.total <> g.n OR a.gaps > 0 OR a.splits <> 1 OR a.shard_split <> g.split
         """
-        expected_sql = "SELECT split, sum(len(token_ids))::BIGINT AS tokens, 0::BIGINT AS dropped, 0::BIGINT AS " \
-                       "overlap FROM read_parquet($g) GROUP BY split"
+        expected_sql = _GOLD_TOTALS
     else:
         sql = f"""
-            WITH e AS (SELECT * FROM ({_EXPECTED}) WHERE kept),
+            WITH e AS (SELECT * FROM expected WHERE kept),
             s AS (SELECT *, count(*) OVER (PARTITION BY example_id, off) AS copies FROM {segments})
             SELECT coalesce(e.example_id, s.example_id) AS example_id, coalesce(e.off, s.off) AS offset,
                    e.len AS expected_tokens, s.len AS shard_tokens, e.split, s.split AS shard_split, s.copies
@@ -563,13 +581,17 @@ def shards_tokens_conserved(files: list[Path], gold_dir: Path, layout: Layout,
             WHERE e.example_id IS NULL OR s.example_id IS NULL OR e.len <> s.len OR e.split <> s.split
                OR s.copies > 1
         """
-        expected_sql = _EXPECTED_TOTALS
-    n, bad = _violating_rows(f"({sql})", "true", "*", p, order="example_id")
-    expected = {r["split"]: r for r in _query(expected_sql, p)}
-    gold = {r["split"]: r["tokens"] for r in _query(
-        "SELECT split, sum(len(token_ids))::BIGINT AS tokens FROM read_parquet($g) GROUP BY split", {"g": p["g"]})}
-    shard = {r["split"]: r["tokens"] for r in _query(
-        f"SELECT split, sum(len)::BIGINT AS tokens FROM {segments} GROUP BY split", p)}
+        expected_sql = _EXPECTED_TOTALS if layout.windowed else _GOLD_TOTALS  # whole examples: nothing dropped
+    with sql_connect() as con:
+        if layout.strategy != "full":  # the pieces both queries compare with, worked out once
+            pieces = _EXPECTED if layout.windowed else _EXPECTED_WHOLE
+            create = f"CREATE TEMP TABLE expected AS {pieces}"
+            con.execute(create, _bound(create, p))
+        n, bad = _violations_in(con, f"({sql})", "true", "*", p, order="example_id")
+        expected = {r["split"]: r for r in _rows_in(con, expected_sql, p)}
+        shard = {r["split"]: r["tokens"] for r in _rows_in(
+            con, f"SELECT split, sum(len)::BIGINT AS tokens FROM {segments} GROUP BY split", p)}
+    gold = {split: r["gold"] for split, r in expected.items()}
     offending: list[dict[str, Any]] = []
     for split in sorted(set(expected) | set(shard)):
         e = expected.get(split, {})
