@@ -604,9 +604,11 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
         for batch in iter_batches(gold_path, batch_size=batch_size, columns=cols):
             splits = batch.column("split")
             for split in SPLITS:
-                sub = batch.filter(pc.equal(splits, split))
-                if sub.num_rows == 0:
+                rows = pc.equal(splits, split)
+                n = pc.sum(rows).as_py() or 0
+                if n == 0:
                     continue
+                sub = batch if n == batch.num_rows else batch.filter(rows)  # a batch of one split is not copied
                 acc = out[split]
                 ids, offsets = flat_values(sub.column("token_ids"), np.int32)
                 mask, _ = flat_values(sub.column("loss_mask"), np.uint8)
