@@ -379,12 +379,14 @@ def apply_overflow(
         head_len[over] = heads[over]
         keep_start[over] = starts[over] + lengths[over] - (max_len[over] - heads[over])
         keep_len[over] = max_len[over] - heads[over]
-    # each example is its head range followed by its kept range
-    range_starts = np.column_stack([starts, keep_start]).ravel()
-    range_lens = np.column_stack([head_len, keep_len]).ravel()
-    index = ranges_index(range_starts, range_lens)
+    if over.any():  # each example is its head range followed by its kept range
+        range_starts = np.column_stack([starts, keep_start]).ravel()
+        range_lens = np.column_stack([head_len, keep_len]).ravel()
+        index = ranges_index(range_starts, range_lens)
+        out_ids, out_mask, out_types = ids[index], mask[index], types[index]
+    else:  # nothing cut: the examples as they are (no gather)
+        out_ids, out_mask, out_types = ids, mask.copy(), types
     keep_len = keep_len + head_len
-    out_ids, out_mask, out_types = ids[index], mask[index].copy(), types[index]
     out_offsets = offsets_from_lengths(keep_len)
     firsts = out_offsets[:-1][keep_len > 0]
     out_mask[firsts] = 0
@@ -399,16 +401,18 @@ def apply_overflow(
         rejects = [(i, reason, f"{('chosen', 'rejected')[i % 2]}: {detail}", k) for i, reason, detail, k in rejects]
         rejected = np.repeat(rejected.reshape(-1, 2).any(axis=1), 2)
     kept = np.flatnonzero(~rejected)
-    final_index = ranges_index(out_offsets[:-1][kept], keep_len[kept])
+    if len(kept) < n:
+        final_index = ranges_index(out_offsets[:-1][kept], keep_len[kept])
+        out_ids, out_mask, out_types = out_ids[final_index], out_mask[final_index], out_types[final_index]
     rejects.sort()
     cut = (lengths - keep_len)[kept]
     # a record rejected after its overflow (dropped, or truncated to nothing trainable) lost its tokens to it
     lost = [(int(i), int(lengths[i])) for i in np.flatnonzero(over & rejected)]
     return TokenizedBatch(
         kept=kept,
-        token_ids=out_ids[final_index],
-        loss_mask=out_mask[final_index],
-        token_type_ids=out_types[final_index],
+        token_ids=out_ids,
+        loss_mask=out_mask,
+        token_type_ids=out_types,
         offsets=offsets_from_lengths(keep_len[kept]),
         rejects=rejects,
         tokens_dropped=int(cut.sum()) + sum(n for _, n in lost),

@@ -3,7 +3,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prep_assets.core.masking import tokenize_batch
+from prep_assets.core.masking import apply_overflow, tokenize_batch
 from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
 from prep_assets.core.spec import TokenizerSpec
 from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
@@ -141,3 +141,46 @@ def test_pipelined_batches_equal_one_batch_at_a_time_in_order(name: str, tmp_pat
         for a, b in zip(_examples(got), _examples(want), strict=True):
             assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert any(tb.rejects for _, tb in piped)  # overflow rejects go through the pipeline too
+
+
+def _overflow_reference(ids, mask, types, lengths, policy, max_len, head):
+    """apply_overflow one example at a time, as the rules read: (kept examples, reject reasons by index)."""
+    kept, reasons, start = [], {}, 0
+    for i, n in enumerate(lengths.tolist()):
+        e = [a[start : start + n] for a in (ids, mask, types)]
+        start += n
+        if n > max_len and policy == "drop":
+            reasons[i] = "too_long"
+            continue
+        if n > max_len and policy == "truncate_right":
+            e = [a[:max_len] for a in e]
+        if n > max_len and policy == "truncate_left":
+            e = [np.concatenate([a[:head], a[n - (max_len - head) :]]) for a in e]
+        e[1] = e[1].copy()
+        e[1][:1] = 0
+        if e[1].sum() == 0:
+            reasons[i] = "no_trained_tokens"
+            continue
+        kept.append((i, *e))
+    return kept, reasons
+
+
+@pytest.mark.parametrize("policy", ["keep", "drop", "truncate_right", "truncate_left"])
+def test_overflow_equals_the_rules_applied_one_example_at_a_time_with_or_without_cuts_and_rejects(policy: str):
+    rng = np.random.default_rng(3)
+    for trial in range(300):
+        lengths = rng.integers(1, 12, size=rng.integers(1, 9))
+        total = int(lengths.sum())
+        ids = rng.integers(0, 50_000, size=total).astype(np.int32)
+        mask = (rng.random(total) < (0.1 if trial % 3 else 0.8)).astype(np.uint8)  # some examples lose every loss token
+        types = rng.integers(0, 4, size=total).astype(np.uint8)
+        max_len = int(rng.integers(2, 14))  # sometimes nothing is over, sometimes much
+        tb = apply_overflow(ids, mask, types, lengths, policy=policy, max_len=max_len, head=1)
+        kept, reasons = _overflow_reference(ids, mask, types, lengths, policy, max_len, 1)
+        assert tb.kept.tolist() == [k[0] for k in kept]
+        assert {r[0]: r[1] for r in tb.rejects} == reasons
+        got = _examples(tb)
+        assert len(got) == len(kept)
+        for (_, *want), have in zip(kept, got):
+            for w, h in zip(want, have):
+                assert w.tolist() == h.tolist()
