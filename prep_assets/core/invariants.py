@@ -756,7 +756,9 @@ def shards_utilization(files: list[Path], max_seq_len: int, min_utilization: flo
     name, desc = "packed_shards_utilization", "non-padding tokens / (rows * max_seq_len) >= checks.min_sequence_utilization"
     if not files:
         return _no_shards(name, desc)
-    row = _query("SELECT count(*) AS rows, sum(list_count(list_filter(segment_ids, lambda s: s > 0)))::BIGINT AS tokens "
+    # the tokens in segments, from seq_lengths (one short list per row, not the row-long segment_ids: 0.14 ->
+    # 0.01 s on the 100 MB benchmark); fixed_length bounds their sum, tokens_conserved holds them against gold
+    row = _query("SELECT count(*) AS rows, coalesce(sum(list_sum(seq_lengths)), 0)::BIGINT AS tokens "
                  "FROM read_parquet($files)", {"files": _files(files)})[0]
     util = row["tokens"] / (row["rows"] * max_seq_len) if row["rows"] else 0.0
     facts = {"sequence_utilization": round(util, 6), "min_sequence_utilization": min_utilization, **row}
