@@ -97,6 +97,35 @@ def _columns(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[str, list[An
     return {name: [r[name] for r in rows] for name in schema.names}
 
 
+class _ColumnBuffer:
+    """Collects rows as one list per column (no dict per row) and hands them to a sink in batches; `constant`
+    columns hold one value for every row. Positional `add` follows the sink schema's other columns, in order."""
+
+    def __init__(self, sink: ParquetSink, batch: int, constant: dict[str, Any]) -> None:
+        self.sink, self.batch, self.constant = sink, batch, constant
+        self.names = [n for n in sink.schema.names if n not in constant]
+        self.columns: list[list[Any]] = [[] for _ in self.names]
+
+    def add(self, *values: Any) -> None:
+        for column, value in zip(self.columns, values, strict=True):
+            column.append(value)
+        if len(self.columns[0]) >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        n = len(self.columns[0])
+        if n:
+            columns = dict(zip(self.names, self.columns, strict=True))
+            self.sink.write_rows({name: columns[name] if name in columns else [self.constant[name]] * n
+                                  for name in self.sink.schema.names})
+            self.columns = [[] for _ in self.names]
+
+
+def _row_of(names: list[str], columns: list[list[Any]], i: int) -> dict[str, Any]:
+    """Row `i` of column lists, as a dict of the first len(names) columns."""
+    return {name: columns[j][i] for j, name in enumerate(names)}
+
+
 class _RowBuffer:
     """Collects dict rows and hands them to a sink in batches."""
 
@@ -173,8 +202,9 @@ def build_raw_records(
             ParquetSink(stage / RECORDS, BRONZE_SCHEMA, compression=comp) as rec_sink,
             ParquetSink(stage / REJECTS, BRONZE_REJECT_SCHEMA, compression=comp) as rej_sink,
         ):
-            records, rejects = _RowBuffer(rec_sink, batch_size), _RowBuffer(rej_sink, batch_size)
             where = {"drop": drop.partition, "source_file": drop.file}
+            records = _ColumnBuffer(rec_sink, batch_size, where)
+            rejects = _RowBuffer(rej_sink, batch_size)
             for item in read_drop(source, fmt, max_line_bytes=spec.input.max_line_bytes, acct=acct,
                                   max_gzip_ratio=spec.input.max_gzip_ratio):
                 if isinstance(item, RawReject):
@@ -192,9 +222,7 @@ def build_raw_records(
                 if acct.unit == "element":  # several array elements may share a line
                     record_id += f".{element_no[item.line]}"
                     element_no[item.line] += 1
-                records.add({**where, "record_id": record_id, "source_line": item.line,
-                             "byte_offset": item.byte_offset, "record_sha256": item.sha256,
-                             "record": item.text, "content": canonical_json(content)})
+                records.add(record_id, item.line, item.byte_offset, item.sha256, item.text, canonical_json(content))
             records.flush()
             rejects.flush()
         stats = {
@@ -263,7 +291,7 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
             ParquetSink(stage / RECORDS, SILVER_SCHEMA, compression=comp) as keep_sink,
             ParquetSink(stage / REJECTS, SILVER_REJECT_SCHEMA, compression=comp) as rej_sink,
         ):
-            kept, rejected = _RowBuffer(keep_sink, batch_size), _RowBuffer(rej_sink, batch_size)
+            rejected = _RowBuffer(rej_sink, batch_size)
 
             def reject(prov: dict[str, Any], reason: str, detail: str, canonical: str, digest: str | None = None,
                        of: str | None = None) -> None:
@@ -275,42 +303,57 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
             for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
                 as_is = left_as_is(batch.column("content")).tolist()
                 values = [batch.column(c).to_pylist() for c in cols]  # a list per column: 4x faster than rows
-                for record_id, drop, source_file, source_line, byte_offset, canonical, same in zip(*values, as_is):
+                # the kept rows: their provenance is taken from the batch (Arrow), the rest collected here
+                kept: list[int] = []
+                kept_content: list[str] = []
+                kept_digest: list[str] = []
+                kept_chars: list[int] = []
+                kept_split: list[str] = []
+                for i, (record_id, canonical, same) in enumerate(zip(values[0], values[-1], as_is)):
                     records_in += 1
-                    prov = {"record_id": record_id, "drop": drop, "source_file": source_file,
-                            "source_line": source_line, "byte_offset": byte_offset}
                     content = loads_json(canonical)
                     if not same:
                         content = normalize_content(content, norm)
                         canonical = canonical_json(content)
                     verdict = quality_verdict(content, clean)
                     if verdict is not None:
-                        reject(prov, verdict.reason, verdict.detail, canonical)
+                        reject(_row_of(cols[:-1], values, i), verdict.reason, verdict.detail, canonical)
                         continue
                     digest = content_digest(canonical)
                     if exact is not None:
                         first, in_earlier = exact.repeats(digest, canonical, record_id)
                         if first is not None and first in near_of:  # a copy of a record removed as near duplicate
-                            reject(prov, "near_duplicate", f"same content as {first}, a near duplicate of "
-                                   f"{near_of[first]}", canonical, digest, near_of[first])
+                            reject(_row_of(cols[:-1], values, i), "near_duplicate", f"same content as {first}, a "
+                                   f"near duplicate of {near_of[first]}", canonical, digest, near_of[first])
                             continue
                         if first is not None:
                             of_earlier += in_earlier
-                            reject(prov, "duplicate", f"same content as {first}", canonical, digest, first)
+                            reject(_row_of(cols[:-1], values, i), "duplicate", f"same content as {first}", canonical,
+                                   digest, first)
                             continue
                     if near is not None:
                         match = near.match(record_id, near_dup_text(content))
                         if match is not None:
                             near_of[record_id] = match[0]
-                            reject(prov, "near_duplicate", f"estimated Jaccard {match[1]:.3f} >= "
-                                   f"{clean.near.threshold} with {match[0]}", canonical, digest, match[0])
+                            reject(_row_of(cols[:-1], values, i), "near_duplicate", f"estimated Jaccard "
+                                   f"{match[1]:.3f} >= {clean.near.threshold} with {match[0]}", canonical, digest,
+                                   match[0])
                             continue
                     split = assign_split(_split_key(spec, content, digest), spec.split)
                     splits[split] += 1
                     n = num_chars(content)
                     chars += n
-                    kept.add({**prov, "content": canonical, "content_sha256": digest, "num_chars": n, "split": split})
-            kept.flush()
+                    kept.append(i)
+                    kept_content.append(canonical)
+                    kept_digest.append(digest)
+                    kept_chars.append(n)
+                    kept_split.append(split)
+                if kept:
+                    take = pa.array(kept, type=pa.int64())
+                    keep_sink.write(pa.Table.from_pydict({
+                        **{c: batch.column(c).take(take) for c in cols[:-1]}, "content": kept_content,
+                        "content_sha256": kept_digest, "num_chars": kept_chars, "split": kept_split,
+                    }, schema=SILVER_SCHEMA))
             rejected.flush()
         if exact is not None:
             found = dedup.collisions(stage / RECORDS, stage / REJECTS, earlier) - colliding
