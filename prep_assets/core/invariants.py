@@ -440,16 +440,20 @@ def shards_padding_masked(files: list[Path], pad_id: int) -> Outcome:
 
 
 def shards_positions_restart(files: list[Path]) -> Outcome:
-    """Positions are 0 at each segment start and +1 inside it; segments are 1..k; segment starts are masked."""
+    """Positions are 0 at each segment start and +1 inside it; segments are 1..k; segment starts are masked; the
+    segments are the ones seq_lengths lists (else tokens past them, still numbered and trained, would pass every
+    gate: the others judge the tokens seq_lengths covers)."""
     name = "packed_shards_positions_restart"
-    desc = "positions restart at 0 at each segment and increase by 1; first token of each segment masked"
+    desc = ("positions restart at 0 at each segment and increase by 1; first token of each segment masked; segments "
+            "as seq_lengths lists them")
     if not files:
         return _no_shards(name, desc)
     # Two steps in one query. First, whole lists compared at once: a row laid out exactly as its seq_lengths say
     # (segments 1..k of those lengths, positions 0..n-1 in each, zeros after, every segment start masked) keeps
     # the rule, so only the other rows go on (half the time of checking every token). The layout is built only
     # from sane seq_lengths (no NULL, none below 1, their sum within the row); any other row goes on as it is.
-    # Then, on the rows that went on, the rule token by token: the indices of the tokens that break it.
+    # Then, on the rows that went on, the rule token by token: the indices of the tokens that break it; a row that
+    # went on and breaks no token rule has segments other than its seq_lengths: a violation of its own.
     sql = f"""
         WITH r AS (SELECT filename AS file, file_row_number AS row, segment_ids, position_ids, loss_mask, seq_lengths,
                           (len(segment_ids) - list_sum(seq_lengths))::INTEGER AS pad
@@ -466,8 +470,9 @@ def shards_positions_restart(files: list[Path]) -> Outcome:
                                                              list_resize([]::INTEGER[], coalesce(pad, len(segment_ids)), 0))
                               OR list_sum(list_transform(generate_series(1, len(seq_lengths)),
                                                          lambda k: loss_mask[({_SEG_AT})::BIGINT + 1])) <> 0, true)
-                         ELSE true END)
-        SELECT file, row, token, segment_ids[token] AS seg, position_ids[token] AS pos, loss_mask[token] AS m FROM (
+                         ELSE true END),
+        v AS (SELECT file, row, token, segment_ids[token] AS seg, position_ids[token] AS pos, loss_mask[token] AS m,
+                     NULL::VARCHAR AS detail FROM (
             SELECT file, row, segment_ids, position_ids, loss_mask,
                    unnest(list_filter(generate_series(1, len(segment_ids)), lambda i:
                        segment_ids[i] > 0 AND (
@@ -476,7 +481,13 @@ def shards_positions_restart(files: list[Path]) -> Outcome:
                                  OR segment_ids[i] <> (CASE WHEN i = 1 THEN 0 ELSE segment_ids[i - 1] END) + 1))
                            OR (i > 1 AND segment_ids[i] = segment_ids[i - 1]
                                AND position_ids[i] <> position_ids[i - 1] + 1)))) AS token
-            FROM c)
+            FROM c))
+        SELECT * FROM v
+        UNION ALL  -- a row that went on and keeps the rule token by token: its segments are not its seq_lengths
+        SELECT file, row, NULL, NULL, NULL, NULL,
+               'segment_ids lay out other segments than seq_lengths lists (their number or lengths differ, or '
+               || 'seq_lengths is not a list of lengths >= 1 within the row)' FROM c
+        WHERE NOT EXISTS (SELECT 1 FROM v WHERE v.file = c.file AND v.row = c.row)
     """
     n, bad = _violating_rows(f"({sql})", "true", "*", {"files": _files(files)}, order="file, row, token")
     return Outcome(name, n, bad, {}, desc)

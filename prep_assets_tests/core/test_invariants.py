@@ -121,12 +121,11 @@ def test_padding_gate_judges_every_segment_0_token_not_only_a_clean_tail(tmp_pat
                          ids=["empty_segment", "null_length", "negative_length", "huge_length", "no_lengths"])
 def test_positions_restart_judges_tokens_not_seq_lengths_and_catches_a_skipped_segment(tmp_path: Path, seq_lengths):
     # its first step sets aside rows laid out exactly as their (sane) seq_lengths say; what it passes on is judged
-    # token by token, so a row whose seq_lengths alone are wrong keeps the rule (tokens_conserved catches it),
-    # and no corrupt seq_lengths can make a skipped segment number look laid out
+    # token by token, and no corrupt seq_lengths can make a skipped segment number look laid out
     two = {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 1, 0, 1], "position_ids": [0, 1, 0, 1],
            "segment_ids": [1, 1, 2, 2], "token_type_ids": [1, 1, 1, 1], "seq_lengths": [2, 2],
            "example_ids": ["d:1", "d:2"], "example_offsets": [0, 0], "num_loss_tokens": 2}
-    ok = [_shard(tmp_path / "a" / "train" / "part-00000.parquet", [_row(), two, _row(seq_lengths=[2])])]
+    ok = [_shard(tmp_path / "a" / "train" / "part-00000.parquet", [_row(), two])]
     assert inv.shards_positions_restart(ok).passed
     skipped = {**two, "segment_ids": [1, 1, 3, 3], "seq_lengths": seq_lengths, "example_ids": ["d:1", "d:3", "d:2"],
                "example_offsets": [0, 0, 0]}
@@ -232,3 +231,20 @@ def test_match_gold_rows_without_segments_pass_and_tokens_no_segment_names_are_t
     assert out.violations == 2
     assert [(r["row"], r["token"]) for r in out.offending] == [(0, None), (1, 3)]
     assert "disagree" in out.offending[0]["detail"]
+
+
+@pytest.mark.parametrize(
+    "row",
+    [{"seq_lengths": [2]},  # the segment runs on past what seq_lengths lists
+     # a trained token beyond the example, still numbered as its segment: every other gate judges only the tokens
+     # seq_lengths covers (match_gold, tokens_conserved) or segment 0 (padding), so only this gate can see it
+     {"input_ids": [5, 6, 7, 9], "loss_mask": [0, 1, 1, 1], "position_ids": [0, 1, 2, 3], "segment_ids": [1, 1, 1, 1],
+      "token_type_ids": [1, 1, 3, 1], "num_loss_tokens": 3},
+     {"seq_lengths": [1, 2], "example_ids": ["d:1", "d:1"], "example_offsets": [0, 1]},  # one segment, listed as two
+     {"seq_lengths": []}],
+    ids=["seq_lengths_short", "trained_token_past_the_segments", "one_segment_listed_as_two", "no_segments_listed"],
+)
+def test_positions_restart_fails_a_row_whose_segments_are_not_its_seq_lengths(tmp_path: Path, row):
+    out = inv.shards_positions_restart([_shard(tmp_path / "train" / "part-00000.parquet", [_row(), _row(**row)])])
+    assert out.violations == 1 and out.offending[0]["row"] == 1 and out.offending[0]["token"] is None
+    assert "seq_lengths" in out.offending[0]["detail"]
