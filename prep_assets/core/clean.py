@@ -166,6 +166,8 @@ def assign_split(key: str, split: SplitSpec) -> str:
 
     Keying on content puts exact duplicates in one split, so dedup across splits is never needed.
     """
+    if split.validation_ratio == 0 and split.test_ratio == 0:  # the default: no draw can leave train
+        return "train"
     digest = hashlib.sha256(f"{split.seed}:{key}".encode()).digest()
     u = int.from_bytes(digest[:8], "big") / 2**64
     if u < split.validation_ratio:

@@ -5,7 +5,7 @@ The Dagster asset checks (`defs/checks.py`) and the tests both run these, so a g
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,13 @@ class Gate:
     description: str
     probe: Probe
     applies: Callable[[DatasetSpec], bool] = lambda spec: True
+    # a gold gate judged row by row: `outcomes` evaluates the rules of the gates it runs together in one pass
+    rule: Callable[[DatasetSpec, DatasetPaths], inv.RowRule] | None = None
+
+
+def _row_gate(name: str, description: str, rule: Callable[[DatasetSpec, DatasetPaths], inv.RowRule]) -> Gate:
+    return Gate(TOKENIZED_EXAMPLES, name, description,
+                lambda s, p, k: inv.gold_rows(gold(p, k), [rule(s, p)])[0], rule=rule)
 
 
 def _dir(layer: str) -> Callable[[DatasetPaths, str], Path]:
@@ -75,16 +82,16 @@ GATES: tuple[Gate, ...] = (
          lambda s, p, k: inv.silver_lengths(silver(p, k), s.clean.min_chars, s.clean.max_chars)),
     Gate(CLEAN_RECORDS, "clean_records_accounted", "silver records + silver rejects = bronze records, one to one",
          lambda s, p, k: inv.silver_accounted(silver(p, k), bronze(p, k))),
-    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_mask_aligned", "ids, mask and types of equal length; mask in {0,1} "
-         "and 1 only on the token types `mask` trains (completion/EOS by default)",
-         lambda s, p, k: inv.gold_mask_aligned(gold(p, k), trainable_types(s))),
-    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_have_loss_tokens", "every example has at least one loss token",
-         lambda s, p, k: inv.gold_loss_tokens(gold(p, k))),
-    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_ids_in_vocab", "every token id < the tokenizer's vocab size",
-         lambda s, p, k: inv.gold_ids_in_vocab(gold(p, k), load_pinned_info(p.tokenizer_dir).vocab_size)),
-    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_within_max_len", "1 <= tokens <= sequence.max_seq_len (any "
-         "length >= 1 where packing splits examples: strategy full or overflow window)",
-         lambda s, p, k: inv.gold_within_max_len(gold(p, k), s.sequence.max_seq_len, s.splits_examples)),
+    _row_gate("tokenized_examples_mask_aligned", "ids, mask and types of equal length; mask in {0,1} and 1 only on "
+              "the token types `mask` trains (completion/EOS by default)",
+              lambda s, p: inv.mask_aligned_rule(trainable_types(s))),
+    _row_gate("tokenized_examples_have_loss_tokens", "every example has at least one loss token",
+              lambda s, p: inv.loss_tokens_rule()),
+    _row_gate("tokenized_examples_ids_in_vocab", "every token id < the tokenizer's vocab size",
+              lambda s, p: inv.ids_in_vocab_rule(load_pinned_info(p.tokenizer_dir).vocab_size)),
+    _row_gate("tokenized_examples_within_max_len", "1 <= tokens <= sequence.max_seq_len (any length >= 1 where "
+              "packing splits examples: strategy full or overflow window)",
+              lambda s, p: inv.within_max_len_rule(s.sequence.max_seq_len, s.splits_examples)),
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_accounted", "gold examples + gold rejects = silver records",
          lambda s, p, k: inv.gold_accounted(gold(p, k), silver(p, k))),
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_pairs_complete", "preference: each pair has one chosen and one "
@@ -122,6 +129,35 @@ def gates_for(spec: DatasetSpec) -> tuple[Gate, ...]:
     return tuple(g for g in GATES if g.applies(spec))
 
 
+def outcomes(spec: DatasetSpec, paths: DatasetPaths, partition: str,
+             gates: Sequence[Gate]) -> list[tuple[Gate, inv.Outcome | Exception]]:
+    """Each gate's outcome, in order, or the exception its evaluation raised (the others still run). The gates
+    with a row rule are judged together, in one pass over gold (four scans took 0.9 s of the 100 MB benchmark)."""
+    ruled = [g for g in gates if g.rule is not None]
+    together: dict[str, inv.Outcome | Exception] = {}
+    if ruled:
+        try:
+            rules = [g.rule(spec, paths) for g in ruled if g.rule is not None]
+            together = dict(zip((g.name for g in ruled), inv.gold_rows(gold(paths, partition), rules), strict=True))
+        except Exception as exc:  # each of them reports it
+            together = {g.name: exc for g in ruled}
+    out: list[tuple[Gate, inv.Outcome | Exception]] = []
+    for g in gates:
+        if g.name in together:
+            out.append((g, together[g.name]))
+            continue
+        try:
+            out.append((g, g.probe(spec, paths, partition)))
+        except Exception as exc:
+            out.append((g, exc))
+    return out
+
+
 def evaluate(spec: DatasetSpec, paths: DatasetPaths, partition: str, asset: str | None = None) -> list[inv.Outcome]:
-    """Run the gates of one partition (of one asset, or all), as the asset checks do."""
-    return [g.probe(spec, paths, partition) for g in gates_for(spec) if asset is None or g.asset == asset]
+    """Run the gates of one partition (of one asset, or all), as the asset checks do; a gate's error is raised."""
+    results = []
+    for _, outcome in outcomes(spec, paths, partition, [g for g in gates_for(spec) if asset is None or g.asset == asset]):
+        if isinstance(outcome, Exception):
+            raise outcome
+        results.append(outcome)
+    return results

@@ -293,45 +293,85 @@ def silver_accounted(silver_dir: Path, bronze_dir: Path) -> Outcome:
 # ---------------------------------------------------------------- gold
 
 
-def _gold_rows(gold_dir: Path, name: str, where: str, description: str, columns: str = "",
-               **params: Any) -> Outcome:
-    n, bad = _violating_rows("read_parquet($g)", where, f"example_id, {_LOCATION}{columns}",
-                             {"g": str(gold_dir / "examples.parquet"), **params})
-    return Outcome(name, n, bad, dict(params), description)
+@dataclass(frozen=True)
+class RowRule:
+    """A gold gate judged example by example: the rows where `where` holds (our own SQL over a gold row) are its
+    violations, named with `columns` beside their id and location; `params` are bound, `facts` reported."""
+
+    name: str
+    where: str
+    description: str
+    columns: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] | None = None
 
 
-def gold_mask_aligned(gold_dir: Path, trainable_types: tuple[int, ...] = (1, 3)) -> Outcome:
+def gold_rows(gold_dir: Path, rules: list[RowRule]) -> list[Outcome]:
+    """The outcomes of several row rules from one pass over gold: every rule's flag is computed per row, the rows
+    that break any (normally none) are kept in a temp table, and each rule is counted and sampled from there."""
+    p: dict[str, Any] = {"g": str(gold_dir / "examples.parquet")}
+    for rule in rules:
+        p.update(rule.params)
+    flags = ", ".join(f"coalesce(({rule.where}), false) AS broken_{i}" for i, rule in enumerate(rules))
+    broken_any = " OR ".join(f"broken_{i}" for i in range(len(rules)))
+    create = f"CREATE TEMP TABLE flagged AS SELECT * FROM (SELECT *, {flags} FROM read_parquet($g)) WHERE {broken_any}"
+    out = []
+    with sql_connect() as con:
+        con.execute(create, _bound(create, p))
+        for i, rule in enumerate(rules):
+            flag = f"broken_{i}"
+            n, bad = _violations_in(con, "flagged", flag, f"example_id, {_LOCATION}{rule.columns}", p, "source_line")
+            out.append(Outcome(rule.name, n, bad, dict(rule.params) if rule.facts is None else rule.facts,
+                               rule.description))
+            con.execute("DROP TABLE violations")
+    return out
+
+
+def mask_aligned_rule(trainable_types: tuple[int, ...] = (1, 3)) -> RowRule:
     """Equal list lengths; mask in {0,1}; mask 1 only on the types the spec trains; counts match the lists."""
     where = ("len(token_ids) <> len(loss_mask) OR len(token_ids) <> len(token_type_ids) OR len(token_ids) <> num_tokens "
              "OR list_max(loss_mask) > 1 OR list_max(token_type_ids) > 3 OR list_sum(loss_mask) <> num_loss_tokens "
              "OR list_count(list_filter(list_zip(loss_mask, token_type_ids), "
              "lambda x: x[1] = 1 AND NOT list_contains($trainable_types, x[2]))) > 0")
-    return _gold_rows(gold_dir, "tokenized_examples_mask_aligned", where,
-                      "equal list lengths, mask in {0,1}, mask 1 only on trainable token types, counts match",
-                      trainable_types=list(trainable_types))
+    return RowRule("tokenized_examples_mask_aligned", where,
+                   "equal list lengths, mask in {0,1}, mask 1 only on trainable token types, counts match",
+                   params={"trainable_types": list(trainable_types)})
+
+
+def loss_tokens_rule() -> RowRule:
+    return RowRule("tokenized_examples_have_loss_tokens", "coalesce(list_sum(loss_mask), 0) = 0",
+                   "every example has at least one loss token")
+
+
+def ids_in_vocab_rule(vocab_size: int) -> RowRule:
+    return RowRule("tokenized_examples_ids_in_vocab", "list_max(token_ids) >= $vocab_size OR list_min(token_ids) < 0",
+                   "0 <= id < vocab size", ", list_max(token_ids) AS max_id", {"vocab_size": vocab_size})
+
+
+def within_max_len_rule(max_seq_len: int, splits_examples: bool = False) -> RowRule:
+    """1 <= tokens <= max_seq_len; with `splits_examples` (packing full, or window overflow) only 1 <= tokens."""
+    if splits_examples:
+        return RowRule("tokenized_examples_within_max_len", "len(token_ids) = 0",
+                       "1 <= tokens (packing splits longer examples)", ", len(token_ids) AS tokens",
+                       facts={"max_seq_len": max_seq_len, "splits_examples": True})
+    return RowRule("tokenized_examples_within_max_len", "len(token_ids) > $max_seq_len OR len(token_ids) = 0",
+                   "1 <= tokens <= sequence.max_seq_len", ", len(token_ids) AS tokens", {"max_seq_len": max_seq_len})
+
+
+def gold_mask_aligned(gold_dir: Path, trainable_types: tuple[int, ...] = (1, 3)) -> Outcome:
+    return gold_rows(gold_dir, [mask_aligned_rule(trainable_types)])[0]
 
 
 def gold_loss_tokens(gold_dir: Path) -> Outcome:
-    return _gold_rows(gold_dir, "tokenized_examples_have_loss_tokens", "coalesce(list_sum(loss_mask), 0) = 0",
-                      "every example has at least one loss token")
+    return gold_rows(gold_dir, [loss_tokens_rule()])[0]
 
 
 def gold_ids_in_vocab(gold_dir: Path, vocab_size: int) -> Outcome:
-    return _gold_rows(gold_dir, "tokenized_examples_ids_in_vocab", "list_max(token_ids) >= $vocab_size OR "
-                      "list_min(token_ids) < 0", "0 <= id < vocab size", ", list_max(token_ids) AS max_id",
-                      vocab_size=vocab_size)
+    return gold_rows(gold_dir, [ids_in_vocab_rule(vocab_size)])[0]
 
 
 def gold_within_max_len(gold_dir: Path, max_seq_len: int, splits_examples: bool = False) -> Outcome:
-    """1 <= tokens <= max_seq_len; with `splits_examples` (packing full, or window overflow) only 1 <= tokens."""
-    if splits_examples:
-        o = _gold_rows(gold_dir, "tokenized_examples_within_max_len", "len(token_ids) = 0",
-                       "1 <= tokens (packing splits longer examples)", ", len(token_ids) AS tokens")
-        return Outcome(o.name, o.violations, o.offending, {"max_seq_len": max_seq_len, "splits_examples": True},
-                       o.description)
-    return _gold_rows(gold_dir, "tokenized_examples_within_max_len", "len(token_ids) > $max_seq_len OR "
-                      "len(token_ids) = 0", "1 <= tokens <= sequence.max_seq_len", ", len(token_ids) AS tokens",
-                      max_seq_len=max_seq_len)
+    return gold_rows(gold_dir, [within_max_len_rule(max_seq_len, splits_examples)])[0]
 
 
 def gold_accounted(gold_dir: Path, silver_dir: Path) -> Outcome:

@@ -23,7 +23,7 @@ from dagster import (
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from prep_assets.core import invariants as inv
-from prep_assets.core.gates import Gate, gates_for
+from prep_assets.core.gates import Gate, gates_for, outcomes
 from prep_assets.core.lake import read_json
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.keys import DATASET_MANIFEST, asset_key
@@ -63,16 +63,12 @@ def _partition_gates(spec: DatasetSpec, asset: str, gates: list[Gate]) -> AssetC
         description=f"the blocking quality gates of {asset}",
     )
     def _checks(context: AssetCheckExecutionContext, lake: LakeResource) -> Iterator[AssetCheckResult]:
-        paths, partition = lake.paths(spec.name), context.partition_key
         selected = {k.name for k in context.selected_asset_check_keys}
         error: Exception | None = None
-        for gate in gates:
-            if gate.name not in selected:
-                continue
-            try:
-                outcome = gate.probe(spec, paths, partition)
-            except Exception as exc:  # the other gates still run and report
-                error = error or exc
+        for gate, outcome in outcomes(spec, lake.paths(spec.name), context.partition_key,
+                                      [g for g in gates if g.name in selected]):
+            if isinstance(outcome, Exception):  # the other gates still run and report
+                error = error or outcome
                 continue
             yield outcome_result(outcome, key, gate.name)
         if error is not None:

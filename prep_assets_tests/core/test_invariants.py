@@ -248,3 +248,16 @@ def test_positions_restart_fails_a_row_whose_segments_are_not_its_seq_lengths(tm
     out = inv.shards_positions_restart([_shard(tmp_path / "train" / "part-00000.parquet", [_row(), _row(**row)])])
     assert out.violations == 1 and out.offending[0]["row"] == 1 and out.offending[0]["token"] is None
     assert "seq_lengths" in out.offending[0]["detail"]
+
+
+def test_gold_row_rules_judged_in_one_pass_equal_each_judged_alone(tmp_path: Path):
+    g = _gold(tmp_path / "g", [GOOD, {"token_ids": [5, 6, 7], "loss_mask": [0, 1], "token_type_ids": [1, 1, 3]},
+                               {"token_ids": [1, 2], "loss_mask": [0, 0], "token_type_ids": [1, 3]},
+                               {"token_ids": [1, 99, 3, 4], "loss_mask": [0, 1, 1, 1], "token_type_ids": [1, 1, 1, 3]}])
+    rules = [inv.mask_aligned_rule(), inv.loss_tokens_rule(), inv.ids_in_vocab_rule(50), inv.within_max_len_rule(3)]
+    together = inv.gold_rows(g, rules)
+    assert together == [inv.gold_rows(g, [rule])[0] for rule in rules]
+    assert [(o.name, [r["example_id"] for r in o.offending]) for o in together] == [
+        ("tokenized_examples_mask_aligned", ["d:2"]), ("tokenized_examples_have_loss_tokens", ["d:3"]),
+        ("tokenized_examples_ids_in_vocab", ["d:4"]), ("tokenized_examples_within_max_len", ["d:4"])]
+    assert together[2].offending[0]["max_id"] == 99 and together[3].offending[0]["tokens"] == 4
