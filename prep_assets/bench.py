@@ -18,7 +18,7 @@ layer with `dedup: exact` and with `dedup: near` (MB/s, records/s, what was remo
 `e2e` builds a prompt/completion drop of about --mb MB from --source (by default the shared benchmark
 corpus; rows repeated with a variant marker on the prompt beyond one pass, so repeats stay distinct), then
 measures on this machine: (a) the bare Rust tokenizer (`encode_batch_fast`, both threads) on the same
-prompt and completion texts, (b) bronze -> shards of the drop through Dagster (`materialize` with every
+prompt and completion texts, right before and right after (b) (the ratio uses the mean of the two), (b) bronze -> shards of the drop through Dagster (`materialize` with every
 blocking check, in a child process), (c) each layer's time (its step and its checks), (d) the child's peak
 RSS; it prints end-to-end / bare tokenizer and the figures as JSON.
 
@@ -385,10 +385,9 @@ def bench_e2e(args: argparse.Namespace) -> int:
     rows = pc_corpus(source, args.rows and 1e6 or args.mb, corpus, max_rows=args.rows)
     mb = corpus.stat().st_size / 1e6
     print(f"corpus: {rows:,} prompt/completion rows, {mb:.1f} MB (from {source.name})", flush=True)
-    bare_tokens, bare_s = bare_tokenizer(corpus, tokenizer)
-    bare = bare_tokens / bare_s
-    print(f"bare tokenizer (encode_batch_fast): {bare_tokens:,} tokens in {bare_s:.2f} s = {bare / 1e6:.3f} M tokens/s",
-          flush=True)
+    bare_tokens, before_s = bare_tokenizer(corpus, tokenizer)
+    print(f"bare tokenizer (encode_batch_fast), before: {bare_tokens:,} tokens in {before_s:.2f} s = "
+          f"{bare_tokens / before_s / 1e6:.3f} M tokens/s", flush=True)
     child = subprocess.run([sys.executable, "-m", "prep_assets.bench", "_e2e_child", str(work), str(tokenizer),
                             str(args.max_seq_len)], capture_output=True, text=True)
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -396,18 +395,28 @@ def bench_e2e(args: argparse.Namespace) -> int:
         print(child.stdout[-2000:], child.stderr[-4000:], file=sys.stderr)
         return 1
     run = json.loads(child.stdout.strip().splitlines()[-1])
+    # measured again right after: this machine's speed drifts by +-10% within minutes, so the tokenizer's speed
+    # while the pipeline ran is taken as the mean of the two runs around it (both are printed)
+    _, after_s = bare_tokenizer(corpus, tokenizer)
+    bare_s = (before_s + after_s) / 2
+    bare = bare_tokens / bare_s
     e2e = run["tokens"] / run["wall_s"]
     print(f"end to end through Dagster (bronze -> shards, {run['checks_passed']}/{run['checks']} checks passed): "
           f"{run['tokens']:,} tokens in {run['wall_s']:.2f} s = {e2e / 1e6:.3f} M tokens/s")
+    print(f"bare tokenizer, after: {after_s:.2f} s = {bare_tokens / after_s / 1e6:.3f} M tokens/s; the two runs' mean "
+          f"{bare_s:.2f} s = {bare / 1e6:.3f} M tokens/s")
     for layer, sec in run["layers_s"].items():
         print(f"  {layer:<20} {sec:8.2f} s")
     print("steps (time; the process' RSS when the step started -> its peak during the step):")
     for step, st in run["steps"].items():
         print(f"  {step:<60} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
-    print(f"end-to-end / bare tokenizer: {e2e / bare:.3f}")
+    print(f"end-to-end / bare tokenizer: {e2e / bare:.3f} (against the run before alone: "
+          f"{e2e * before_s / bare_tokens:.3f}, after alone: {e2e * after_s / bare_tokens:.3f})")
     print(f"peak RSS of the pipeline process: {peak:,.0f} MiB")
     print(json.dumps({"corpus_mb": round(mb, 1), "rows": rows, "max_seq_len": args.max_seq_len, "strategy": "bfd",
-                      "bare_tokens_per_s": round(bare), "e2e_tokens_per_s": round(e2e), "ratio": round(e2e / bare, 3),
+                      "bare_tokens_per_s": round(bare), "bare_tokens_per_s_before": round(bare_tokens / before_s),
+                      "bare_tokens_per_s_after": round(bare_tokens / after_s),
+                      "e2e_tokens_per_s": round(e2e), "ratio": round(e2e / bare, 3),
                       "wall_s": round(run["wall_s"], 2), "layers_s": {k: round(v, 2) for k, v in run["layers_s"].items()},
                       "peak_rss_mib": round(peak), "checks_passed": run["checks_passed"], "checks": run["checks"]}))
     return 0 if run["success"] else 1
