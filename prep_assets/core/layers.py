@@ -121,11 +121,6 @@ class _ColumnBuffer:
             self.columns = [[] for _ in self.names]
 
 
-def _row_of(names: list[str], columns: list[list[Any]], i: int) -> dict[str, Any]:
-    """Row `i` of column lists, as a dict of the first len(names) columns."""
-    return {name: columns[j][i] for j, name in enumerate(names)}
-
-
 class _RowBuffer:
     """Collects dict rows and hands them to a sink in batches."""
 
@@ -293,16 +288,19 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
         ):
             rejected = _RowBuffer(rej_sink, batch_size)
 
-            def reject(prov: dict[str, Any], reason: str, detail: str, canonical: str, digest: str | None = None,
-                       of: str | None = None) -> None:
-                reasons[reason] += 1
-                rejected.add({**prov, "reason": reason, "detail": detail, "duplicate_of": of, "content": canonical,
-                              "content_sha256": digest})
-
             cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "content"]
+            values: list[list[Any]] = []
+
+            def reject(i: int, reason: str, detail: str, canonical: str, digest: str | None = None,
+                       of: str | None = None) -> None:
+                """Row `i` of the batch (its provenance columns) goes to the rejects table."""
+                reasons[reason] += 1
+                rejected.add({**{c: values[j][i] for j, c in enumerate(cols[:-1])}, "reason": reason,
+                              "detail": detail, "duplicate_of": of, "content": canonical, "content_sha256": digest})
+
             for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
                 as_is = left_as_is(batch.column("content")).tolist()
-                values = [batch.column(c).to_pylist() for c in cols]  # a list per column: 4x faster than rows
+                values[:] = [batch.column(c).to_pylist() for c in cols]  # a list per column: 4x faster than rows
                 # the kept rows: their provenance is taken from the batch (Arrow), the rest collected here
                 kept: list[int] = []
                 kept_content: list[str] = []
@@ -317,25 +315,25 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
                         canonical = canonical_json(content)
                     verdict = quality_verdict(content, clean)
                     if verdict is not None:
-                        reject(_row_of(cols[:-1], values, i), verdict.reason, verdict.detail, canonical)
+                        reject(i, verdict.reason, verdict.detail, canonical)
                         continue
                     digest = content_digest(canonical)
                     if exact is not None:
                         first, in_earlier = exact.repeats(digest, canonical, record_id)
                         if first is not None and first in near_of:  # a copy of a record removed as near duplicate
-                            reject(_row_of(cols[:-1], values, i), "near_duplicate", f"same content as {first}, a "
+                            reject(i, "near_duplicate", f"same content as {first}, a "
                                    f"near duplicate of {near_of[first]}", canonical, digest, near_of[first])
                             continue
                         if first is not None:
                             of_earlier += in_earlier
-                            reject(_row_of(cols[:-1], values, i), "duplicate", f"same content as {first}", canonical,
+                            reject(i, "duplicate", f"same content as {first}", canonical,
                                    digest, first)
                             continue
                     if near is not None:
                         match = near.match(record_id, near_dup_text(content))
                         if match is not None:
                             near_of[record_id] = match[0]
-                            reject(_row_of(cols[:-1], values, i), "near_duplicate", f"estimated Jaccard "
+                            reject(i, "near_duplicate", f"estimated Jaccard "
                                    f"{match[1]:.3f} >= {clean.near.threshold} with {match[0]}", canonical, digest,
                                    match[0])
                             continue
