@@ -36,6 +36,21 @@ def within_offsets(lengths: np.ndarray, dtype: type = np.int64) -> np.ndarray:
     return ranges_index(np.zeros(len(lengths), dtype=np.int64), lengths, dtype)
 
 
+def segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """int64 sums of values[offsets[i]:offsets[i+1]] (empty segments sum to 0), one pass over the values.
+
+    >>> segment_sums(np.array([1, 0, 1, 1], dtype=np.uint8), np.array([0, 2, 2, 4])).tolist()
+    [1, 0, 2]
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    out = np.zeros(len(lengths), dtype=np.int64)
+    some = lengths > 0
+    if some.any():  # reduceat gives an empty segment its next value, and refuses an offset at the end
+        out[some] = np.add.reduceat(values, offsets[:-1][some], dtype=np.int64)
+    return out
+
+
 def list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
 

@@ -84,10 +84,10 @@ class Verdict:
     detail: str
 
 
-def quality_verdict(content: dict[str, Any], clean: CleanSpec) -> Verdict | None:
-    """None to keep the record, else why it goes to the rejects table."""
-    texts = content_texts(content)
-    num_chars = sum(len(t) for t in texts)
+def quality_verdict(content: dict[str, Any], clean: CleanSpec, texts: list[str] | None = None) -> Verdict | None:
+    """None to keep the record, else why it goes to the rejects table. `texts`: its `content_texts`, if at hand."""
+    texts = content_texts(content) if texts is None else texts
+    num_chars = sum(map(len, texts))
     if "turns" in content:
         empty = [i + 1 for i, t in enumerate(content["turns"]) if not t["completion"]]
         if empty:
@@ -103,8 +103,8 @@ def quality_verdict(content: dict[str, Any], clean: CleanSpec) -> Verdict | None
         return Verdict("too_short", f"{num_chars} chars < min_chars {clean.min_chars}")
     if clean.max_chars is not None and num_chars > clean.max_chars:
         return Verdict("too_long", f"{num_chars} chars > max_chars {clean.max_chars}")
-    if "values" in content:  # table rows are data, not prose: no text heuristics
-        return None
+    if "values" in content or not clean.quality.enabled:
+        return None  # table rows are data, not prose: no text heuristics (nor where every heuristic is off)
     return heuristic_verdict("\n".join(texts), clean.quality)
 
 

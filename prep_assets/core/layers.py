@@ -19,13 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prep_assets.core.arrays import flat_values, list_array, offsets_from_lengths, percentiles
+from prep_assets.core.arrays import flat_values, list_array, offsets_from_lengths, percentiles, segment_sums
 from prep_assets.core.clean import (
     assign_split,
     content_digest,
     left_as_is,
     normalize_content,
-    num_chars,
     quality_verdict,
 )
 from prep_assets.core import dedup
@@ -61,6 +60,7 @@ from prep_assets.core.records import (
     SPLITS,
     TYPE_PROMPT,
     Invalid,
+    content_texts,
     near_dup_text,
 )
 from prep_assets.core.spec import DatasetSpec, TabularSpec
@@ -313,7 +313,8 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
                     if not same:
                         content = normalize_content(content, norm)
                         canonical = canonical_json(content)
-                    verdict = quality_verdict(content, clean)
+                    texts = content_texts(content)
+                    verdict = quality_verdict(content, clean, texts)
                     if verdict is not None:
                         reject(i, verdict.reason, verdict.detail, canonical)
                         continue
@@ -339,7 +340,7 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
                             continue
                     split = assign_split(_split_key(spec, content, digest), spec.split)
                     splits[split] += 1
-                    n = num_chars(content)
+                    n = sum(map(len, texts))
                     chars += n
                     kept.append(i)
                     kept_content.append(canonical)
@@ -590,9 +591,10 @@ class GoldArrays:
 
 
 def plan_split(spec: DatasetSpec, pair_ids: list[str | None], offsets: np.ndarray, loss_mask: Any,
-               seed: tuple[int, ...] | None) -> RowPlan:
+               seed: tuple[int, ...] | None, example_loss: np.ndarray | None = None) -> RowPlan:
     """The row plan of one split's gold examples (`pair_ids` in gold order keep preference pairs together);
-    `loss_mask` is the split's flat mask, or anything that slices into it (`FrontToBack`)."""
+    `loss_mask` is the split's flat mask, or anything that slices into it (`FrontToBack`); `example_loss` the
+    examples' loss token counts, where known."""
     return plan_rows(
         np.diff(offsets),
         capacity=spec.sequence.max_seq_len,
@@ -600,6 +602,7 @@ def plan_split(spec: DatasetSpec, pair_ids: list[str | None], offsets: np.ndarra
         overflow=spec.sequence.overflow,
         overlap=spec.sequence.overlap,
         loss_mask=loss_mask,
+        example_loss=example_loss,
         units=unit_offsets(pair_ids) if spec.input.type == "preference" else None,
         max_per_bin=spec.max_per_example,
         shuffle_seed=seed,
@@ -626,6 +629,7 @@ class _SplitGold:
     offsets: np.ndarray
     example_ids: pa.Array
     pair_ids: list[str | None]
+    loss: np.ndarray  # loss tokens per example (summed as it was spilled)
 
     def id_chunks(self, tokens: int = 1 << 22) -> Iterator[np.ndarray]:
         """The token ids front to back, a chunk at a time (the pages of the one before dropped)."""
@@ -639,7 +643,8 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
     """Stream gold once: per split, its tokens appended to a spill file, its example ids kept."""
     spill.mkdir()
     out: dict[str, dict[str, Any]] = {
-        s: {"spill": TokenSpill(spill / f"{s}.tokens"), "lengths": [], "ids": [], "pairs": []} for s in SPLITS}
+        s: {"spill": TokenSpill(spill / f"{s}.tokens"), "lengths": [], "loss": [], "ids": [], "pairs": []}
+        for s in SPLITS}
     try:
         cols = ["example_id", "split", "token_ids", "loss_mask", "token_type_ids", "pair_id"]
         for batch in iter_batches(gold_path, batch_size=batch_size, columns=cols):
@@ -656,14 +661,16 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
                 types, _ = flat_values(sub.column("token_type_ids"), np.uint8)
                 acc["spill"].append(ids, mask, types)
                 acc["lengths"].append(np.diff(offsets))
+                acc["loss"].append(segment_sums(mask, offsets))
                 acc["ids"].append(sub.column("example_id"))
                 acc["pairs"] += sub.column("pair_id").to_pylist()
         result = {}
         for split, acc in out.items():
             acc["spill"].seal()
             lengths = np.concatenate(acc["lengths"]) if acc["lengths"] else np.zeros(0, dtype=np.int64)
+            loss = np.concatenate(acc["loss"]) if acc["loss"] else np.zeros(0, dtype=np.int64)
             ids = pa.concat_arrays(acc["ids"]) if acc["ids"] else pa.array([], pa.string())
-            result[split] = _SplitGold(acc["spill"], offsets_from_lengths(lengths), ids, acc["pairs"])
+            result[split] = _SplitGold(acc["spill"], offsets_from_lengths(lengths), ids, acc["pairs"], loss)
         return result
     except BaseException:
         for acc in out.values():
@@ -695,7 +702,7 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
             for split_no, split in enumerate(SPLITS):
                 sg = spilled[split]
                 seed = (spec.packing.seed, split_no) if spec.shuffles_rows else None
-                plan = plan_split(spec, sg.pair_ids, sg.offsets, sg.spill.front_to_back("mask"), seed)
+                plan = plan_split(spec, sg.pair_ids, sg.offsets, sg.spill.front_to_back("mask"), seed, sg.loss)
                 sg.spill.release()
                 examples = len(sg.offsets) - 1
                 if plan.num_rows or examples:

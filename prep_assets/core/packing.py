@@ -31,6 +31,7 @@ The first token of every piece has loss_mask 0 (with block-diagonal attention it
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 
@@ -107,8 +108,13 @@ def _best_fit_items(lengths: np.ndarray, capacity: int, limit: int) -> Bins:
     return bins
 
 
+def _neg(x: int) -> int:
+    return -x
+
+
 class _Pool:
-    """Unplaced items by length; each length's items leave in index order."""
+    """Unplaced items by length; each length's items leave in index order. `sizes`: the lengths some item still
+    has, longest first."""
 
     def __init__(self, lengths: np.ndarray) -> None:
         self.items: dict[int, list[int]] = {}
@@ -118,14 +124,15 @@ class _Pool:
         self.left = len(lengths)
 
     def largest(self) -> int:
-        while not self.items[self.sizes[0]]:
-            self.sizes.pop(0)
         return self.sizes[0]
 
     def take(self, size: int, count: int = 1) -> list[int]:
         self.left -= count
         stack = self.items[size]
-        return [stack.pop() for _ in range(count)]
+        out = [stack.pop() for _ in range(count)]
+        if not stack:
+            del self.sizes[bisect_left(self.sizes, -size, key=_neg)]
+        return out
 
     def best_subset(self, gap: int) -> list[tuple[int, int]]:
         """(size, count) pairs of the subset of pool items with the largest sum <= gap.
@@ -135,13 +142,15 @@ class _Pool:
         """
         limit = (1 << (gap + 1)) - 1
         reach, steps = 1, []
-        for size in self.sizes:
-            if size > gap:
-                continue
-            count = min(len(self.items[size]), gap // size)
+        items, sizes = self.items, self.sizes
+        for i in range(bisect_left(sizes, -gap, key=_neg), len(sizes)):  # the sizes that fit, longest first
+            size = sizes[i]
+            count = len(items[size])
+            if count * size > gap:
+                count = gap // size
             chunk = 1
             while count > 0:
-                take = min(chunk, count)
+                take = chunk if chunk < count else count
                 steps.append((size, take, reach))
                 reach = (reach | (reach << (size * take))) & limit
                 count -= take
@@ -306,8 +315,8 @@ def _whole(lengths: np.ndarray) -> _Pieces:
     return _Pieces(np.arange(n, dtype=np.int64), zero, lengths.astype(np.int64), zero.copy())
 
 
-def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: np.ndarray | None = None
-                  ) -> tuple[_Pieces, int, int, int]:
+def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: np.ndarray | None = None,
+                  example_loss: np.ndarray | None = None) -> tuple[_Pieces, int, int, int]:
     """Examples longer than `capacity` as windows of `capacity` tokens sharing `overlap` with the previous one.
 
     Returns (kept pieces, tokens dropped, windows dropped, overlap tokens). A window is dropped when none of
@@ -315,7 +324,8 @@ def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: n
     dropped = gold tokens in no kept window; overlap tokens = tokens in two kept windows (each counted once
     more), so kept window tokens = gold tokens - dropped + overlap. `loss_mask` is the flat mask of all
     examples (concatenated in order), or anything whose slices are (a spilled split read front to back);
-    None keeps every window.
+    None keeps every window. `example_loss` (each example's loss tokens, if known) spares reading the mask of the
+    examples that are one window (their window is the whole example): only longer examples' windows are summed.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if not 0 <= 2 * overlap <= capacity:
@@ -331,7 +341,13 @@ def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: n
     keep = np.ones(len(example), dtype=bool)
     if loss_mask is not None and len(example):
         first = offsets_from_lengths(lengths)[:-1][example] + start
-        keep = range_sums(loss_mask, first + masked, first + length) > 0
+        lo, hi = first + masked, first + length
+        if example_loss is None:
+            keep = range_sums(loss_mask, lo, hi) > 0
+        else:
+            keep = np.asarray(example_loss, dtype=np.int64)[example] > 0
+            split = counts[example] > 1
+            keep[split] = range_sums(loss_mask, lo[split], hi[split]) > 0
     kept = _Pieces(example[keep], start[keep], length[keep], masked[keep])
     # windows of one example are in start order and only neighbours overlap (stride >= capacity / 2)
     same = np.concatenate([[False], kept.example[1:] == kept.example[:-1]])
@@ -407,6 +423,7 @@ def plan_rows(
     overflow: str = "drop",
     overlap: int = 0,
     loss_mask: np.ndarray | None = None,
+    example_loss: np.ndarray | None = None,
     units: np.ndarray | None = None,
     max_per_bin: int | None = None,
     shuffle_seed: int | tuple[int, ...] | None = None,
@@ -415,7 +432,8 @@ def plan_rows(
 
     Examples longer than `capacity` are an error unless the strategy is `full` or the overflow `window`
     (gold has already truncated or dropped them under the other policies). `units` (offsets over examples)
-    keeps consecutive examples in one row (a preference pair); only for whole-example strategies.
+    keeps consecutive examples in one row (a preference pair); only for whole-example strategies. `loss_mask` and
+    `example_loss` decide which windows are kept (`window_pieces`).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown packing strategy {strategy!r}; one of {STRATEGIES}")
@@ -430,7 +448,7 @@ def plan_rows(
     else:
         if windowed:
             _check_lengths(lengths, np.iinfo(np.int64).max)
-            pieces, dropped, dropped_pieces, added = window_pieces(lengths, capacity, overlap, loss_mask)
+            pieces, dropped, dropped_pieces, added = window_pieces(lengths, capacity, overlap, loss_mask, example_loss)
             units = None
         else:
             pieces = _whole(_check_lengths(lengths, capacity))

@@ -109,6 +109,12 @@ class QualitySpec(_Strict):
     repeated_ngram_size: int = Field(default=5, ge=1, le=20)
     max_non_alnum_fraction: float | None = Field(default=None, ge=0, le=1)  # non-alphanumeric, non-space chars
 
+    @property
+    def enabled(self) -> bool:
+        """Is any heuristic on?"""
+        return any(v is not None for v in (self.min_words, self.max_repeated_line_fraction,
+                                           self.max_repeated_ngram_fraction, self.max_non_alnum_fraction))
+
 
 class NearDedupSpec(_Strict):
     """MinHash + LSH near-duplicate removal (`dedup: near`): a record whose estimated Jaccard similarity with a

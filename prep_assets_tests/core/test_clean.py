@@ -86,6 +86,20 @@ def test_quality_verdicts_name_their_reason():
     assert quality_verdict(turns, spec.clean).reason == "empty_completion"  # type: ignore[union-attr]
 
 
+def test_quality_verdict_given_the_texts_equals_computing_them_and_heuristics_run_only_when_on():
+    from prep_assets.core.records import content_texts
+
+    off = make_spec(clean={"min_chars": 1}).clean
+    on = make_spec(clean={"min_chars": 1, "quality": {"max_repeated_line_fraction": 0.3}}).clean
+    assert not off.quality.enabled and on.quality.enabled
+    repeated = {"turns": [{"prompt": "same\nsame\nsame", "completion": "same\nsame"}]}
+    for content in (repeated, {"text": ""}, {"text": "abc"}, {"turns": [{"prompt": "q", "completion": ""}]}):
+        for clean in (off, on):
+            assert quality_verdict(content, clean, content_texts(content)) == quality_verdict(content, clean)
+    assert quality_verdict(repeated, off) is None
+    assert quality_verdict(repeated, on).reason == "repeated_lines"  # type: ignore[union-attr]
+
+
 def test_content_hash_covers_every_field_not_a_prefix():
     shared = "s" * 500
     a = {"turns": [{"prompt": shared, "completion": "one"}]}

@@ -274,6 +274,33 @@ def test_materialize_rows_exact_layout():
     assert rows.seg_starts.tolist() == [0, 0, 0]
 
 
+@pytest.mark.parametrize("overlap", [0, 3, 16])
+def test_window_pieces_given_example_loss_equal_summing_every_window(overlap):
+    """Known loss counts spare reading the mask of one-window examples; the windows kept are the same, including
+    examples with no loss token at all and long examples whose later windows have none."""
+    from prep_assets.core.arrays import segment_sums
+
+    rng = np.random.default_rng(overlap)
+    for _ in range(200):
+        lengths = rng.integers(1, 100, size=int(rng.integers(0, 30)))
+        mask = (rng.random(int(lengths.sum())) < rng.choice([0.0, 0.02, 0.5])).astype(np.uint8)
+        loss = segment_sums(mask, offsets_from_lengths(lengths))
+        a = window_pieces(lengths, 32, overlap, mask)
+        b = window_pieces(lengths, 32, overlap, mask, example_loss=loss)
+        assert a[1:] == b[1:]
+        assert all((x == y).all() for x, y in zip(vars(a[0]).values(), vars(b[0]).values(), strict=True))
+
+
+def test_segment_sums_with_empty_segments_anywhere():
+    from prep_assets.core.arrays import segment_sums
+
+    values = np.array([1, 0, 1, 1, 5], dtype=np.uint8)
+    assert segment_sums(values, np.array([0, 0, 2, 2, 5, 5])).tolist() == [0, 1, 0, 7, 0]
+    assert segment_sums(values, np.array([0])).tolist() == []
+    assert segment_sums(np.zeros(0, dtype=np.uint8), np.array([0, 0])).tolist() == [0]
+    assert segment_sums(np.full(300, 255, dtype=np.uint8), np.array([0, 300])).tolist() == [76500]  # no uint8 wrap
+
+
 def test_range_sums_in_small_spans_equal_one_cumulative_sum():
     from prep_assets.core.packing import range_sums
 
