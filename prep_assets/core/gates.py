@@ -34,11 +34,23 @@ class Gate:
     applies: Callable[[DatasetSpec], bool] = lambda spec: True
     # a gold gate judged row by row: `outcomes` evaluates the rules of the gates it runs together in one pass
     rule: Callable[[DatasetSpec, DatasetPaths], inv.RowRule] | None = None
+    # a shard gate that reads `inv.shard_rows` (this part of it): `outcomes` makes one pass for the gates it runs
+    part: str | None = None
+    judge: Callable[[DatasetSpec, DatasetPaths, str, Any], inv.Outcome] | None = None
 
 
 def _row_gate(name: str, description: str, rule: Callable[[DatasetSpec, DatasetPaths], inv.RowRule]) -> Gate:
     return Gate(TOKENIZED_EXAMPLES, name, description,
                 lambda s, p, k: inv.gold_rows(gold(p, k), [rule(s, p)])[0], rule=rule)
+
+
+def _rows_gate(name: str, description: str, part: str,
+               judge: Callable[[DatasetSpec, DatasetPaths, str, Any], inv.Outcome]) -> Gate:
+    """A shard gate judged from `inv.shard_rows`: alone, it makes the pass for its own part."""
+    def probe(s: DatasetSpec, p: DatasetPaths, k: str) -> inv.Outcome:
+        files = inv.shard_files(shards(p, k))
+        return judge(s, p, k, inv.shard_rows(files, [part], s.sequence.max_seq_len) if files else None)
+    return Gate(PACKED_SHARDS, name, description, probe, part=part, judge=judge)
 
 
 def _dir(layer: str) -> Callable[[DatasetPaths, str], Path]:
@@ -102,20 +114,21 @@ GATES: tuple[Gate, ...] = (
          "any shard is written, naming the largest groups, their tokens, the budget and the remedies",
          lambda s, p, k: inv.gold_tabular_budget(gold(p, k), s.sequence.max_seq_len),
          applies=lambda s: s.input.type == "tabular"),
-    Gate(PACKED_SHARDS, "packed_shards_fixed_length", "every row exactly sequence.max_seq_len",
-         lambda s, p, k: inv.shards_fixed_length(inv.shard_files(shards(p, k)), s.sequence.max_seq_len)),
+    _rows_gate("packed_shards_fixed_length", "every row exactly sequence.max_seq_len", "fixed",
+               lambda s, p, k, r: inv.shards_fixed_length(inv.shard_files(shards(p, k)), s.sequence.max_seq_len, r)),
     Gate(PACKED_SHARDS, "packed_shards_padding_masked", "padding: pad id, mask 0, segment 0",
          lambda s, p, k: inv.shards_padding_masked(inv.shard_files(shards(p, k)), load_pinned_info(p.tokenizer_dir).pad_id)),
-    Gate(PACKED_SHARDS, "packed_shards_positions_restart", "positions restart at segment starts; first token masked",
-         lambda s, p, k: inv.shards_positions_restart(inv.shard_files(shards(p, k)))),
+    _rows_gate("packed_shards_positions_restart", "positions restart at segment starts; first token masked",
+               "layout", lambda s, p, k, r: inv.shards_positions_restart(inv.shard_files(shards(p, k)), r)),
     Gate(PACKED_SHARDS, "packed_shards_tokens_conserved", "per split, shard tokens = gold tokens - tokens dropped "
          "by packing + window overlaps (recomputed from gold, and equal to the packer's own figures); every example "
          "placed as the strategy requires (whole, its windows, or tiled by `full`)",
          lambda s, p, k: inv.shards_tokens_conserved(inv.shard_files(shards(p, k)), gold(p, k), layout(s),
                                                      _reported(shards(p, k)))),
-    Gate(PACKED_SHARDS, "packed_shards_match_gold", "every shard token equals the gold token it came from (id, "
-         "type, mask); segment starts and window overlaps masked",
-         lambda s, p, k: inv.shards_match_gold(inv.shard_files(shards(p, k)), gold(p, k), s.sequence.overlap)),
+    _rows_gate("packed_shards_match_gold", "every shard token equals the gold token it came from (id, type, mask); "
+               "segment starts and window overlaps masked", "checksum",
+               lambda s, p, k, r: inv.shards_match_gold(inv.shard_files(shards(p, k)), gold(p, k), s.sequence.overlap,
+                                                        r)),
     Gate(PACKED_SHARDS, "packed_shards_utilization", "sequence utilization >= checks.min_sequence_utilization",
          lambda s, p, k: inv.shards_utilization(inv.shard_files(shards(p, k)), s.sequence.max_seq_len,
                                                 s.checks.min_sequence_utilization)),
@@ -132,7 +145,8 @@ def gates_for(spec: DatasetSpec) -> tuple[Gate, ...]:
 def outcomes(spec: DatasetSpec, paths: DatasetPaths, partition: str,
              gates: Sequence[Gate]) -> list[tuple[Gate, inv.Outcome | Exception]]:
     """Each gate's outcome, in order, or the exception its evaluation raised (the others still run). The gates
-    with a row rule are judged together, in one pass over gold (four scans took 0.9 s of the 100 MB benchmark)."""
+    with a row rule are judged together, in one pass over gold (four scans took 0.9 s of the 100 MB benchmark), and
+    the shard gates that read `inv.shard_rows` from one pass over the shards."""
     ruled = [g for g in gates if g.rule is not None]
     together: dict[str, inv.Outcome | Exception] = {}
     if ruled:
@@ -141,6 +155,19 @@ def outcomes(spec: DatasetSpec, paths: DatasetPaths, partition: str,
             together = dict(zip((g.name for g in ruled), inv.gold_rows(gold(paths, partition), rules), strict=True))
         except Exception as exc:  # each of them reports it
             together = {g.name: exc for g in ruled}
+    by_rows = [g for g in gates if g.judge is not None]
+    if len(by_rows) > 1:
+        try:
+            files = inv.shard_files(shards(paths, partition))
+            rows = inv.shard_rows(files, [g.part for g in by_rows if g.part], spec.sequence.max_seq_len) if files else None
+        except Exception as exc:
+            together.update({g.name: exc for g in by_rows})
+        else:
+            for g in by_rows:
+                try:
+                    together[g.name] = g.judge(spec, paths, partition, rows)  # type: ignore[misc]
+                except Exception as exc:
+                    together[g.name] = exc
     out: list[tuple[Gate, inv.Outcome | Exception]] = []
     for g in gates:
         if g.name in together:

@@ -261,3 +261,24 @@ def test_gold_row_rules_judged_in_one_pass_equal_each_judged_alone(tmp_path: Pat
         ("tokenized_examples_mask_aligned", ["d:2"]), ("tokenized_examples_have_loss_tokens", ["d:3"]),
         ("tokenized_examples_ids_in_vocab", ["d:4"]), ("tokenized_examples_within_max_len", ["d:4"])]
     assert together[2].offending[0]["max_id"] == 99 and together[3].offending[0]["tokens"] == 4
+
+
+def test_shard_row_gates_judged_from_one_pass_equal_each_judged_alone(tmp_path: Path):
+    """`shard_rows` with every part, handed to fixed_length, positions_restart and match_gold, gives each the outcome
+    it finds on its own; rows broken for each gate, and a clean one, in two files."""
+    a = _shard(tmp_path / "train" / "part-00000.parquet",
+               [_row(), _row(input_ids=[5, 6, 7]), _row(position_ids=[0, 1, 3, 0]), _row(input_ids=[5, 7, 6, 0])])
+    b = _shard(tmp_path / "train" / "part-00001.parquet",
+               [_row(seq_lengths=[2]), _row(num_loss_tokens=1), _row(seq_lengths=[]), _row()])
+    g = _gold(tmp_path / "g", [GOOD])
+    files = [a, b]
+    rows = inv.shard_rows(files, ["fixed", "layout", "checksum"], 4)
+    assert rows.num_rows == 8 and rows.column_names == ["file", "row", "length", "fixed_broken", "layout_differs", "h"]
+    pairs = [(inv.shards_fixed_length(files, 4, rows), inv.shards_fixed_length(files, 4)),
+             (inv.shards_positions_restart(files, rows), inv.shards_positions_restart(files)),
+             (inv.shards_match_gold(files, g, 0, rows), inv.shards_match_gold(files, g))]
+    for together, alone in pairs:
+        assert together == alone and not together.passed
+    assert [(r["file"].endswith("00000.parquet"), r["row"]) for r in pairs[0][0].offending] == [(True, 1), (False, 1), (False, 2)]
+    assert {(r["file"].endswith("00000.parquet"), r["row"]) for r in pairs[1][0].offending} >= {(True, 2), (False, 0)}
+    assert (True, 3) in {(r["file"].endswith("00000.parquet"), r["row"]) for r in pairs[2][0].offending}
