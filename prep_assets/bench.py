@@ -1,7 +1,8 @@
 """Benchmarks that print figures (speed is measured here, never by timed tests).
 
     python -m prep_assets.bench packing [--source FILE] [--tokenizer DIR] [--max-seq-len N] [--work DIR]
-    python -m prep_assets.bench e2e [--mb N] [--source FILE] [--tokenizer DIR] [--max-seq-len N] [--work DIR]
+    python -m prep_assets.bench e2e [--mb N | --rows N] [--source FILE] [--tokenizer DIR] [--max-seq-len N]
+                                    [--work DIR] [--repeat N]
     python -m prep_assets.bench dedup [--mb N] [--work DIR]
     python -m prep_assets.bench near [--source FILE]
 
@@ -18,9 +19,11 @@ layer with `dedup: exact` and with `dedup: near` (MB/s, records/s, what was remo
 `e2e` builds a prompt/completion drop of about --mb MB from --source (by default the shared benchmark
 corpus; rows repeated with a variant marker on the prompt beyond one pass, so repeats stay distinct), then
 measures on this machine: (a) the bare Rust tokenizer (`encode_batch_fast`, both threads) on the same
-prompt and completion texts, right before and right after (b) (the ratio uses the mean of the two), (b) bronze -> shards of the drop through Dagster (`materialize` with every
-blocking check, in a child process), (c) each layer's time (its step and its checks), (d) the child's peak
-RSS; it prints end-to-end / bare tokenizer and the figures as JSON.
+prompt and completion texts, right before and right after each run of (b) (a run's ratio uses the mean of the
+two timings around it), (b) bronze -> shards of the drop through Dagster (`materialize` with every blocking
+check, in a child process, on a fresh lake), (c) each layer's time (its step and its checks), (d) the child's
+peak RSS; it prints end-to-end / bare tokenizer and the figures as JSON. With --repeat N, (b) runs N times and
+the JSON gives the median run's figures (the lower middle for an even N) and every run's ratio.
 
 `near` prints near-dedup precision and recall on the labelled set of `prep_assets.near_eval`.
 """
@@ -371,9 +374,20 @@ def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
     return 0 if result.success else 1
 
 
-def bench_e2e(args: argparse.Namespace) -> int:
+def _e2e_run(work: Path, tokenizer: Path, max_seq_len: int) -> dict[str, Any] | None:
+    """One measured pipeline run in a fresh process on a fresh lake (the drop stays); None if it failed."""
     import subprocess
 
+    shutil.rmtree(work / "data" / "lake", ignore_errors=True)
+    child = subprocess.run([sys.executable, "-m", "prep_assets.bench", "_e2e_child", str(work), str(tokenizer),
+                            str(max_seq_len)], capture_output=True, text=True)
+    if child.returncode != 0 or not child.stdout.strip():
+        print(child.stdout[-2000:], child.stderr[-4000:], file=sys.stderr)
+        return None
+    return dict(json.loads(child.stdout.strip().splitlines()[-1]))
+
+
+def bench_e2e(args: argparse.Namespace) -> int:
     source, tokenizer = Path(args.source), Path(args.tokenizer)
     if _missing(source, tokenizer):
         return 2
@@ -385,41 +399,50 @@ def bench_e2e(args: argparse.Namespace) -> int:
     rows = pc_corpus(source, args.rows and 1e6 or args.mb, corpus, max_rows=args.rows)
     mb = corpus.stat().st_size / 1e6
     print(f"corpus: {rows:,} prompt/completion rows, {mb:.1f} MB (from {source.name})", flush=True)
-    bare_tokens, before_s = bare_tokenizer(corpus, tokenizer)
-    print(f"bare tokenizer (encode_batch_fast), before: {bare_tokens:,} tokens in {before_s:.2f} s = "
-          f"{bare_tokens / before_s / 1e6:.3f} M tokens/s", flush=True)
-    child = subprocess.run([sys.executable, "-m", "prep_assets.bench", "_e2e_child", str(work), str(tokenizer),
-                            str(args.max_seq_len)], capture_output=True, text=True)
+    # This machine's speed drifts by +-10% within minutes, so the bare tokenizer is timed before the first run,
+    # between runs and after the last, and each run is held against the mean of the two timings around it.
+    bare_tokens, bare_s = bare_tokenizer(corpus, tokenizer)
+    print(f"bare tokenizer (encode_batch_fast): {bare_tokens:,} tokens in {bare_s:.2f} s = "
+          f"{bare_tokens / bare_s / 1e6:.3f} M tokens/s", flush=True)
+    results = []
+    for k in range(args.repeat):
+        run = _e2e_run(work, tokenizer, args.max_seq_len)
+        if run is None:
+            return 1
+        before_s, (_, bare_s) = bare_s, bare_tokenizer(corpus, tokenizer)
+        mean_s = (before_s + bare_s) / 2
+        e2e = run["tokens"] / run["wall_s"]
+        ratio = e2e * mean_s / bare_tokens
+        results.append({**run, "e2e": e2e, "bare": bare_tokens / mean_s, "ratio": ratio, "before_s": before_s,
+                        "after_s": bare_s})
+        print(f"run {k + 1}/{args.repeat}: end to end through Dagster (bronze -> shards, {run['checks_passed']}/"
+              f"{run['checks']} checks passed): {run['tokens']:,} tokens in {run['wall_s']:.2f} s = "
+              f"{e2e / 1e6:.3f} M tokens/s")
+        print(f"  bare tokenizer after it: {bare_s:.2f} s = {bare_tokens / bare_s / 1e6:.3f} M tokens/s; the mean "
+              f"around the run {mean_s:.2f} s = {bare_tokens / mean_s / 1e6:.3f} M tokens/s")
+        for layer, sec in run["layers_s"].items():
+            print(f"  {layer:<20} {sec:8.2f} s")
+        print("  steps (time; the process' RSS when the step started -> its peak during the step):")
+        for step, st in run["steps"].items():
+            print(f"    {step:<58} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
+        print(f"  end-to-end / bare tokenizer: {ratio:.3f} (against the timing before alone: "
+              f"{e2e * before_s / bare_tokens:.3f}, after alone: {e2e * bare_s / bare_tokens:.3f})", flush=True)
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    if child.returncode != 0 or not child.stdout.strip():
-        print(child.stdout[-2000:], child.stderr[-4000:], file=sys.stderr)
-        return 1
-    run = json.loads(child.stdout.strip().splitlines()[-1])
-    # measured again right after: this machine's speed drifts by +-10% within minutes, so the tokenizer's speed
-    # while the pipeline ran is taken as the mean of the two runs around it (both are printed)
-    _, after_s = bare_tokenizer(corpus, tokenizer)
-    bare_s = (before_s + after_s) / 2
-    bare = bare_tokens / bare_s
-    e2e = run["tokens"] / run["wall_s"]
-    print(f"end to end through Dagster (bronze -> shards, {run['checks_passed']}/{run['checks']} checks passed): "
-          f"{run['tokens']:,} tokens in {run['wall_s']:.2f} s = {e2e / 1e6:.3f} M tokens/s")
-    print(f"bare tokenizer, after: {after_s:.2f} s = {bare_tokens / after_s / 1e6:.3f} M tokens/s; the two runs' mean "
-          f"{bare_s:.2f} s = {bare / 1e6:.3f} M tokens/s")
-    for layer, sec in run["layers_s"].items():
-        print(f"  {layer:<20} {sec:8.2f} s")
-    print("steps (time; the process' RSS when the step started -> its peak during the step):")
-    for step, st in run["steps"].items():
-        print(f"  {step:<60} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
-    print(f"end-to-end / bare tokenizer: {e2e / bare:.3f} (against the run before alone: "
-          f"{e2e * before_s / bare_tokens:.3f}, after alone: {e2e * after_s / bare_tokens:.3f})")
+    ratios = sorted(r["ratio"] for r in results)
+    mid = sorted(results, key=lambda r: r["ratio"])[(len(results) - 1) // 2]  # the median run (the lower middle)
+    if len(results) > 1:
+        print(f"end-to-end / bare tokenizer over {len(results)} runs: median {mid['ratio']:.3f}, "
+              f"min {ratios[0]:.3f}, max {ratios[-1]:.3f} ({', '.join(f'{r:.3f}' for r in (x['ratio'] for x in results))})")
     print(f"peak RSS of the pipeline process: {peak:,.0f} MiB")
     print(json.dumps({"corpus_mb": round(mb, 1), "rows": rows, "max_seq_len": args.max_seq_len, "strategy": "bfd",
-                      "bare_tokens_per_s": round(bare), "bare_tokens_per_s_before": round(bare_tokens / before_s),
-                      "bare_tokens_per_s_after": round(bare_tokens / after_s),
-                      "e2e_tokens_per_s": round(e2e), "ratio": round(e2e / bare, 3),
-                      "wall_s": round(run["wall_s"], 2), "layers_s": {k: round(v, 2) for k, v in run["layers_s"].items()},
-                      "peak_rss_mib": round(peak), "checks_passed": run["checks_passed"], "checks": run["checks"]}))
-    return 0 if run["success"] else 1
+                      "runs": len(results), "ratio": round(mid["ratio"], 3),
+                      "ratios": [round(r["ratio"], 3) for r in results],
+                      "bare_tokens_per_s": round(mid["bare"]), "bare_tokens_per_s_before": round(bare_tokens / mid["before_s"]),
+                      "bare_tokens_per_s_after": round(bare_tokens / mid["after_s"]),
+                      "e2e_tokens_per_s": round(mid["e2e"]), "wall_s": round(mid["wall_s"], 2),
+                      "layers_s": {k: round(v, 2) for k, v in mid["layers_s"].items()},
+                      "peak_rss_mib": round(peak), "checks_passed": mid["checks_passed"], "checks": mid["checks"]}))
+    return 0 if all(r["success"] for r in results) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -447,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     ee.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
     ee.add_argument("--max-seq-len", type=int, default=4096)
     ee.add_argument("--work", help="where the drop and the lake are written (default: $TMPDIR/prep_assets_bench_e2e)")
+    ee.add_argument("--repeat", type=int, default=1, help="measured runs (the JSON gives the median run's figures)")
     ee.set_defaults(fn=bench_e2e)
     if argv is None and len(sys.argv) == 5 and sys.argv[1] == "_e2e_child":
         return _e2e_child(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))

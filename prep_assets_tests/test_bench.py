@@ -31,14 +31,18 @@ def test_dedup_benchmark_prints_throughput_for_exact_and_near(tmp_path: Path, ca
     assert "near_duplicate" in out  # the corpus holds near copies and they are found
 
 
-def test_e2e_benchmark_prints_ratio_layers_and_peak_rss(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_e2e_benchmark_prints_ratio_layers_and_peak_rss_of_each_run_and_the_median(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     import json
 
     shared_path("datasets/bench/bench_pc.jsonl.gz")
     shared_path("tokenizers/gpt2")
-    assert bench.main(["e2e", "--mb", "1", "--max-seq-len", "1024", "--work", str(tmp_path / "work")]) == 0
+    assert bench.main(["e2e", "--mb", "1", "--max-seq-len", "1024", "--work", str(tmp_path / "work"),
+                       "--repeat", "2"]) == 0
     out = capsys.readouterr().out
     figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["runs"] == 2 and len(figures["ratios"]) == 2 and figures["ratio"] == min(figures["ratios"])
+    assert out.count("run 1/2: end to end") == out.count("run 2/2: end to end") == 1 and "median" in out
     assert figures["checks_passed"] == figures["checks"] == 17
     assert set(figures["layers_s"]) == {"raw_records", "clean_records", "tokenized_examples", "packed_shards"}
     assert figures["bare_tokens_per_s"] > 0 and 0 < figures["ratio"] and figures["peak_rss_mib"] > 0
