@@ -23,7 +23,8 @@ prompt and completion texts, right before and right after each run of (b) (a run
 two timings around it), (b) bronze -> shards of the drop through Dagster (`materialize` with every blocking
 check, in a child process, on a fresh lake), (c) each layer's time (its step and its checks), (d) the child's
 peak RSS; it prints end-to-end / bare tokenizer and the figures as JSON. With --repeat N, (b) runs N times and
-the JSON gives the median run's figures (the lower middle for an even N) and every run's ratio.
+the JSON gives the median run's figures (the lower middle for an even N), every run's ratio, and the
+highest peak RSS of all runs.
 
 `near` prints near-dedup precision and recall on the labelled set of `prep_assets.near_eval`.
 """
@@ -445,6 +446,13 @@ def bench_e2e(args: argparse.Namespace) -> int:
     return 0 if all(r["success"] for r in results) else 1
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: at least 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prep_assets.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -470,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     ee.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
     ee.add_argument("--max-seq-len", type=int, default=4096)
     ee.add_argument("--work", help="where the drop and the lake are written (default: $TMPDIR/prep_assets_bench_e2e)")
-    ee.add_argument("--repeat", type=int, default=1, help="measured runs (the JSON gives the median run's figures)")
+    ee.add_argument("--repeat", type=_at_least_one, default=1,
+                    help="measured runs (the JSON gives the median run's figures; peak RSS is the highest of all)")
     ee.set_defaults(fn=bench_e2e)
     if argv is None and len(sys.argv) == 5 and sys.argv[1] == "_e2e_child":
         return _e2e_child(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))

@@ -47,3 +47,9 @@ def test_e2e_benchmark_prints_ratio_layers_and_peak_rss_of_each_run_and_the_medi
     assert set(figures["layers_s"]) == {"raw_records", "clean_records", "tokenized_examples", "packed_shards"}
     assert figures["bare_tokens_per_s"] > 0 and 0 < figures["ratio"] and figures["peak_rss_mib"] > 0
     assert "end-to-end / bare tokenizer" in out
+
+
+def test_e2e_benchmark_refuses_fewer_than_one_run(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        bench.main(["e2e", "--repeat", "0"])
+    assert "at least 1" in capsys.readouterr().err

@@ -12,7 +12,7 @@ SQL_WORDS = re.compile(r"\b(SELECT|FROM|WHERE|JOIN|GROUP BY|ORDER BY|read_parque
 # Names an f-string SQL may interpolate: fixed query fragments written in the code (constants, or locals
 # assembled from literals in the same function). Paths, partition keys, values and column names from data are
 # never among them: they are bound as $parameters. A new name here must be such a fragment.
-SQL_FRAGMENTS = {"_FIXED_BROKEN", "_LAYOUT_DIFFERS", "_ROW_HASH", "_EXPECTED", "pieces", "flags", "broken_any", "_ROWS_NAMED", "_GOLD_ROW_SUMS", "_SEG_AT", "_LOCATION", "_SEGMENTS", "_SPLIT_OF_FILE", "_TOKENS", "_ROWS", "_HASHES", "_SEGMENTS_WITH_SLICES", "hashes", "segments", "columns", "ids",
+SQL_FRAGMENTS = {"_MOD_2_64", "_FIXED_BROKEN", "_LAYOUT_DIFFERS", "_ROW_HASH", "_EXPECTED", "pieces", "flags", "broken_any", "_ROWS_NAMED", "_GOLD_ROW_SUMS", "_SEG_AT", "_LOCATION", "_SEGMENTS", "_SPLIT_OF_FILE", "_TOKENS", "_ROWS", "_HASHES", "_SEGMENTS_WITH_SLICES", "hashes", "segments", "columns", "ids",
                  "kept_ids", "kept_where", "order", "rows", "segments", "source", "sql", "w", "where"}
 
 

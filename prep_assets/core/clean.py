@@ -157,10 +157,6 @@ def heuristic_verdict(text: str, q: QualitySpec) -> Verdict | None:
     return None
 
 
-def num_chars(content: dict[str, Any]) -> int:
-    return sum(len(t) for t in content_texts(content))
-
-
 def assign_split(key: str, split: SplitSpec) -> str:
     """A split from a hash of the record's content: stable across runs, batch sizes and drop orders.
 

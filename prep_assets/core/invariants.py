@@ -12,14 +12,13 @@ import gzip
 import json
 import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterable
 from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from prep_assets.core.sql import connect as sql_connect
@@ -470,31 +469,34 @@ _LAYOUT_DIFFERS = f"""CASE WHEN list_count(seq_lengths) = len(seq_lengths) AND c
               THEN coalesce(
                    segment_ids <> list_concat(flatten(list_transform(generate_series(1, len(seq_lengths)),
                                        lambda k: list_resize([]::INTEGER[], seq_lengths[k], k::INTEGER))),
-                                              list_resize([]::INTEGER[], coalesce(pad, len(segment_ids)), 0))
+                                              list_resize([]::INTEGER[], len(segment_ids) - used, 0))
                    OR position_ids <> list_concat(flatten(list_transform(seq_lengths, lambda n: range(n)::INTEGER[])),
-                                                  list_resize([]::INTEGER[], coalesce(pad, len(segment_ids)), 0))
+                                                  list_resize([]::INTEGER[], len(segment_ids) - used, 0))
                    OR list_sum(list_transform(generate_series(1, len(seq_lengths)),
                                               lambda k: loss_mask[({_SEG_AT})::BIGINT + 1])) <> 0,
                    true)
               ELSE true END"""
 # match_gold, step one: the sum, over the tokens the row's segments cover, of a hash of (position in the row, id,
-# mask, type), modulo 2^64
-_ROW_HASH = """(list_sum(list_transform(list_zip(input_ids, loss_mask, token_type_ids),
+# mask, type), modulo 2^64 (`_GOLD_ROW_SUMS` is the same sum over gold)
+_MOD_2_64 = "% 18446744073709551616"
+_ROW_HASH = f"""(list_sum(list_transform(list_zip(input_ids, loss_mask, token_type_ids),
                   lambda x, i: CASE WHEN i <= used THEN hash(i::BIGINT, x[1]::BIGINT, x[2]::BIGINT, x[3]::BIGINT)
-                                    ELSE 0 END)) % 18446744073709551616)::UBIGINT"""
+                                    ELSE 0 END)) {_MOD_2_64})::UBIGINT"""
 ROW_PARTS = {"fixed": f"{_FIXED_BROKEN} AS fixed_broken", "layout": f"{_LAYOUT_DIFFERS} AS layout_differs",
              "checksum": f"{_ROW_HASH} AS h"}
 
 
-def shard_rows(files: list[Path], parts: Iterable[str], max_seq_len: int = 0) -> pa.Table:
+def shard_rows(files: list[Path], parts: Iterable[str], max_seq_len: int | None = None) -> pa.Table:
     """Per shard row (`file`, `row`, `length`), in one pass: `fixed_broken` ("fixed", against `max_seq_len`),
     `layout_differs` ("layout"), `h` ("checksum"). Three gates read it: each pass decodes every list of every row,
     and three took 1.24 s of the 100 MB benchmark where one takes 0.92 s."""
-    columns = ", ".join(ROW_PARTS[part] for part in ROW_PARTS if part in set(parts))
+    wanted = set(parts)
+    if wanted - set(ROW_PARTS) or ("fixed" in wanted and max_seq_len is None):
+        raise ValueError(f"shard_rows: parts {sorted(wanted)} (of {sorted(ROW_PARTS)}; 'fixed' needs max_seq_len)")
+    columns = ", ".join(ROW_PARTS[part] for part in ROW_PARTS if part in wanted)
     sql = f"""SELECT file, row, length, {columns}
               FROM (SELECT *, filename AS file, file_row_number AS row, len(input_ids) AS length,
-                           coalesce(list_sum(seq_lengths), 0) AS used,
-                           (len(segment_ids) - list_sum(seq_lengths))::INTEGER AS pad
+                           coalesce(list_sum(seq_lengths), 0) AS used
                     FROM read_parquet($files, filename = true, file_row_number = true))"""
     with sql_connect() as con:
         return con.sql(sql, params=_bound(sql, {"files": _files(files), "L": max_seq_len})).to_arrow_table()
@@ -537,7 +539,7 @@ def shards_positions_restart(files: list[Path], rows: pa.Table | None = None) ->
     # went on (normally none), the rule token by token: the indices of the tokens that break it; a row that went on
     # and breaks no token rule has segments other than its seq_lengths: a violation of its own.
     rows = shard_rows(files, ["layout"]) if rows is None else rows
-    differs = rows.filter(pc.fill_null(rows.column("layout_differs"), True)).select(["file", "row"])
+    differs = rows.filter(rows.column("layout_differs")).select(["file", "row"])  # never NULL (CASE ... ELSE true)
     if differs.num_rows == 0:
         return Outcome(name, 0, [], {}, desc)
     sql = f"""
@@ -695,8 +697,6 @@ def shards_tokens_conserved(files: list[Path], gold_dir: Path, layout: Layout,
     return Outcome(name, n + len(offending), (offending + bad)[:SAMPLE], facts, desc)
 
 
-
-
 # every segment of the shard rows in `shard_rows` (a CTE the query defines), with its slices of the row's lists
 _SEGMENTS_WITH_SLICES = f"""
     SELECT filename AS file, file_row_number AS row, unnest(list_transform(
@@ -712,14 +712,14 @@ _ROWS_NAMED = """
     shard_rows AS (SELECT r.* FROM read_parquet($files, filename = true, file_row_number = true) r
                    SEMI JOIN rows_named b ON r.filename = b.file AND r.file_row_number = b.row)"""
 
-# Per shard row: the same sum as `shard_rows`' checksum over the gold tokens each segment should hold, at the segment's place in the row, with the
-# segment's leading tokens (the first; a window's overlap) masked; `broken` when a segment names no gold example or
-# reaches past its end
-_GOLD_ROW_SUMS = """
+# Per shard row: `shard_rows`' checksum over the gold tokens each segment should hold, at the segment's place in
+# the row, with the segment's leading tokens (the first; a window's overlap) masked; `broken` when a segment names
+# no gold example or reaches past its end
+_GOLD_ROW_SUMS = f"""
     WITH s AS (SELECT filename AS file, file_row_number AS row, unnest(example_ids) AS example_id,
                       unnest(example_offsets) AS off, unnest(seq_lengths) AS len,
                       unnest(list_transform(generate_series(1, len(seq_lengths)),
-                                            lambda k: coalesce(list_sum(seq_lengths[1 : k - 1]), 0))) AS at
+                                            lambda k: {_SEG_AT})) AS at
                FROM read_parquet($files, filename = true, file_row_number = true)),
     n AS (SELECT *, least(len, CASE WHEN off = 0 THEN 1 ELSE greatest($overlap, 1) END) AS k0 FROM s)
     SELECT n.file, n.row, bool_or(g.example_id IS NULL OR n.off + n.len > len(g.token_ids)) AS broken,
@@ -727,7 +727,7 @@ _GOLD_ROW_SUMS = """
                                                  g.loss_mask[n.off + 1 : n.off + n.len],
                                                  g.token_type_ids[n.off + 1 : n.off + n.len]),
                lambda x, i: hash((n.at + i)::BIGINT, x[1]::BIGINT, (CASE WHEN i <= n.k0 THEN 0 ELSE x[2] END)::BIGINT,
-                                 x[3]::BIGINT)))) % 18446744073709551616)::UBIGINT AS h
+                                 x[3]::BIGINT)))) {_MOD_2_64})::UBIGINT AS h
     FROM n LEFT JOIN read_parquet($g) g ON g.example_id = n.example_id GROUP BY n.file, n.row"""
 
 

@@ -345,6 +345,8 @@ def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: n
         if example_loss is None:
             keep = range_sums(loss_mask, lo, hi) > 0
         else:
+            if len(example_loss) != len(lengths):
+                raise ValueError(f"example_loss has {len(example_loss)} counts for {len(lengths)} examples")
             keep = np.asarray(example_loss, dtype=np.int64)[example] > 0
             split = counts[example] > 1
             keep[split] = range_sums(loss_mask, lo[split], hi[split]) > 0

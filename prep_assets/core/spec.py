@@ -111,9 +111,8 @@ class QualitySpec(_Strict):
 
     @property
     def enabled(self) -> bool:
-        """Is any heuristic on?"""
-        return any(v is not None for v in (self.min_words, self.max_repeated_line_fraction,
-                                           self.max_repeated_ngram_fraction, self.max_non_alnum_fraction))
+        """Is any heuristic on? (Each is a field that is null when off; `repeated_ngram_size` only sets one up.)"""
+        return any(getattr(self, name) is not None for name in type(self).model_fields if name != "repeated_ngram_size")
 
 
 class NearDedupSpec(_Strict):

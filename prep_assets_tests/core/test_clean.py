@@ -92,6 +92,10 @@ def test_quality_verdict_given_the_texts_equals_computing_them_and_heuristics_ru
     off = make_spec(clean={"min_chars": 1}).clean
     on = make_spec(clean={"min_chars": 1, "quality": {"max_repeated_line_fraction": 0.3}}).clean
     assert not off.quality.enabled and on.quality.enabled
+    for heuristic in ("min_words", "max_repeated_line_fraction", "max_repeated_ngram_fraction",
+                      "max_non_alnum_fraction"):
+        assert make_spec(clean={"quality": {heuristic: 1}}).clean.quality.enabled, heuristic
+    assert not make_spec(clean={"quality": {"repeated_ngram_size": 3}}).clean.quality.enabled
     repeated = {"turns": [{"prompt": "same\nsame\nsame", "completion": "same\nsame"}]}
     for content in (repeated, {"text": ""}, {"text": "abc"}, {"turns": [{"prompt": "q", "completion": ""}]}):
         for clean in (off, on):

@@ -56,3 +56,16 @@ def test_a_failing_shared_pass_is_reported_by_each_gate_that_reads_it(lake, monk
     assert [(g.name, str(o)) for g, o in out if isinstance(o, Exception)] == [
         (name, "the shard pass broke") for name in BY_ROWS]
     assert isinstance(out[-1][1], inv.Outcome)  # a gate that reads the shards on its own still reports
+
+
+def test_a_gate_that_raises_on_the_shared_rows_leaves_the_others_their_outcomes(lake, monkeypatch):
+    spec, paths, chosen = lake
+
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("positions broke")
+
+    monkeypatch.setattr(inv, "shards_positions_restart", broken)
+    out = dict((g.name, o) for g, o in gates.outcomes(spec, paths, "k", chosen))
+    assert str(out["packed_shards_positions_restart"]) == "positions broke"
+    assert [r["row"] for r in out["packed_shards_fixed_length"].offending] == [1]  # type: ignore[union-attr]
+    assert not out["packed_shards_match_gold"].passed  # type: ignore[union-attr]

@@ -282,3 +282,23 @@ def test_shard_row_gates_judged_from_one_pass_equal_each_judged_alone(tmp_path: 
     assert [(r["file"].endswith("00000.parquet"), r["row"]) for r in pairs[0][0].offending] == [(True, 1), (False, 1), (False, 2)]
     assert {(r["file"].endswith("00000.parquet"), r["row"]) for r in pairs[1][0].offending} >= {(True, 2), (False, 0)}
     assert (True, 3) in {(r["file"].endswith("00000.parquet"), r["row"]) for r in pairs[2][0].offending}
+
+
+def test_shard_rows_pass_survives_seq_lengths_summing_past_32_bits_and_the_gates_name_the_row(tmp_path: Path):
+    """The shared pass holds no value that a corrupt row can overflow: the row is reported, no gate raises."""
+    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row(), _row(seq_lengths=[2**31 - 1, 2**31 - 1],
+                                                                       example_ids=["d:1", "d:1"],
+                                                                       example_offsets=[0, 0])])]
+    rows = inv.shard_rows(f, ["fixed", "layout", "checksum"], 4)
+    assert rows.column("fixed_broken").to_pylist() == [False, True]
+    assert rows.column("layout_differs").to_pylist() == [False, True]
+    assert [r["row"] for r in inv.shards_fixed_length(f, 4, rows).offending] == [1]
+    assert {r["row"] for r in inv.shards_positions_restart(f, rows).offending} == {1}
+
+
+def test_shard_rows_refuses_unknown_parts_and_fixed_without_a_length(tmp_path: Path):
+    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row()])]
+    with pytest.raises(ValueError, match="parts"):
+        inv.shard_rows(f, ["fixed"])
+    with pytest.raises(ValueError, match="parts"):
+        inv.shard_rows(f, ["checksums"])

@@ -291,6 +291,35 @@ def test_window_pieces_given_example_loss_equal_summing_every_window(overlap):
         assert all((x == y).all() for x, y in zip(vars(a[0]).values(), vars(b[0]).values(), strict=True))
 
 
+def test_window_pieces_refuses_loss_counts_for_other_examples():
+    with pytest.raises(ValueError, match="2 counts for 3 examples"):
+        window_pieces(np.array([3, 40, 2]), 32, 0, np.ones(45, dtype=np.uint8), example_loss=np.array([1, 1]))
+
+
+def test_bfd_fills_each_row_after_its_longest_item_with_the_best_subset_left():
+    """Bin by bin: the first item is the longest left, the others the subset of what is left with the largest sum
+    that fits (brute force over the remaining lengths, small random cases; sizes used up along the way)."""
+    from collections import Counter
+    from itertools import product
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        cap = int(rng.integers(4, 40))
+        lengths = rng.integers(1, cap + 1, size=int(rng.integers(1, 11)))
+        left = Counter(lengths.tolist())
+        for row in plan_bfd(lengths, cap):
+            first, rest = int(lengths[row[0]]), [int(lengths[i]) for i in row[1:]]
+            assert first == max(left)
+            left[first] -= 1
+            sizes = [k for k in left if left[k]]
+            best = max(sum(k * n for k, n in zip(sizes, counts, strict=True))
+                       for counts in product(*(range(left[k] + 1) for k in sizes))
+                       if sum(k * n for k, n in zip(sizes, counts, strict=True)) <= cap - first)
+            assert sum(rest) == best, (lengths.tolist(), cap, row)
+            left.subtract(rest)
+            left = +left
+
+
 def test_segment_sums_with_empty_segments_anywhere():
     from prep_assets.core.arrays import segment_sums
 
