@@ -454,7 +454,7 @@ def _no_shards(name: str, description: str) -> Outcome:
 
 
 # What three row-level shard gates judge, each an expression over one shard row (with `used`, the tokens its
-# seq_lengths cover, and `pad`, the rest): `shard_rows` evaluates those asked for in one pass over the shards.
+# seq_lengths cover): `shard_rows` evaluates those asked for in one pass over the shards.
 _SEG_AT = "coalesce(list_sum(seq_lengths[1 : k - 1]), 0)"  # where segment k starts in its row (0-based)
 # fixed_length: the lists are max_seq_len long, and agree with each other and with num_loss_tokens
 _FIXED_BROKEN = """coalesce((len(input_ids) <> $L OR len(loss_mask) <> $L OR len(position_ids) <> $L
