@@ -462,10 +462,8 @@ def _record_examples(spec: DatasetSpec, silver_dir: Path, pt: PinnedTokenizer, c
             if len(tb.kept) == 0:
                 continue
             lengths = np.diff(tb.offsets)
-            cum_loss = np.concatenate([[0], np.cumsum(tb.loss_mask, dtype=np.int64)])
-            cum_prompt = np.concatenate([[0], np.cumsum(tb.token_type_ids == TYPE_PROMPT, dtype=np.int64)])
-            n_loss = cum_loss[tb.offsets[1:]] - cum_loss[tb.offsets[:-1]]
-            n_prompt = cum_prompt[tb.offsets[1:]] - cum_prompt[tb.offsets[:-1]]
+            n_loss = segment_sums(tb.loss_mask, tb.offsets)
+            n_prompt = segment_sums(tb.token_type_ids == TYPE_PROMPT, tb.offsets)
             kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(pa.array(tb.kept, type=pa.int64()))
             pair_id = branch = pa.nulls(len(tb.kept), pa.string())
             shared = pa.nulls(len(tb.kept), pa.int32())
