@@ -17,6 +17,7 @@ from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, read_json
 from prep_assets.core.masking import trainable_types
 from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.sql import shared_database
 from prep_assets.core.tokenizer import load_pinned_info
 
 RAW_RECORDS, CLEAN_RECORDS, TOKENIZED_EXAMPLES, PACKED_SHARDS = (
@@ -159,7 +160,13 @@ def outcomes(spec: DatasetSpec, paths: DatasetPaths, partition: str,
              gates: Sequence[Gate]) -> list[tuple[Gate, inv.Outcome | Exception]]:
     """Each gate's outcome, in order, or the exception its evaluation raised (the others still run). The gates
     with a row rule are judged together, in one pass over gold (four scans took 0.9 s of the 100 MB benchmark), and
-    the shard gates that read `inv.shard_rows` from one pass over the shards."""
+    the shard gates that read `inv.shard_rows` from one pass over the shards. All of them use one DuckDB database."""
+    with shared_database():
+        return _outcomes(spec, paths, partition, gates)
+
+
+def _outcomes(spec: DatasetSpec, paths: DatasetPaths, partition: str,
+              gates: Sequence[Gate]) -> list[tuple[Gate, inv.Outcome | Exception]]:
     together: dict[str, inv.Outcome | Exception] = {}
     ruled = [g for g in gates if g.rule is not None]
     if ruled:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import duckdb
@@ -14,9 +17,33 @@ import duckdb
 MEMORY_ENV = "PREP_ASSETS_DUCKDB_MEMORY"
 DEFAULT_MEMORY = "1GB"
 
+_SHARED: ContextVar[duckdb.DuckDBPyConnection | None] = ContextVar("prep_assets_shared_duckdb", default=None)
 
-def connect() -> duckdb.DuckDBPyConnection:
+
+def _database() -> duckdb.DuckDBPyConnection:
     spill = Path(tempfile.gettempdir()) / "prep_assets_duckdb"
     spill.mkdir(exist_ok=True)
     return duckdb.connect(config={"memory_limit": os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY,
                                   "temp_directory": str(spill)})
+
+
+def connect() -> duckdb.DuckDBPyConnection:
+    """A connection of its own: to a new in-memory database, or, inside `shared_database`, a cursor of that one
+    (its own temp tables and registered tables, the database's memory)."""
+    shared = _SHARED.get()
+    return _database() if shared is None else shared.cursor()
+
+
+@contextmanager
+def shared_database() -> Iterator[None]:
+    """Within this block `connect` gives cursors of one database rather than a database each. The gates of one
+    asset run this way: a new database per gate cost its start (~11 ms) and, each time, the page faults of
+    memory the last one had given back (the 100 MB benchmark's six shard gates: 2.42 s, 0.6 s of it in the
+    kernel; shared: 2.2 s, 0.33 s)."""
+    db = _database()
+    token = _SHARED.set(db)
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+        db.close()
