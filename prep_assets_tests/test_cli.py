@@ -12,6 +12,7 @@ import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
 from prep_assets.cli import main
+from prep_assets.core import decode
 from prep_assets.core.decode import decode_row, decode_rows
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets_tests.conftest import PROJECT, copy_sample_data, write_dataset
@@ -138,7 +139,8 @@ def test_decode_names_where_a_continued_segment_starts(in_process: Path, capsys:
 
 
 
-def test_decode_of_a_row_in_any_row_group_agrees_with_decoding_every_row(in_process: Path, tmp_path: Path):
+def test_decode_of_a_row_in_any_row_group_and_any_read_batch_agrees_with_decoding_every_row(
+        in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     data = in_process
     assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
     shard = sorted((data / "lake" / "sample_text" / "shards").glob("*/train/part-00000.parquet"))[0]
@@ -154,6 +156,9 @@ def test_decode_of_a_row_in_any_row_group_agrees_with_decoding_every_row(in_proc
         assert got == every[row] and got["segments"] == decode_row(shard, row)["segments"]
     with pytest.raises(PrepAssetsError, match=r"row 99999 out of range"):
         decode_row(small_groups, 99_999, tok)
+    monkeypatch.setattr(decode, "_ROWS_PER_READ", 2)  # a row group read in batches of 2: rows past the first batch
+    whole = list(decode_rows(shard, tok))
+    assert [decode_row(shard, row, tok) for row in range(len(whole))] == whole
 
 def test_failed_gate_keeps_partition_out_of_manifest_and_stale_until_fixed(tmp_path: Path):
     data = copy_sample_data(tmp_path / "data")
