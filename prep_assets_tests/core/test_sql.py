@@ -1,5 +1,6 @@
 """DuckDB connections: a database each, or, inside `shared_database`, cursors of one (what a gate step uses)."""
 
+import duckdb
 import pytest
 
 from prep_assets.core import gates
@@ -34,9 +35,13 @@ def test_cursors_of_a_shared_database_share_tables_but_not_temp_tables_or_regist
 
 def test_shared_database_is_closed_and_forgotten_even_when_the_block_raises():
     with pytest.raises(RuntimeError, match="gate broke"), sql.shared_database():
+        shared = sql._SHARED.get()
         with sql.connect() as a:
             a.execute("CREATE TABLE t AS SELECT 1 AS x")
         raise RuntimeError("gate broke")
+    assert shared is not None and sql._SHARED.get() is None
+    with pytest.raises(duckdb.ConnectionException):
+        shared.execute("SELECT 1")
     with sql.connect() as b:
         assert _tables(b) == []
 
