@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from prep_assets.core.arrays import offsets_from_lengths, ranges_index
+from prep_assets.core.arrays import offsets_from_lengths, ranges_index, segment_sums
 from prep_assets.core.chat import ChatTemplate, EncodedChat
 from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT, Invalid
 from prep_assets.core.spec import DatasetSpec
@@ -390,8 +390,7 @@ def apply_overflow(
     out_offsets = offsets_from_lengths(keep_len)
     firsts = out_offsets[:-1][keep_len > 0]
     out_mask[firsts] = 0
-    cum = np.concatenate([[0], np.cumsum(out_mask, dtype=np.int64)])
-    loss = cum[out_offsets[1:]] - cum[out_offsets[:-1]]
+    loss = segment_sums(out_mask, out_offsets)
     dropped = over if policy == "drop" else np.zeros(n, dtype=bool)
     for i in np.flatnonzero((loss == 0) & ~dropped):
         rejects.append((int(i), "no_trained_tokens", f"no loss token left of {int(lengths[i])} tokens", int(lengths[i])))

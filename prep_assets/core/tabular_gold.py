@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prep_assets.core.arrays import list_array, percentiles, segment_sums
+from prep_assets.core.arrays import list_array, offsets_from_lengths, percentiles, segment_sums
 from prep_assets.core.errors import TokenizerError
 from prep_assets.core.parquet_io import ParquetSink
 from prep_assets.core.records import GOLD_REJECT_SCHEMA, GOLD_SCHEMA, SPLITS, TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
@@ -196,7 +196,7 @@ def build_tabular_examples(spec: DatasetSpec, silver_records: Path, pt: PinnedTo
     types = np.repeat(np.array(piece_type, dtype=np.uint8), piece_len)
     owner = np.repeat(np.arange(len(asm.examples)), per_example_pieces)
     lengths = np.bincount(owner, weights=piece_len, minlength=len(asm.examples)).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    offsets = offsets_from_lengths(lengths)
     n_loss = segment_sums(loss_mask, offsets)
 
     firsts = [ex.units[0][0] for _, ex in asm.examples]
