@@ -242,11 +242,14 @@ def continuation_encoder(encoder: Tokenizer) -> Tokenizer:
     every prompt/completion boundary. Byte-level BPE without `add_prefix_space` is unaffected: then the encoder
     itself is returned, so callers can tell (`continuation is encoder`) and encode all texts in one call.
     """
-    config = json.loads(encoder.to_str())
-    stripped = {**config, **{key: _without_word_start(config.get(key)) for key in ("normalizer", "pre_tokenizer")}}
-    if stripped == config:
+    # the two components' own configs (their pickled state is their JSON): the whole tokenizer's JSON, 50k words
+    # and merges, is only needed when one changes (~0.07 s a load for byte-level BPE)
+    parts = {key: None if (part := getattr(encoder, key)) is None else json.loads(part.__getstate__())
+             for key in ("normalizer", "pre_tokenizer")}
+    stripped = {key: _without_word_start(node) for key, node in parts.items()}
+    if stripped == parts:
         return encoder
-    out = Tokenizer.from_str(json.dumps(stripped))
+    out = Tokenizer.from_str(json.dumps({**json.loads(encoder.to_str()), **stripped}))
     out.encode_special_tokens = True
     return out
 
