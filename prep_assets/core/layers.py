@@ -268,7 +268,8 @@ def build_clean_records(
     colliding: frozenset[str] = frozenset()
     while True:
         try:
-            return _clean_pass(spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir, near)
+            with _gc_paused():
+                return _clean_pass(spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir, near)
         except dedup.HashCollision as found:
             colliding |= found.digests
 
@@ -301,62 +302,61 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
                 rejected.add({**{c: values[j][i] for j, c in enumerate(cols[:-1])}, "reason": reason,
                               "detail": detail, "duplicate_of": of, "content": canonical, "content_sha256": digest})
 
-            with _gc_paused():
-                for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
-                    as_is = left_as_is(batch.column("content")).tolist()
-                    values[:] = [batch.column(c).to_pylist() for c in cols]  # a list per column: 4x faster than rows
-                    # the kept rows: their provenance is taken from the batch (Arrow), the rest collected here
-                    kept: list[int] = []
-                    kept_content: list[str] = []
-                    kept_digest: list[str] = []
-                    kept_chars: list[int] = []
-                    kept_split: list[str] = []
-                    for i, (record_id, canonical, same) in enumerate(zip(values[0], values[-1], as_is)):
-                        records_in += 1
-                        content = loads_json(canonical)
-                        if not same:
-                            content = normalize_content(content, norm)
-                            canonical = canonical_json(content)
-                        texts = content_texts(content)
-                        verdict = quality_verdict(content, clean, texts)
-                        if verdict is not None:
-                            reject(i, verdict.reason, verdict.detail, canonical)
+            for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
+                as_is = left_as_is(batch.column("content")).tolist()
+                values[:] = [batch.column(c).to_pylist() for c in cols]  # a list per column: 4x faster than rows
+                # the kept rows: their provenance is taken from the batch (Arrow), the rest collected here
+                kept: list[int] = []
+                kept_content: list[str] = []
+                kept_digest: list[str] = []
+                kept_chars: list[int] = []
+                kept_split: list[str] = []
+                for i, (record_id, canonical, same) in enumerate(zip(values[0], values[-1], as_is)):
+                    records_in += 1
+                    content = loads_json(canonical)
+                    if not same:
+                        content = normalize_content(content, norm)
+                        canonical = canonical_json(content)
+                    texts = content_texts(content)
+                    verdict = quality_verdict(content, clean, texts)
+                    if verdict is not None:
+                        reject(i, verdict.reason, verdict.detail, canonical)
+                        continue
+                    digest = content_digest(canonical)
+                    if exact is not None:
+                        first, in_earlier = exact.repeats(digest, canonical, record_id)
+                        if first is not None and first in near_of:  # a copy of a record removed as near duplicate
+                            reject(i, "near_duplicate", f"same content as {first}, a "
+                                   f"near duplicate of {near_of[first]}", canonical, digest, near_of[first])
                             continue
-                        digest = content_digest(canonical)
-                        if exact is not None:
-                            first, in_earlier = exact.repeats(digest, canonical, record_id)
-                            if first is not None and first in near_of:  # a copy of a record removed as near duplicate
-                                reject(i, "near_duplicate", f"same content as {first}, a "
-                                       f"near duplicate of {near_of[first]}", canonical, digest, near_of[first])
-                                continue
-                            if first is not None:
-                                of_earlier += in_earlier
-                                reject(i, "duplicate", f"same content as {first}", canonical,
-                                       digest, first)
-                                continue
-                        if near is not None:
-                            match = near.match(record_id, near_dup_text(content))
-                            if match is not None:
-                                near_of[record_id] = match[0]
-                                reject(i, "near_duplicate", f"estimated Jaccard "
-                                       f"{match[1]:.3f} >= {clean.near.threshold} with {match[0]}", canonical, digest,
-                                       match[0])
-                                continue
-                        split = assign_split(_split_key(spec, content, digest), spec.split)
-                        splits[split] += 1
-                        n = sum(map(len, texts))
-                        chars += n
-                        kept.append(i)
-                        kept_content.append(canonical)
-                        kept_digest.append(digest)
-                        kept_chars.append(n)
-                        kept_split.append(split)
-                    if kept:
-                        take = pa.array(kept, type=pa.int64())
-                        keep_sink.write(pa.Table.from_pydict({
-                            **{c: batch.column(c).take(take) for c in cols[:-1]}, "content": kept_content,
-                            "content_sha256": kept_digest, "num_chars": kept_chars, "split": kept_split,
-                        }, schema=SILVER_SCHEMA))
+                        if first is not None:
+                            of_earlier += in_earlier
+                            reject(i, "duplicate", f"same content as {first}", canonical,
+                                   digest, first)
+                            continue
+                    if near is not None:
+                        match = near.match(record_id, near_dup_text(content))
+                        if match is not None:
+                            near_of[record_id] = match[0]
+                            reject(i, "near_duplicate", f"estimated Jaccard "
+                                   f"{match[1]:.3f} >= {clean.near.threshold} with {match[0]}", canonical, digest,
+                                   match[0])
+                            continue
+                    split = assign_split(_split_key(spec, content, digest), spec.split)
+                    splits[split] += 1
+                    n = sum(map(len, texts))
+                    chars += n
+                    kept.append(i)
+                    kept_content.append(canonical)
+                    kept_digest.append(digest)
+                    kept_chars.append(n)
+                    kept_split.append(split)
+                if kept:
+                    take = pa.array(kept, type=pa.int64())
+                    keep_sink.write(pa.Table.from_pydict({
+                        **{c: batch.column(c).take(take) for c in cols[:-1]}, "content": kept_content,
+                        "content_sha256": kept_digest, "num_chars": kept_chars, "split": kept_split,
+                    }, schema=SILVER_SCHEMA))
             rejected.flush()
         if exact is not None:
             found = dedup.collisions(stage / RECORDS, stage / REJECTS, earlier) - colliding

@@ -201,3 +201,37 @@ def test_parquet_drop_keeps_embedded_carriage_returns_through_every_gate(tmp_pat
     contents = [json.loads(c)["text"] for c in pq.read_table(r["dirs"][1] / "records.parquet").column("content")
                 .to_pylist()]
     assert any("\r AAAAAGAAAHHHH" in c for c in contents)
+
+
+def test_bronze_and_silver_run_their_records_with_the_cycle_collector_off_and_turn_it_back_on(tmp_path: Path,
+                                                                                           monkeypatch):
+    import gc
+
+    spec = make_spec("t")
+    paths = dataset_paths(tmp_path, "t")
+    paths.raw_dir.mkdir(parents=True)
+    (paths.raw_dir / "a.jsonl").write_text('{"text": "one two three"}\n{"text": "four five six"}\n')
+    register_drops(paths)
+    drop, src = resolve_drop(paths, next(p.stem for p in paths.drops_dir.glob("*.json")))
+    seen: list[tuple[str, bool]] = []
+
+    def watch(name: str, real):
+        def wrapped(*args):
+            seen.append((name, gc.isenabled()))
+            return real(*args)
+        monkeypatch.setattr(layers, name, wrapped)
+
+    watch("canonical_json", layers.canonical_json)  # bronze, per record
+    watch("content_texts", layers.content_texts)  # silver, per record
+    b, s = paths.partition_dir("bronze", "k"), paths.partition_dir("silver", "k")
+    assert layers.build_raw_records(spec, drop, src, b)["records"] == 2 and gc.isenabled()
+    assert layers.build_clean_records(spec, b, s)["records"] == 2 and gc.isenabled()
+    assert sorted(set(seen)) == [("canonical_json", False), ("content_texts", False)]
+
+    def broken(*_):
+        raise RuntimeError("silver broke")
+
+    monkeypatch.setattr(layers, "content_texts", broken)
+    with pytest.raises(RuntimeError, match="silver broke"):
+        layers.build_clean_records(spec, b, tmp_path / "s2")
+    assert gc.isenabled()
