@@ -234,6 +234,12 @@ def _without_word_start(node: Any) -> Any:
     return node
 
 
+def _component_config(part: Any) -> Any:
+    """A normalizer's or pre-tokenizer's config as `Tokenizer.to_str` writes it: its pickled state is that JSON (a
+    change of that format fails here, loudly, at `json.loads`)."""
+    return None if part is None else json.loads(part.__getstate__())
+
+
 def continuation_encoder(encoder: Tokenizer) -> Tokenizer:
     """A copy that encodes text as it would be encoded *after* other text of the same example.
 
@@ -242,10 +248,9 @@ def continuation_encoder(encoder: Tokenizer) -> Tokenizer:
     every prompt/completion boundary. Byte-level BPE without `add_prefix_space` is unaffected: then the encoder
     itself is returned, so callers can tell (`continuation is encoder`) and encode all texts in one call.
     """
-    # the two components' own configs (their pickled state is their JSON): the whole tokenizer's JSON, 50k words
-    # and merges, is only needed when one changes (~0.07 s a load for byte-level BPE)
-    parts = {key: None if (part := getattr(encoder, key)) is None else json.loads(part.__getstate__())
-             for key in ("normalizer", "pre_tokenizer")}
+    # the two components' own configs: the whole tokenizer's JSON, 50k words and merges, is only needed when one
+    # changes (~0.07 s a load for byte-level BPE)
+    parts = {key: _component_config(getattr(encoder, key)) for key in ("normalizer", "pre_tokenizer")}
     stripped = {key: _without_word_start(node) for key, node in parts.items()}
     if stripped == parts:
         return encoder

@@ -207,6 +207,7 @@ def test_bronze_and_silver_run_their_records_with_the_cycle_collector_off_and_tu
                                                                                            monkeypatch):
     import gc
 
+    assert gc.isenabled()
     spec = make_spec("t")
     paths = dataset_paths(tmp_path, "t")
     paths.raw_dir.mkdir(parents=True)
@@ -216,22 +217,33 @@ def test_bronze_and_silver_run_their_records_with_the_cycle_collector_off_and_tu
     seen: list[tuple[str, bool]] = []
 
     def watch(name: str, real):
-        def wrapped(*args):
+        def wrapped(*args, **kwargs):
             seen.append((name, gc.isenabled()))
-            return real(*args)
+            return real(*args, **kwargs)
         monkeypatch.setattr(layers, name, wrapped)
 
-    watch("canonical_json", layers.canonical_json)  # bronze, per record
-    watch("content_texts", layers.content_texts)  # silver, per record
+    watch("canonical_json", layers.canonical_json)  # per record in bronze (and silver, for a normalized record)
+    watch("content_texts", layers.content_texts)  # per record in silver
     b, s = paths.partition_dir("bronze", "k"), paths.partition_dir("silver", "k")
     assert layers.build_raw_records(spec, drop, src, b)["records"] == 2 and gc.isenabled()
+    # a hash collision makes silver run its pass again: the collector is off in both passes
+    real_collisions, passes = layers.dedup.collisions, []
+
+    def collide_once(*args):
+        passes.append(1)
+        return real_collisions(*args) | ({"0" * 64} if len(passes) == 1 else set())
+
+    monkeypatch.setattr(layers.dedup, "collisions", collide_once)
     assert layers.build_clean_records(spec, b, s)["records"] == 2 and gc.isenabled()
+    assert len(passes) == 2 and seen.count(("content_texts", False)) == 4
     assert sorted(set(seen)) == [("canonical_json", False), ("content_texts", False)]
 
-    def broken(*_):
-        raise RuntimeError("silver broke")
+    def broken(*_, **__):
+        raise RuntimeError("broke")
 
-    monkeypatch.setattr(layers, "content_texts", broken)
-    with pytest.raises(RuntimeError, match="silver broke"):
-        layers.build_clean_records(spec, b, tmp_path / "s2")
-    assert gc.isenabled()
+    for name, build in (("content_texts", lambda: layers.build_clean_records(spec, b, tmp_path / "s2")),
+                        ("canonical_json", lambda: layers.build_raw_records(spec, drop, src, tmp_path / "b2"))):
+        monkeypatch.setattr(layers, name, broken)
+        with pytest.raises(RuntimeError, match="broke"):
+            build()
+        assert gc.isenabled()
