@@ -1,21 +1,38 @@
 """The benchmark script keeps working (its figures are printed, never asserted as timings)."""
 
+import re
 from pathlib import Path
 
 import pytest
 
 from prep_assets import bench
+from prep_assets.core import layers
 from prep_assets_tests.conftest import shared_path
 
 
-def test_packing_benchmark_prints_figures_for_each_strategy(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def _bfd_rows(out: str) -> tuple[int, int]:
+    found = re.search(r"bfd: ([\d,]+) rows \(lower bound ([\d,]+)", out)
+    assert found, out
+    rows, bound = (int(x.replace(",", "")) for x in found.groups())
+    return rows, bound
+
+
+def test_packing_benchmark_prints_figures_for_each_strategy(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch):
     src = shared_path("datasets/instruction/gdp_generative_tuning.jsonl")
     args = ["packing", "--source", str(src), "--tokenizer", str(shared_path("tokenizers/gpt2")),
             "--max-seq-len", "512", "--strategies", "bfd,full", "--work", str(tmp_path / "work")]
     assert bench.main(args) == 0
     out = capsys.readouterr().out
     assert "bfd: " in out and "full: " in out and out.count("M tokens/s") == 3 + 2 * 3
-    assert bench.main(args) == 0 and "building gold" not in capsys.readouterr().out  # gold reused
+    rows, bound = _bfd_rows(out)
+    assert rows > 0 and bound > 0  # (windows without a loss token are dropped: rows may fall below the bound)
+    # rows are built a chunk at a time, as the shards layer builds them: 5-row chunks count the same rows
+    monkeypatch.setattr(layers, "SHARD_CHUNK_ROWS", 5)
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert "building gold" not in out  # gold reused
+    assert _bfd_rows(out) == (rows, bound)
 
 
 def test_packing_benchmark_missing_source_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
