@@ -134,6 +134,8 @@ class CleanSpec(_Strict):
     dedup: Literal["exact", "near", "none"] = "exact"  # near: exact first, then near-duplicates
     dedup_scope: Literal["drop", "dataset"] = "drop"
     near: NearDedupSpec = NearDedupSpec()
+    # keep records whose trained turn (completion, assistant message) is empty or whitespace only
+    keep_empty_turns: bool = False
 
     @model_validator(mode="after")
     def _scope_needs_dedup(self) -> CleanSpec:
@@ -280,6 +282,8 @@ class OutputSpec(_Strict):
 
 class ChecksSpec(_Strict):
     max_reject_rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    # gold rejects / silver records of a drop (records that could not become a training example)
+    max_gold_reject_rate: float = Field(default=0.05, ge=0.0, le=1.0)
     min_sequence_utilization: float = Field(default=0.5, ge=0.0, le=1.0)
 
 
