@@ -19,7 +19,7 @@ import regex
 
 from prep_assets.core.lake import canonical_json
 from prep_assets.core.records import content_texts, map_content_texts
-from prep_assets.core.spec import CleanSpec, NormalizeSpec, QualitySpec, SplitSpec
+from prep_assets.core.spec import CleanSpec, DatasetSpec, NormalizeSpec, QualitySpec, SplitSpec
 
 # C0 and C1 controls and DEL, except tab and newline (carriage return is kept only when line endings
 # are not normalized, so a record never silently changes its line structure).
@@ -27,7 +27,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f]")
 _CONTROL_NO_CR = re.compile(r"[\x00-\x08\x0b\x0c\x0d\x0e-\x1f\x7f-\x84\x86-\x9f]")
 
 
-def normalize_text(text: str, norm: NormalizeSpec) -> str:
+def normalize_text(text: str, norm: NormalizeSpec, *, strip_end: bool = True) -> str:
+    """One text field normalized. `strip_end=False` keeps the whitespace at the field's end: a prompt's last
+    space or newline is what separates it from the completion joined after it."""
     if norm.newlines:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     if norm.nfc:
@@ -38,12 +40,21 @@ def normalize_text(text: str, norm: NormalizeSpec) -> str:
             text = control.sub("", text)
     if norm.trailing_whitespace:
         if " \n" in text or "\t\n" in text:  # spaces/tabs before a line end (a regex lookahead is 50x slower)
-            text = "\n".join(line.rstrip(" \t") for line in text.split("\n"))
-        text = text.rstrip()
+            lines = text.split("\n")
+            text = "\n".join([line.rstrip(" \t") for line in lines[:-1]] + lines[-1:])
+        if strip_end:
+            text = text.rstrip()
     return text
 
 
 def normalize_content(content: dict[str, Any], norm: NormalizeSpec) -> dict[str, Any]:
+    """Every text field normalized on its own. A field's end is stripped only where no other field's text is
+    joined right after it: a document, a completion (its EOS follows), a message (the template's delimiters
+    follow); a prompt keeps its trailing whitespace, so cleaning never glues a prompt to its completion."""
+    if "turns" in content:
+        return {**content, "turns": [{"prompt": normalize_text(t["prompt"], norm, strip_end=False),
+                                      "completion": normalize_text(t["completion"], norm)}
+                                     for t in content["turns"]]}
     return map_content_texts(content, lambda s: normalize_text(s, norm))
 
 
@@ -84,17 +95,43 @@ class Verdict:
     detail: str
 
 
-def quality_verdict(content: dict[str, Any], clean: CleanSpec, texts: list[str] | None = None) -> Verdict | None:
-    """None to keep the record, else why it goes to the rejects table. `texts`: its `content_texts`, if at hand."""
+def trained_roles(spec: DatasetSpec) -> frozenset[str]:
+    """The chat roles whose messages are training targets under a spec (none for other types)."""
+    if spec.input.type not in ("chat", "preference"):
+        return frozenset()
+    return frozenset(r for r in spec.mask_keys if spec.mask_action(r) == "train")
+
+
+def _empty_turn(content: dict[str, Any], trained: frozenset[str]) -> Verdict | None:
+    """A trained turn with no characters but whitespace would teach the model to answer with nothing."""
+    if "turns" in content:
+        empty = [i + 1 for i, t in enumerate(content["turns"]) if not t["completion"].strip()]
+        if empty:
+            return Verdict("empty_completion", f"turn(s) {empty} have an empty or whitespace-only completion "
+                           "(clean.keep_empty_turns: true keeps them)")
+    for branch in ("chosen", "rejected"):
+        if branch in content and not any(m["content"].strip() for m in content[branch]):
+            return Verdict("empty_completion", f"the {branch} branch is empty or whitespace only "
+                           "(clean.keep_empty_turns: true keeps it)")
+    for key in ("messages", "chosen", "rejected"):
+        empty = [f"{key}[{i}] ({m['role']})" for i, m in enumerate(content.get(key, []))
+                 if m["role"] in trained and not m["content"].strip()]
+        if empty:
+            return Verdict("empty_completion", f"trained message(s) {', '.join(empty[:5])} are empty or whitespace "
+                           "only (clean.keep_empty_turns: true keeps them)")
+    return None
+
+
+def quality_verdict(content: dict[str, Any], clean: CleanSpec, texts: list[str] | None = None,
+                    trained: frozenset[str] = frozenset()) -> Verdict | None:
+    """None to keep the record, else why it goes to the rejects table. `texts`: its `content_texts`, if at hand;
+    `trained`: the chat roles that are training targets (`trained_roles`)."""
     texts = content_texts(content) if texts is None else texts
     num_chars = sum(map(len, texts))
-    if "turns" in content:
-        empty = [i + 1 for i, t in enumerate(content["turns"]) if not t["completion"]]
-        if empty:
-            return Verdict("empty_completion", f"turn(s) {empty} have an empty completion after normalization")
-    for branch in ("chosen", "rejected"):
-        if branch in content and not any(m["content"] for m in content[branch]):
-            return Verdict("empty_completion", f"the {branch} branch is empty after normalization")
+    if not clean.keep_empty_turns:
+        verdict = _empty_turn(content, trained)
+        if verdict is not None:
+            return verdict
     if "chosen" in content and content["chosen"] == content["rejected"]:
         return Verdict("identical_branches", "chosen and rejected are the same after normalization")
     if num_chars == 0:

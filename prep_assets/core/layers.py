@@ -26,6 +26,7 @@ from prep_assets.core.clean import (
     left_as_is,
     normalize_content,
     quality_verdict,
+    trained_roles,
 )
 from prep_assets.core import dedup
 from prep_assets.core.drops import Drop, format_of, resolve_drop
@@ -281,6 +282,7 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
     norm = clean.normalization
     exact = dedup.ExactDedup(earlier, colliding) if clean.dedup != "none" else None
     near = dedup.NearDuplicates(clean.near) if clean.dedup == "near" and with_near else None
+    trained = trained_roles(spec)
     near_of: dict[str, str] = {}  # record removed as a near duplicate -> the kept record it is near
     reasons: Counter[str] = Counter()
     splits: Counter[str] = Counter()
@@ -319,7 +321,7 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
                         content = normalize_content(content, norm)
                         canonical = canonical_json(content)
                     texts = content_texts(content)
-                    verdict = quality_verdict(content, clean, texts)
+                    verdict = quality_verdict(content, clean, texts, trained)
                     if verdict is not None:
                         reject(i, verdict.reason, verdict.detail, canonical)
                         continue

@@ -442,7 +442,7 @@ _MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
 # `checks` is in every layer: a changed threshold must re-judge every partition.
 # Bump when a layer's code changes what it writes: the UI then shows that layer (and below) stale, and the
 # dedup indexes (keyed by silver's version) are rebuilt.
-CODE_VERSION = "3"
+CODE_VERSION = "4"
 
 LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
     # tabular: bronze types CSV cells and checks group_by/order_by; silver draws splits by group

@@ -11,6 +11,7 @@ from prep_assets.core.clean import (
     normalize_content,
     normalize_text,
     quality_verdict,
+    trained_roles,
 )
 from prep_assets.core.lake import canonical_json
 from prep_assets.core.spec import NormalizeSpec, SplitSpec
@@ -74,6 +75,39 @@ def test_left_as_is_never_passes_a_record_that_normalization_changes():
         if same:
             for norm in specs:
                 assert canonical_json(normalize_content(content, norm)) == canonical_json(content), content
+
+
+def test_prompt_keeps_its_trailing_whitespace_so_it_is_never_glued_to_the_completion():
+    for prompt, completion in (("Q: 2+2=\n", "4"), ("...or maybe? ", "Yes"), ("a  \nb \t", " c  \n")):
+        out = normalize_content({"turns": [{"prompt": prompt, "completion": completion}]}, NORM)["turns"][0]
+        assert out["prompt"] == normalize_text(prompt, NORM, strip_end=False)
+        assert out["prompt"][-1:].isspace() and out["prompt"].rstrip() == normalize_text(prompt, NORM).rstrip()
+        assert out["completion"] == normalize_text(completion, NORM)  # its end is followed by the EOS only
+    assert normalize_text("a  \nb \t", NORM, strip_end=False) == "a\nb \t"  # inside the field: per line
+
+
+def test_messages_and_documents_still_lose_their_trailing_whitespace():
+    chat = normalize_content({"messages": [{"role": "user", "content": "hi \n"}]}, NORM)
+    assert chat["messages"][0]["content"] == "hi"
+    assert normalize_content({"text": "doc \n\n"}, NORM) == {"text": "doc"}
+
+
+def test_whitespace_only_trained_turns_are_rejected_unless_the_spec_keeps_them():
+    chat = make_spec(input={"type": "chat"})
+    keep = make_spec(input={"type": "chat"}, clean={"keep_empty_turns": True})
+    trained = trained_roles(chat)
+    assert trained == {"assistant"}
+    msgs = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " \n\t"}]}
+    verdict = quality_verdict(msgs, chat.clean, trained=trained)
+    assert verdict is not None and verdict.reason == "empty_completion" and "messages[1] (assistant)" in verdict.detail
+    assert quality_verdict(msgs, keep.clean, trained=trained) is None
+    masked_empty = {"messages": [{"role": "user", "content": " "}, {"role": "assistant", "content": "ok"}]}
+    assert quality_verdict(masked_empty, chat.clean, trained=trained) is None  # an empty masked turn trains nothing
+    turns = {"turns": [{"prompt": "q", "completion": "  "}]}
+    assert quality_verdict(turns, make_spec().clean).reason == "empty_completion"  # type: ignore[union-attr]
+    pref = {"prompt": [], "chosen": [{"role": "assistant", "content": "\n"}],
+            "rejected": [{"role": "assistant", "content": "no"}]}
+    assert quality_verdict(pref, chat.clean, trained=trained).reason == "empty_completion"  # type: ignore[union-attr]
 
 
 def test_quality_verdicts_name_their_reason():

@@ -247,3 +247,31 @@ def test_bronze_and_silver_run_their_records_with_the_cycle_collector_off_and_tu
         with pytest.raises(RuntimeError, match="broke"):
             build()
         assert gc.isenabled()
+
+
+def test_gold_text_of_every_instruction_example_is_prefix_prompt_postfix_completion_as_silver_kept_them(
+        tmp_path: Path, gpt2_dir: Path):
+    """Cleaning never joins two fields: the decoded gold tokens are exactly the silver fields concatenated."""
+    pairs = [("Q: 2+2=\n", "4"), ("...or maybe? ", "Yes"), ("line one  \nline two \t", " answer \n"),
+             ("no separator", "glued"), ("tabs\t\t", "\tindented")]
+    lines = b"".join(json.dumps({"prompt": p, "completion": c}).encode() + b"\n" for p, c in pairs)
+    data_dir = tmp_path / "data"
+    (data_dir / "raw" / "inst").mkdir(parents=True)
+    (data_dir / "raw" / "inst" / "a.jsonl").write_bytes(lines)
+    spec = make_spec("inst", input={"type": "instruction", "prompt_prefix": "<<", "prompt_postfix": ">>"},
+                     tokenizer={"path": str(gpt2_dir)}, sequence={"max_seq_len": 64})
+    out = run_core(data_dir, spec)
+    (run,) = out.values()
+    silver = pq.read_table(run["dirs"][1] / "records.parquet").to_pylist()
+    gold = pq.read_table(run["dirs"][2] / "examples.parquet").to_pylist()
+    assert len(silver) == len(gold) == len(pairs)
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(dataset_paths(data_dir, "inst").tokenizer_dir / "tokenizer.json"))
+    by_id = {r["record_id"]: json.loads(r["content"])["turns"][0] for r in silver}
+    for ex in gold:
+        turn = by_id[ex["record_id"]]
+        expected = "<<" + turn["prompt"] + ">>" + turn["completion"] + "<|endoftext|>"
+        assert tok.decode(ex["token_ids"]) == expected
+    prompts = {t["prompt"] for t in by_id.values()}
+    assert {"Q: 2+2=\n", "...or maybe? ", "line one\nline two \t"} <= prompts  # the separators survived cleaning
