@@ -54,7 +54,6 @@ def _resolve_data_dir(arg: str | None) -> Path:
     data_dir = data_dir_from_uri(arg or os.environ.get(DATA_DIR_ENV) or "data")
     if not (data_dir / "datasets").is_dir():
         raise PrepAssetsError(f"{data_dir}: no datasets/ folder here; pass --data-dir or set {DATA_DIR_ENV}")
-    os.environ[DATA_DIR_ENV] = str(data_dir)
     return data_dir
 
 
@@ -70,23 +69,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     failed = [r for r in report["runs"] if not r["success"]]
     for r in failed:
         print(f"FAILED {r['job']} {r.get('partition') or ''}: {r['error']}", file=sys.stderr)
-    print(f"\n{len(report['runs'])} run(s), {len(failed)} failed; open the UI: "
-          f"DAGSTER_HOME={home} dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000")
-    return 1 if failed else 0
+    for name, error in sorted(report["errors"].items()):
+        print(f"FAILED dataset {name}: {error}", file=sys.stderr)
+    print(f"\n{len(report['runs'])} run(s), {len(failed)} failed, {len(report['errors'])} dataset(s) in error; "
+          f"open the UI: DAGSTER_HOME={home} PREP_ASSETS_DATA_DIR={data_dir} "
+          f"{Path(sys.executable).parent / 'dagster'} dev -w workspace.yaml -h 127.0.0.1 -p 3000")
+    return 1 if failed or report["errors"] else 0
 
 
-_SUMMARY_COLUMNS = ("dataset", "partition", "lines", "rejects", "kept", "examples", "tokens", "loss_tokens",
+_SUMMARY_COLUMNS = ("dataset", "partition", "bronze", "silver", "gold", "examples", "tokens", "loss_tokens",
                     "sequences", "utilization", "checks")
+_SUMMARY_LEGEND = "bronze, silver, gold: records in/kept/rejected at that layer"
 
 
 def format_summary(rows: list[dict[str, Any]]) -> str:
     if not rows:
-        return "(no datasets or drops)"
+        return "(no drops)"
     table = [list(_SUMMARY_COLUMNS)] + [[str(r.get(c, "")) for c in _SUMMARY_COLUMNS] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(_SUMMARY_COLUMNS))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join([*lines, f"({_SUMMARY_LEGEND})"])
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -116,11 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    saved = os.environ.get("DAGSTER_HOME")
     try:
         return int(args.fn(args))
     except PrepAssetsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:  # a caller in the same process (a test, a notebook) gets its environment back
+        if saved is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = saved
 
 
 if __name__ == "__main__":

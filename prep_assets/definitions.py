@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dagster import AssetChecksDefinition, AssetsDefinition, AssetSelection, Definitions, define_asset_job
+from dagster import (
+    AssetChecksDefinition,
+    AssetKey,
+    AssetsDefinition,
+    AssetSelection,
+    Definitions,
+    Failure,
+    MetadataValue,
+    asset,
+    define_asset_job,
+)
 
-from prep_assets.core.spec import DatasetSpec, load_specs
+from prep_assets.core.spec import DatasetSpec, scan_specs
 from prep_assets.defs.bronze import build_bronze
 from prep_assets.defs.checks import build_checks
 from prep_assets.defs.gold import build_gold, build_tokenizer_asset
@@ -52,12 +62,32 @@ def dataset_assets(spec: DatasetSpec) -> list[AssetsDefinition]:
     ]
 
 
-def build_definitions(data_dir: Path | None = None) -> Definitions:
+SPEC_ERROR = "spec_error"
+
+
+def spec_error_asset(name: str, error: str) -> AssetsDefinition:
+    """Stands in the graph for a dataset whose spec does not load: its description and every materialization
+    show the error, while every other dataset loads and runs as usual."""
+
+    @asset(key=AssetKey([name, SPEC_ERROR]), group_name=name, kinds={"yaml"},
+           description=f"The spec of dataset {name!r} does not load, so none of its layers exist:\n\n{error}",
+           metadata={"error": MetadataValue.md(f"```\n{error}\n```")})
+    def _broken() -> None:
+        raise Failure(description=f"dataset {name!r}: its spec does not load:\n{error}")
+
+    return _broken
+
+
+def build_definitions(data_dir: Path | None = None, dataset: str | None = None) -> Definitions:
+    """Every dataset of the data dir (or only `dataset`); a broken spec becomes its own error asset."""
     data_dir = (data_dir or default_data_dir()).resolve()
-    assets: list[AssetsDefinition] = []
+    scan = scan_specs(data_dir / "datasets")
+    if dataset is not None:
+        scan = scan.only(dataset)
+    assets: list[AssetsDefinition] = [spec_error_asset(name, err) for name, err in scan.broken.items()]
     jobs = []
     sensors = []
-    for spec in load_specs(data_dir / "datasets"):
+    for spec in scan.specs:
         assets += dataset_assets(spec)
         jobs += dataset_jobs(spec)
         sensors += [build_drop_sensor(spec), build_manifest_sensor(spec)]

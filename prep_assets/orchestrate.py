@@ -10,17 +10,35 @@ file of the same name are reported and left alone.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, Definitions, ExecuteInProcessResult
+from dagster import (
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterInstance,
+    DagsterRunStatus,
+    Definitions,
+    ExecuteInProcessResult,
+    RunsFilter,
+)
 
 from prep_assets.core.dedup import earlier_set_changed
 from prep_assets.core.drops import register_drops, registered_drops, superseded_drops
 from prep_assets.core.errors import PrepAssetsError
-from prep_assets.core.lake import DatasetPaths, dataset_paths, read_json
-from prep_assets.core.spec import DatasetSpec, load_specs
+from prep_assets.core.lake import (
+    DatasetPaths,
+    dataset_paths,
+    exclusive,
+    process_alive,
+    process_tag,
+    read_json,
+    sweep_stale_staging,
+    verify_published,
+)
+from prep_assets.core.spec import DatasetSpec, scan_specs
 from prep_assets.core.tokenizer import FINGERPRINT_FILE, source_digest
 from prep_assets.definitions import build_definitions
 from prep_assets.defs.keys import (
@@ -53,9 +71,13 @@ def _latest(instance: DagsterInstance, key: AssetKey, partition: str | None) -> 
 
 
 def _fresh(instance: DagsterInstance, spec: DatasetSpec, name: str, layer: str, partition: str | None,
-           output: Path, fingerprint: str | None) -> bool:
+           output: Path, fingerprint: str | None, log: Callable[[str], None] = print) -> bool:
     latest = _latest(instance, asset_key(spec, name), partition)
     if latest is None or not output.exists():
+        return False
+    problems = verify_published(output)  # "up to date" means the published bytes are the recorded ones
+    if problems:
+        log(f"[{spec.name}] rebuilding {layer} {partition or ''}: " + "; ".join(problems[:3]))
         return False
     if latest["tags"].get("dagster/code_version") != code_version(spec, layer):
         return False
@@ -63,12 +85,14 @@ def _fresh(instance: DagsterInstance, spec: DatasetSpec, name: str, layer: str, 
     return recorded is None or fingerprint is None or recorded == fingerprint
 
 
-def partition_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths, partition: str) -> bool:
-    """Every layer materialized with today's code version and tokenizer, and every gate passed on it (and with
-    dedup_scope dataset, silver built against the drops that count as earlier today)."""
+def partition_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths, partition: str,
+                         log: Callable[[str], None] = print) -> bool:
+    """Every layer materialized with today's code version and tokenizer, its files the bytes recorded when it was
+    published, and every gate passed on it (and with dedup_scope dataset, silver built against the drops that
+    count as earlier today)."""
     fingerprint = _fingerprint(paths)
     fresh = all(
-        _fresh(instance, spec, name, layer, partition, paths.partition_dir(layer, partition), fingerprint)
+        _fresh(instance, spec, name, layer, partition, paths.partition_dir(layer, partition), fingerprint, log)
         for name, layer in _LAYER_OF.items()
     )
     if not fresh or earlier_set_changed(spec, paths, partition):
@@ -76,9 +100,10 @@ def partition_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: Da
     return not unpassed_gates(instance, spec, [partition])[partition]
 
 
-def tokenizer_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths, data_dir: Path) -> bool:
-    """Pinned with today's code version from sources that have not changed since."""
-    if not _fresh(instance, spec, TOKENIZER, "tokenizer", None, paths.tokenizer_dir, None):
+def tokenizer_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths, data_dir: Path,
+                         log: Callable[[str], None] = print) -> bool:
+    """Pinned with today's code version from sources that have not changed since, its files as published."""
+    if not _fresh(instance, spec, TOKENIZER, "tokenizer", None, paths.tokenizer_dir, None, log):
         return False
     recorded = read_json(paths.tokenizer_dir / FINGERPRINT_FILE).get("source_digest")
     try:
@@ -105,7 +130,8 @@ def _failure(result: ExecuteInProcessResult) -> str:
 
 def _launch(defs: Definitions, instance: DagsterInstance, job: str, partition: str | None = None) -> dict[str, Any]:
     result = defs.resolve_job_def(job).execute_in_process(
-        instance=instance, partition_key=partition, raise_on_error=False, run_config=_QUIET
+        instance=instance, partition_key=partition, raise_on_error=False, run_config=_QUIET,
+        tags={PROCESS_TAG: process_tag()},
     )
     checks = result.get_asset_check_evaluations()
     return {
@@ -120,18 +146,27 @@ def _launch(defs: Definitions, instance: DagsterInstance, job: str, partition: s
 
 
 def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dict[str, Any] | None) -> dict[str, Any]:
+    """One drop's line of the run summary: where its records went at each layer, and what it became."""
     def stats(layer: str, name: str) -> dict[str, Any]:
         path = paths.partition_dir(layer, partition) / name
         return read_json(path) if path.is_file() else {}
+
+    def flow(total: Any, kept: Any, rejects: Any) -> str:
+        return "" if total in ("", None) else f"{total}/{kept}/{rejects}"
 
     b, s = stats("bronze", "accounting.json"), stats("silver", "stats.json")
     g, p = stats("gold", "stats.json"), stats("shards", "stats.json").get("totals", {})
     checks = "up to date" if run is None else f"{run['checks_passed']}/{run['checks_run']}"
     if run is not None and not run["success"]:
         checks += " FAILED"
+    gold_in = s.get("records", "")
+    gold_rejects = g.get("rejects", "")
     return {
-        "dataset": spec.name, "partition": partition, "lines": b.get("lines_in", ""), "rejects": b.get("rejects", ""),
-        "kept": s.get("records", ""), "examples": g.get("examples", ""), "tokens": g.get("tokens", ""),
+        "dataset": spec.name, "partition": partition,
+        "bronze": flow(b.get("records", 0) + b.get("rejects", 0) if b else "", b.get("records"), b.get("rejects")),
+        "silver": flow(s.get("records_in", ""), s.get("records"), s.get("rejects")),
+        "gold": flow(gold_in if g else "", gold_in - gold_rejects if g else "", gold_rejects),
+        "examples": g.get("examples", ""), "tokens": g.get("tokens", ""),
         "loss_tokens": g.get("loss_tokens", ""), "sequences": p.get("sequences", ""),
         "utilization": p.get("sequence_utilization", ""), "checks": checks,
     }
@@ -140,44 +175,88 @@ def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dic
 def run_datasets(
     data_dir: Path, *, dataset: str | None = None, rerun_all: bool = False, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """Register drops and materialize what is missing or stale, dataset by dataset."""
-    specs = load_specs(data_dir / "datasets")
+    """Register drops and materialize what is missing or stale, dataset by dataset.
+
+    A dataset whose spec does not load, or whose run cannot start (no tokenizer, an unreadable drop), is
+    reported in `errors` by name; every other dataset runs as usual."""
+    scan = scan_specs(data_dir / "datasets")
     if dataset is not None:
-        names = [s.name for s in specs]
-        specs = [s for s in specs if s.name == dataset]
-        if not specs:
+        names = sorted([s.name for s in scan.specs] + list(scan.broken))
+        if dataset not in names:
             raise PrepAssetsError(f"no dataset {dataset!r} in {data_dir / 'datasets'}; available: {names}")
-    defs = build_definitions(data_dir)
-    instance = DagsterInstance.get()
-    rows: list[dict[str, Any]] = []
-    runs: list[dict[str, Any]] = []
-    for spec in specs:
-        paths = dataset_paths(data_dir, spec.name)
-        new, notes = register_drops(paths)
-        for note in notes:
-            log(f"[{spec.name}] {note}")
-        for drop in new:
-            log(f"[{spec.name}] new drop {drop.file} -> partition {drop.partition}")
-        keys = sorted(registered_drops(paths))
-        pdef_name = drops_partitions(spec.name).name
-        known = set(instance.get_dynamic_partitions(pdef_name))
-        instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])
-        if rerun_all or not tokenizer_up_to_date(instance, spec, paths, data_dir):
-            log(f"[{spec.name}] materializing tokenizer")
-            run = _launch(defs, instance, tokenizer_job_name(spec))
+        scan = scan.only(dataset)
+    defs = build_definitions(data_dir, dataset)
+    report: dict[str, Any] = {"rows": [], "runs": [], "errors": dict(scan.broken)}
+    # overlapping runs on one data dir take turns (the later one then finds the work done), whatever their
+    # DAGSTER_HOME: each publishes whole outputs, and the manifest is judged on settled gate results
+    with exclusive(data_dir / "lake" / RUN_LOCK, lambda: log("waiting for another prep-assets run on this data dir")):
+        instance = _instance()
+        _fail_dead_runs(instance, log)
+        for spec in scan.specs:
+            try:
+                _run_dataset(defs, instance, spec, data_dir, rerun_all, log, report)
+            except PrepAssetsError as exc:
+                report["errors"][spec.name] = str(exc)
+    return report
+
+
+RUN_LOCK = ".run.lock"
+PROCESS_TAG = "prep_assets/process"
+_UNFINISHED = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+
+
+def _instance() -> DagsterInstance:
+    """The instance of $DAGSTER_HOME, its storage created by one process at a time (two processes creating the
+    schema of a fresh SQLite instance at once race on its tables)."""
+    home = Path(os.environ["DAGSTER_HOME"])
+    with exclusive(home / ".prep_assets_init.lock"):
+        instance = DagsterInstance.get()
+        instance.get_runs(limit=1)
+        instance.get_asset_keys(limit=1)
+        instance.all_instigator_state()
+    return instance
+
+
+def _fail_dead_runs(instance: DagsterInstance, log: Callable[[str], None]) -> None:
+    """Runs this command started in a process that died (killed, out of memory) are marked failed, not left
+    STARTED for ever; runs of processes still alive, or of other machines, are left alone."""
+    for run in instance.get_runs(RunsFilter(statuses=_UNFINISHED)):
+        tag = run.tags.get(PROCESS_TAG)
+        if tag is not None and not process_alive(tag):
+            instance.report_run_failed(run, message=f"the process that ran it ({tag}) is gone: it was killed or died")
+            log(f"marked run {run.run_id} ({run.job_name}) failed: its process {tag} is gone")
+
+
+def _run_dataset(defs: Definitions, instance: DagsterInstance, spec: DatasetSpec, data_dir: Path, rerun_all: bool,
+                 log: Callable[[str], None], report: dict[str, Any]) -> None:
+    rows, runs = report["rows"], report["runs"]
+    paths = dataset_paths(data_dir, spec.name)
+    for left in sweep_stale_staging(paths.root):
+        log(f"[{spec.name}] removed {left.name}, left by a process that died while writing")
+    new, notes = register_drops(paths)
+    for note in notes:
+        log(f"[{spec.name}] {note}")
+    for drop in new:
+        log(f"[{spec.name}] new drop {drop.file} -> partition {drop.partition}")
+    keys = sorted(registered_drops(paths))
+    pdef_name = drops_partitions(spec.name).name
+    known = set(instance.get_dynamic_partitions(pdef_name))
+    instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])
+    if rerun_all or not tokenizer_up_to_date(instance, spec, paths, data_dir, log):
+        log(f"[{spec.name}] materializing tokenizer")
+        run = _launch(defs, instance, tokenizer_job_name(spec))
+        runs.append(run)
+        if not run["success"]:
+            return
+    superseded = superseded_drops(paths)
+    for key in keys:
+        run = None
+        if key in superseded:
+            rows.append({**summary_row(spec, paths, key, None), "checks": f"superseded by {superseded[key]}"})
+            continue
+        if rerun_all or not partition_up_to_date(instance, spec, paths, key, log):
+            log(f"[{spec.name}] materializing drop {key}")
+            run = _launch(defs, instance, drop_job_name(spec), key)
             runs.append(run)
-            if not run["success"]:
-                continue
-        superseded = superseded_drops(paths)
-        for key in keys:
-            run = None
-            if key in superseded:
-                rows.append({**summary_row(spec, paths, key, None), "checks": f"superseded by {superseded[key]}"})
-                continue
-            if rerun_all or not partition_up_to_date(instance, spec, paths, key):
-                log(f"[{spec.name}] materializing drop {key}")
-                run = _launch(defs, instance, drop_job_name(spec), key)
-                runs.append(run)
-            rows.append(summary_row(spec, paths, key, run))
-        runs.append(_launch(defs, instance, manifest_job_name(spec)))
-    return {"rows": rows, "runs": runs}
+        rows.append(summary_row(spec, paths, key, run))
+    runs.append(_launch(defs, instance, manifest_job_name(spec)))

@@ -84,6 +84,7 @@ def _lake_digests(data: Path) -> dict[str, str]:
 def in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of the sample data, a fresh DAGSTER_HOME and a neutral working directory for `main()`."""
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PREP_ASSETS_DATA_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
     return copy_sample_data(tmp_path / "data")
 
@@ -104,9 +105,35 @@ def test_unknown_dataset_and_bad_spec_are_clear_errors(in_process: Path, capsys:
     assert main(["run", "--data-dir", str(data), "--dataset", "nope"]) == 2
     assert "no dataset 'nope'" in capsys.readouterr().err
     (data / "datasets" / "broken.yaml").write_text("input: {type: text, colour: red}\ntokenizer: {path: x}\n")
-    assert main(["run", "--data-dir", str(data)]) == 2
+    assert main(["run", "--data-dir", str(data), "--dataset", "broken"]) == 1
     err = capsys.readouterr().err
     assert "broken.yaml: input.colour: unknown key" in err and "Traceback" not in err
+
+
+def test_a_broken_spec_a_missing_tokenizer_and_an_undecodable_drop_name_stop_only_their_own_dataset(
+        in_process: Path, capsys: pytest.CaptureFixture[str]):
+    data = in_process
+    for name in ("sample_chat", "sample_instruct", "sample_pref", "sample_sensors"):
+        (data / "datasets" / f"{name}.yaml").unlink()
+    (data / "datasets" / "typo.yaml").write_text("input: {type: text, colour: red}\ntokenizer: {path: x}\n")
+    (data / "datasets" / "no_tok.yaml").write_text("input: {type: text}\ntokenizer: {path: tokenizers/missing}\n")
+    (data / "datasets" / "escape.yaml").write_text(
+        "input: {type: chat}\ntokenizer: {path: /nonexistent-abs, chat_template_file: ../../../../etc/passwd}\n")
+    raw = data / "raw" / "sample_text"
+    with open(os.path.join(os.fsencode(raw), b"caf\xe9.jsonl"), "wb") as f:  # Latin-1 bytes: not UTF-8
+        f.write(b'{"text": "a line in a file whose name is not UTF-8"}\n')
+    code = main(["run", "--data-dir", str(data)])
+    out = capsys.readouterr()
+    assert code == 1 and "Traceback" not in out.err
+    assert "FAILED dataset typo: " in out.err and "input.colour: unknown key" in out.err
+    assert "FAILED dataset no_tok: " in out.err and "tokenizer.path: 'tokenizers/missing' is not a directory" in out.err
+    assert "leaves the data dir" in out.err and "../../../../etc/passwd" in out.err
+    assert "'caf\\udce9.jsonl': refused, its name is not valid UTF-8" in out.out
+    assert out.out.count("sample_text ") == 2 and "0 failed, 3 dataset(s) in error" in out.out
+    assert json.loads((data / "lake" / "sample_text" / "manifest.json").read_text())["partitions"]
+    # --dataset works whatever the other specs hold
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
+    assert "up to date" in capsys.readouterr().out
 
 
 def test_decode_prints_masked_spans_and_segments(in_process: Path, capsys: pytest.CaptureFixture[str]):

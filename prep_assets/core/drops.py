@@ -72,7 +72,9 @@ def scan_raw_dir(raw_dir: Path, refused: list[str] | None = None) -> list[Path]:
         if not is_candidate_name(entry.name):
             continue
         reason = None
-        if entry.is_symlink():
+        if not _utf8(entry.name):
+            reason = "its name is not valid UTF-8 (rename the file)"
+        elif entry.is_symlink():
             reason = "a symlink (never followed)"
         elif not entry.is_file():
             reason = "not a regular file"
@@ -86,6 +88,15 @@ def scan_raw_dir(raw_dir: Path, refused: list[str] | None = None) -> list[Path]:
             continue
         found.append(entry)
     return found
+
+
+def _utf8(name: str) -> bool:
+    """False for a name the OS gave as undecodable bytes (surrogate escapes): it cannot be stored or printed."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def registered_drops(paths: DatasetPaths) -> dict[str, Drop]:

@@ -19,3 +19,7 @@ class TokenizerError(PrepAssetsError):
 
 class WriteError(DropError):
     """An output could not be written (a full disk, a read-only lake); the previous output is kept."""
+
+
+class ManifestError(PrepAssetsError):
+    """A manifest that would name files whose bytes differ from their recorded checksums: not published."""

@@ -215,29 +215,99 @@ def _writer_alive(tag: str) -> bool:
     return pid != os.getpid() and _pid_alive(pid)
 
 
+LAKE_DIR = "lake"
+STAGING_DIR = ".lake-staging"  # beside `lake/`: staged files never match a glob over the lake's published files
+
+
+def _staging_place(final: Path) -> tuple[Path, str]:
+    """Where `final`'s staging directory goes and its name prefix. Under a `lake/` folder: the data dir's
+    `.lake-staging/`, named after the path inside the lake, so `lake/**/*.parquet` never sees a half-written
+    file; elsewhere (or on another filesystem than the lake) beside `final`."""
+    for lake in final.parents:
+        if lake.name == LAKE_DIR:
+            root = lake.parent / STAGING_DIR
+            root.mkdir(exist_ok=True)
+            if os.stat(root).st_dev == os.stat(lake).st_dev:
+                return root, f"{'.'.join(final.relative_to(lake).parts)}{_TMP_MARK}"
+            break
+    return final.parent, f".{final.name}{_TMP_MARK}"
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
+
+
 def clean_stale_staging(final: Path, *, locked: bool = False) -> list[Path]:
-    """Remove staging/old directories (or temp files) beside `final` left by writers that no longer run.
+    """Remove staging/old directories (or temp files) of `final` left by writers that no longer run.
 
     `locked`: the caller holds `final`'s partition lock, so no other writer (on any machine) can be
     writing its staging directory: every one left is stale."""
     removed: list[Path] = []
-    parent = final.parent
-    if not parent.is_dir():
+    if not final.parent.is_dir():
         return removed
-    prefixes = (f".{final.name}{_TMP_MARK}", f".{final.name}{_OLD_MARK}")
-    for entry in sorted(parent.iterdir()):
-        name = entry.name
-        prefix = next((p for p in prefixes if name.startswith(p)), None)
-        if prefix is None:
-            continue
-        if not locked and _writer_alive(name[len(prefix) :]):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-        removed.append(entry)
+    root, tmp_prefix = _staging_place(final)
+    places = [(root, tmp_prefix), (final.parent, f".{final.name}{_TMP_MARK}"), (final.parent, f".{final.name}{_OLD_MARK}")]
+    for folder, prefix in dict.fromkeys(places):
+        for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if not entry.name.startswith(prefix):
+                continue
+            if not locked and _writer_alive(entry.name[len(prefix) :]):
+                continue
+            _remove(entry)
+            removed.append(entry)
     return removed
+
+
+def sweep_stale_staging(lake_root: Path) -> list[Path]:
+    """Every staging leftover of dead writers under a dataset's lake folder and in the data dir's staging
+    folder (a kill during a layer whose output is then up to date would otherwise stay for good)."""
+    removed: list[Path] = []
+    if not lake_root.is_dir():
+        return removed
+    staging = lake_root.parent.parent / STAGING_DIR
+    prefix = f"{lake_root.name}."
+    for entry in sorted(staging.iterdir()) if staging.is_dir() else []:
+        tag = entry.name.rpartition(_TMP_MARK)[2]
+        if entry.name.startswith(prefix) and _TMP_MARK in entry.name and not _writer_alive(tag):
+            _remove(entry)
+            removed.append(entry)
+    for entry in sorted(lake_root.rglob(f"*{_TMP_MARK}*")) + sorted(lake_root.rglob(f"*{_OLD_MARK}*")):
+        mark = _TMP_MARK if _TMP_MARK in entry.name else _OLD_MARK
+        if entry.name.startswith(".") and entry.exists() and not _writer_alive(entry.name.rpartition(mark)[2]):
+            _remove(entry)
+            removed.append(entry)
+    return removed
+
+
+CHECKSUMS = ".checksums.json"
+
+
+def _checksums(folder: Path) -> dict[str, Any]:
+    return {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != CHECKSUMS}
+
+
+def verify_published(final: Path) -> list[str]:
+    """What differs between a published folder and the sizes and sha256 recorded when it was published
+    (nothing: an empty list). A folder published without checksums, or missing, is reported as such."""
+    record = final / CHECKSUMS
+    if not record.is_file():
+        return [f"{final}: {'no checksums recorded' if final.is_dir() else 'missing'}"]
+    expected = read_json(record)
+    problems = []
+    for rel, want in expected.items():
+        path = final / rel
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif path.stat().st_size != want["bytes"]:
+            problems.append(f"{path}: {path.stat().st_size} bytes, {want['bytes']} recorded")
+        elif sha256_file(path) != want["sha256"]:
+            problems.append(f"{path}: sha256 differs from the one recorded at publish")
+    extra = sorted(set(_checksums(final)) - set(expected)) if not problems else []
+    return problems + [f"{final / rel}: not in the published checksums" for rel in extra]
 
 
 @contextmanager
@@ -265,14 +335,8 @@ def partition_lock(final: Path) -> Iterator[None]:
     """Hold an exclusive lock on `final` (a `.locks/` file beside its folder) for as long as the block runs: two runs of one
     partition at once take turns instead of interleaving their outputs. Released by the OS if the process dies."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    lock = lock_path(final)
-    lock.parent.mkdir(exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive(lock_path(final)):
         yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 @contextmanager
@@ -285,11 +349,14 @@ def staged_dir(final: Path) -> Iterator[Path]:
     with partition_lock(final):
         clean_stale_staging(final, locked=True)
         tag = _owner_tag()
-        staging = final.with_name(f".{final.name}{_TMP_MARK}{tag}")
+        root, prefix = _staging_place(final)
+        staging = root / f"{prefix}{tag}"
         staging.mkdir()
         try:
             try:
                 yield staging
+                (staging / CHECKSUMS).write_text(json.dumps(_checksums(staging), indent=1, sort_keys=True) + "\n",
+                                                 encoding="utf-8")
                 _fsync_tree(staging)
                 publish_dir(staging, final, tag=tag)
             except OSError as exc:
@@ -323,3 +390,31 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def process_tag() -> str:
+    """This process as `<pid>-<host>` (the prefix of its staging tags), to tag what it starts."""
+    return f"{os.getpid()}-{_HOST}"
+
+
+def process_alive(tag: str) -> bool:
+    """Whether the process a `process_tag` (or staging tag) names may still run (another machine's: assumed)."""
+    return _writer_alive(tag) or tag.startswith(f"{os.getpid()}-{_HOST}")
+
+
+@contextmanager
+def exclusive(lock: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive `flock` on `lock` (created if needed) while the block runs; `waiting` is called once if
+    another process holds it first. Released by the OS if the process dies."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -30,11 +30,12 @@ from prep_assets.core.clean import (
 )
 from prep_assets.core import dedup
 from prep_assets.core.drops import Drop, format_of, resolve_drop
-from prep_assets.core.errors import DropError
+from prep_assets.core.errors import DropError, ManifestError
 from prep_assets.core.lake import (
     DatasetPaths,
     canonical_json,
     loads_json,
+    partition_lock,
     read_json,
     scratch_dir,
     sha256_file,
@@ -884,8 +885,30 @@ def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]
         "schema": {f.name: str(f.type) for f in SHARD_SCHEMA},
         **({"tabular": tabular} if tabular is not None else {}),
     }
-    write_json_atomic(paths.manifest_path, manifest)
+    with partition_lock(paths.manifest_path):  # two refreshes at once take turns: each publishes a whole manifest
+        problems = manifest_file_problems(paths.root, manifest)
+        if problems:
+            raise ManifestError(f"{paths.manifest_path} not published, {len(problems)} file(s) differ from what "
+                                "their shards recorded (rebuild those drops): " + "; ".join(problems[:5]))
+        write_json_atomic(paths.manifest_path, manifest)
     return manifest
+
+
+def manifest_file_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """Every file a manifest names (shards and exports, paths relative to `root`) checked against the sha256 (and
+    size, where recorded) its shards step recorded: a manifest never names bytes that are not the recorded ones."""
+    entries = [f for split in manifest["splits"].values()
+               for f in [*split["files"], *(g for e in split["exports"] for g in e["files"])]]
+    problems = []
+    for entry in entries:
+        path = root / entry["path"]
+        if not path.is_file():
+            problems.append(f"{entry['path']}: missing")
+        elif "bytes" in entry and path.stat().st_size != entry["bytes"]:
+            problems.append(f"{entry['path']}: {path.stat().st_size} bytes, {entry['bytes']} recorded")
+        elif sha256_file(path) != entry["sha256"]:
+            problems.append(f"{entry['path']}: sha256 differs from the recorded one")
+    return problems
 
 
 def _merge_tabular(acc: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:

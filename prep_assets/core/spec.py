@@ -6,9 +6,11 @@ fields are errors that name the file, the key path and what is allowed there.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -510,24 +512,78 @@ def parse_spec(raw: Any, *, path: Path, default_name: str) -> DatasetSpec:
         raise SpecError("\n".join(lines)) from None
 
 
-def load_spec(path: Path) -> DatasetSpec:
-    """Load and validate `data/datasets/<name>.yaml`."""
+def _inside(path: Path, root: Path) -> bool:
+    return path.resolve().is_relative_to(root.resolve())
+
+
+def path_errors(spec: DatasetSpec, data_dir: Path) -> list[str]:
+    """What is wrong with the files a spec names: a relative path must stay inside the data dir (absolute
+    paths are the user's explicit choice) and must exist, so a typo surfaces when the spec loads."""
+    tok = spec.tokenizer
+    named: list[tuple[str, str, str]] = []  # (key, value, what it must be)
+    if tok.path is not None:
+        named.append(("tokenizer.path", tok.path, "dir"))
+    if tok.chat_template_file is not None:
+        named.append(("tokenizer.chat_template_file", tok.chat_template_file, "file"))
+    if tok.train is not None:
+        named += [("tokenizer.train.files", pattern, "glob") for pattern in tok.train.files]
+    errors: list[str] = []
+    for key, value, kind in named:
+        path = Path(value)
+        if not path.is_absolute():
+            if not _inside(data_dir / path, data_dir):
+                errors.append(f"{key}: {value!r} leaves the data dir {data_dir} (a relative path must stay inside "
+                              "it; give an absolute path to use files elsewhere)")
+                continue
+            path = data_dir / path
+        if kind == "dir" and not path.is_dir():
+            errors.append(f"{key}: {value!r} is not a directory (resolved to {path})")
+        elif kind == "file" and not path.is_file():
+            errors.append(f"{key}: {value!r} is not a file (resolved to {path})")
+        elif kind == "glob" and not any(Path(m).is_file() for m in glob.glob(str(path), recursive=True)):
+            errors.append(f"{key}: {value!r} matches no file (resolved to {path})")
+    return errors
+
+
+def load_spec(path: Path, data_dir: Path | None = None) -> DatasetSpec:
+    """Load and validate `<data dir>/datasets/<name>.yaml`, and check the paths it names."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
-    return parse_spec(raw, path=path, default_name=path.stem)
+    spec = parse_spec(raw, path=path, default_name=path.stem)
+    errors = path_errors(spec, data_dir if data_dir is not None else path.resolve().parent.parent)
+    if errors:
+        raise SpecError("\n".join(f"{path}: {e}" for e in errors))
+    return spec
+
+
+@dataclass(frozen=True)
+class SpecScan:
+    """The specs of a data dir: the valid ones, and each broken one's error by dataset name (its file stem)."""
+
+    specs: list[DatasetSpec]
+    broken: dict[str, str]
+
+    def only(self, name: str) -> SpecScan:
+        return SpecScan([s for s in self.specs if s.name == name], {k: v for k, v in self.broken.items() if k == name})
+
+
+def scan_specs(datasets_dir: Path) -> SpecScan:
+    """Every spec file under a `datasets/` folder: one broken file never hides the others."""
+    specs: list[DatasetSpec] = []
+    broken: dict[str, str] = {}
+    for path in sorted(datasets_dir.glob("*.yaml")) + sorted(datasets_dir.glob("*.yml")):
+        try:
+            specs.append(load_spec(path, datasets_dir.parent))
+        except SpecError as exc:
+            broken[path.stem] = str(exc)
+    return SpecScan(sorted(specs, key=lambda s: s.name), broken)
 
 
 def load_specs(datasets_dir: Path) -> list[DatasetSpec]:
     """All specs under a `datasets/` folder, sorted by name; every invalid file is reported at once."""
-    specs: list[DatasetSpec] = []
-    errors: list[str] = []
-    for path in sorted(datasets_dir.glob("*.yaml")) + sorted(datasets_dir.glob("*.yml")):
-        try:
-            specs.append(load_spec(path))
-        except SpecError as exc:
-            errors.append(str(exc))
-    if errors:
-        raise SpecError("\n".join(errors))
-    return specs
+    scan = scan_specs(datasets_dir)
+    if scan.broken:
+        raise SpecError("\n".join(scan.broken.values()))
+    return scan.specs

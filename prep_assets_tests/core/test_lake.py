@@ -15,8 +15,9 @@ def test_staged_dir_replaces_previous_output_whole(tmp_path: Path):
         (stage / "old_only.txt").write_text("x")
     with staged_dir(final) as stage:
         (stage / "a.txt").write_text("2")
-    assert sorted(p.name for p in final.iterdir()) == ["a.txt"] and (final / "a.txt").read_text() == "2"
+    assert sorted(p.name for p in final.iterdir()) == [lake.CHECKSUMS, "a.txt"] and (final / "a.txt").read_text() == "2"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert lake.verify_published(final) == []
 
 
 def test_failure_keeps_previous_output_and_removes_staging(tmp_path: Path):
@@ -97,3 +98,48 @@ def test_loads_json_reads_what_json_loads_reads_floats_huge_ints_and_surrogates_
     assert type(lake.loads_json("123456789012345678901234567890")) is int  # orjson alone reads a float
     with pytest.raises(json.JSONDecodeError):
         lake.loads_json('{"unterminated": ')  # errors are the json module's, with its message
+
+
+def test_staging_under_a_lake_lives_outside_it_so_lake_globs_never_see_a_half_written_file(tmp_path: Path):
+    final = tmp_path / "data" / "lake" / "ds" / "gold" / "p1"
+    with staged_dir(final) as stage:
+        assert stage.parent == tmp_path / "data" / lake.STAGING_DIR and stage.name.startswith("ds.gold.p1.tmp-")
+        (stage / "examples.parquet").write_bytes(b"half")
+        assert not list((tmp_path / "data" / "lake").rglob("*.parquet"))
+    assert (final / "examples.parquet").read_bytes() == b"half"
+    assert not list((tmp_path / "data" / lake.STAGING_DIR).iterdir())
+
+
+def test_verify_published_names_a_truncated_a_changed_a_missing_and_an_extra_file(tmp_path: Path):
+    final = tmp_path / "out"
+    with staged_dir(final) as stage:
+        for name in ("a.bin", "b.bin", "c.bin"):
+            (stage / name).write_bytes(name.encode() * 100)
+        (stage / "sub").mkdir()
+        (stage / "sub" / "d.bin").write_bytes(b"d")
+    assert lake.verify_published(final) == []
+    (final / "a.bin").write_bytes(b"a.bin" * 50)  # truncated
+    (final / "b.bin").write_bytes(b"B.bin" * 100)  # same size, other bytes
+    (final / "sub" / "d.bin").unlink()
+    problems = lake.verify_published(final)
+    assert len(problems) == 3 and "250 bytes, 500 recorded" in problems[0] and "sha256 differs" in problems[1]
+    assert problems[2].endswith("d.bin: missing")
+    assert "missing" in lake.verify_published(tmp_path / "never")[0]
+    with staged_dir(final) as stage:
+        (stage / "a.bin").write_bytes(b"x")
+    (final / "extra.bin").write_bytes(b"y")
+    assert lake.verify_published(final) == [f"{final / 'extra.bin'}: not in the published checksums"]
+
+
+def test_sweep_removes_every_dead_writers_leftover_of_a_dataset_and_keeps_live_ones(tmp_path: Path):
+    root = tmp_path / "data" / "lake" / "ds"
+    staging = tmp_path / "data" / lake.STAGING_DIR
+    for d in (root / "gold", staging):
+        d.mkdir(parents=True)
+    gone = f"999999999-{lake._HOST}"  # a pid no process has, on this machine
+    dead = [staging / f"ds.gold.p1.tmp-{gone}-0", root / f".tokenizer.tmp-{gone}-1", root / "gold" / f".p2.old-{gone}-2"]
+    live = [staging / f"ds.gold.p3.tmp-{os.getppid()}-{lake._HOST}-x", staging / f"other.gold.p1.tmp-{gone}-3"]
+    for d in dead + live:
+        d.mkdir()
+    assert sorted(lake.sweep_stale_staging(root)) == sorted(dead)
+    assert all(d.exists() for d in live) and not any(d.exists() for d in dead)

@@ -137,3 +137,33 @@ def test_tabular_settings_make_every_layer_stale_and_tables_default_to_no_dedup(
     assert base.clean.dedup == "none" and make_spec(input={"type": "tabular"}, clean={"dedup": "exact"}).clean.dedup == "exact"
     seq = make_spec(input={"type": "tabular"}, tabular={"group_by": "a", "order_by": "t", "time_series": True})
     assert base.shuffles_rows and not seq.shuffles_rows  # sequential examples stay in order in the shards
+
+
+def test_spec_paths_are_checked_on_load_and_relative_ones_may_not_leave_the_data_dir(tmp_path):
+    from prep_assets.core.errors import SpecError
+    from prep_assets.core.spec import load_spec, scan_specs
+
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "t.jinja").write_text("{{ messages }}")
+    (tmp_path / "tok").mkdir()
+    cases = {
+        "ok": ("tok", "templates/t.jinja", None),
+        "escapes": ("tok", "../../etc/passwd", "leaves the data dir"),
+        "escapes_via_dot": ("tok", "templates/../../x.jinja", "leaves the data dir"),
+        "missing_tok": ("nope", None, "tokenizer.path: 'nope' is not a directory"),
+        "missing_template": ("tok", "templates/none.jinja", "is not a file"),
+    }
+    for name, (tok, template, _) in cases.items():
+        line = f"input: {{type: chat}}\ntokenizer: {{path: {tok}" + (f", chat_template_file: {template}}}" if template
+                                                                    else "}") + "\n"
+        (tmp_path / "datasets" / f"{name}.yaml").write_text(line)
+    scan = scan_specs(tmp_path / "datasets")
+    assert [s.name for s in scan.specs] == ["ok"]
+    for name, (_, _, error) in cases.items():
+        if error is not None:
+            assert error in scan.broken[name] and f"{name}.yaml" in scan.broken[name], name
+    with pytest.raises(SpecError, match="leaves the data dir"):
+        load_spec(tmp_path / "datasets" / "escapes.yaml")
+    (tmp_path / "datasets" / "abs.yaml").write_text(f"input: {{type: text}}\ntokenizer: {{path: {tmp_path / 'tok'}}}\n")
+    assert load_spec(tmp_path / "datasets" / "abs.yaml").tokenizer.path == str(tmp_path / "tok")  # absolute: allowed

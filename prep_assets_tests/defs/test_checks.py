@@ -22,7 +22,7 @@ BRONZE_GATES = ["raw_records_accounted", "raw_records_reject_rate", "raw_records
 @pytest.fixture
 def drop(tmp_path: Path, dagster_home: Path):
     """A text dataset with one drop (two records, one line that does not parse), its partition registered."""
-    spec = {"input": {"type": "text"}, "tokenizer": {"path": "/nonexistent"}, "checks": {"max_reject_rate": 0.5}}
+    spec = {"input": {"type": "text"}, "tokenizer": {"path": "."}, "checks": {"max_reject_rate": 0.5}}
     data = write_dataset(tmp_path / "data", "t", spec, {"a.jsonl": b'{"text": "hello"}\n{"text": "world"}\nnot json\n'})
     (d,), _ = register_drops(dataset_paths(data, "t"))
     with DagsterInstance.get() as instance:

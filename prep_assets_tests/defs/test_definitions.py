@@ -79,3 +79,23 @@ def test_a_running_drop_and_manifest_sensor_per_dataset():
     # bronze of new drops; silver only to rebuild it when earlier drops changed (sample_text: dedup_scope dataset)
     assert text.asset_selection.resolve(defs.resolve_asset_graph()) == {AssetKey(["sample_text", "raw_records"]),
                                                                          AssetKey(["sample_text", "clean_records"])}
+
+
+def test_a_broken_spec_becomes_its_own_error_asset_and_every_other_dataset_loads(tmp_path):
+    from dagster import materialize
+
+    from prep_assets.definitions import SPEC_ERROR
+    from prep_assets_tests.conftest import copy_sample_data
+
+    data = copy_sample_data(tmp_path / "data")
+    (data / "datasets" / "typo.yaml").write_text("input: {type: text, colour: red}\ntokenizer: {path: x}\n")
+    defs = build_definitions(data)
+    graph = defs.resolve_asset_graph()
+    broken = graph.get(AssetKey(["typo", SPEC_ERROR]))
+    assert "input.colour: unknown key" in broken.description and broken.group_name == "typo"
+    assert graph.get(AssetKey(["sample_text", "packed_shards"])) is not None
+    assert {s.name for s in defs.sensors} >= {"sample_text_drops_sensor", "sample_chat_manifest_sensor"}
+    result = materialize([defs.get_assets_def(AssetKey(["typo", SPEC_ERROR]))], raise_on_error=False)
+    assert not result.success
+    only = build_definitions(data, dataset="sample_text").resolve_asset_graph()
+    assert {k.path[0] for k in only.get_all_asset_keys()} == {"sample_text"}

@@ -15,7 +15,7 @@ from prep_assets.defs.resources import LakeResource
 from prep_assets.defs.sensors import build_drop_sensor
 from prep_assets_tests.conftest import write_dataset
 
-SPEC = {"input": {"type": "text"}, "tokenizer": {"path": "/nonexistent"}}
+SPEC = {"input": {"type": "text"}, "tokenizer": {"path": "."}}  # never built here; specs need a path that exists
 KEY = re.compile(r"^[a-z0-9_-]{1,64}$")
 
 

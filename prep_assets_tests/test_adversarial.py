@@ -1,0 +1,321 @@
+"""Adversarial input, end to end through every layer: each generated case runs the real core builders (bronze,
+silver, gold, shards) and every gate the Dagster checks run, and asserts its exact outcome: the rejects by layer
+and reason, the gates that fail, and that every record is accounted for at every layer (the three accounting
+gates). Spec cases assert that a broken spec or path is a clear error naming the file and key. The last test
+prints `adversarial: N cases, N correct, 0 records unaccounted`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from prep_assets.core import layers
+from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
+from prep_assets.core.errors import SpecError
+from prep_assets.core.gates import gates_for, outcomes
+from prep_assets.core.lake import DatasetPaths, dataset_paths, read_json
+from prep_assets.core.spec import DatasetSpec, load_spec, parse_spec
+from prep_assets_tests.conftest import SAMPLE_DATA
+
+ACCOUNTING = ("raw_records_accounted", "clean_records_accounted", "tokenized_examples_accounted")
+LAYERS = ("bronze", "silver", "gold")
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    spec: DatasetSpec
+    paths: DatasetPaths
+    data_dir: Path
+    rejects: dict[str, list[dict[str, Any]]]  # layer -> reject rows of every drop
+    gold: list[dict[str, Any]]  # gold examples of every drop
+    silver: list[dict[str, Any]]
+    failed: set[str]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    sections: dict[str, Any]  # spec sections; "tokenizer" defaults to the module's trained tokenizer
+    files: dict[str, bytes]
+    rejects: dict[str, dict[str, int]] = field(default_factory=dict)  # layer -> reason -> count (else none)
+    failed: frozenset[str] = frozenset()
+    check: Callable[[CaseRun], None] | None = None
+
+
+@dataclass(frozen=True)
+class SpecCase:
+    id: str
+    text: str  # the spec file's YAML
+    error: str | None  # a fragment the load error must hold (None: loads)
+
+
+@dataclass
+class Result:
+    correct: bool = False
+    unaccounted: int | None = None
+
+
+RESULTS: dict[str, Result] = {}
+
+
+def jl(*values: Any) -> bytes:
+    return b"".join(json.dumps(v).encode() + b"\n" for v in values)
+
+
+def turn(prompt: str, completion: str) -> dict[str, str]:
+    return {"prompt": prompt, "completion": completion}
+
+
+def chat(*messages: tuple[str, str], **extra: Any) -> dict[str, Any]:
+    return {"messages": [{"role": r, "content": c} for r, c in messages], **extra}
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+INSTRUCTION = {"input": {"type": "instruction"}}
+CHAT = {"input": {"type": "chat"}}
+TEXT = {"input": {"type": "text"}}
+
+
+# ---------------------------------------------------------------- checks of single cases
+
+
+def gold_texts(run: CaseRun) -> list[str]:
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(run.paths.tokenizer_dir / "tokenizer.json"))
+    return [tok.decode(g["token_ids"]) for g in sorted(run.gold, key=lambda g: g["source_line"])]
+
+
+def gold_is_prefix_prompt_postfix_completion(run: CaseRun) -> None:
+    """The decoded gold text of every example is exactly its silver fields joined (cleaning never glued them)."""
+    prefix, postfix = run.spec.input.prompt_prefix, run.spec.input.prompt_postfix
+    expected = []
+    for rec in sorted(run.silver, key=lambda r: r["source_line"]):
+        turns = json.loads(rec["content"])["turns"]
+        expected.append("".join(prefix + t["prompt"] + postfix + t["completion"] + "<|endoftext|>" for t in turns))
+    assert gold_texts(run) == expected
+
+
+def separators_survive(*pairs: tuple[str, str]) -> Callable[[CaseRun], None]:
+    def check(run: CaseRun) -> None:
+        gold_is_prefix_prompt_postfix_completion(run)
+        texts = gold_texts(run)
+        for (prompt, completion), text in zip(pairs, texts, strict=True):
+            assert prompt.rstrip(" \t\n") + completion.strip() not in text or not prompt[-1:].isspace(), text
+    return check
+
+
+def kept_lines(*lines: int) -> Callable[[CaseRun], None]:
+    def check(run: CaseRun) -> None:
+        assert sorted(r["source_line"] for r in run.silver) == list(lines)
+    return check
+
+
+def reject_detail(layer: str, fragment: str) -> Callable[[CaseRun], None]:
+    def check(run: CaseRun) -> None:
+        assert any(fragment in (r["detail"] or "") for r in run.rejects[layer]), run.rejects[layer]
+    return check
+
+
+def every(*checks: Callable[[CaseRun], None]) -> Callable[[CaseRun], None]:
+    def check(run: CaseRun) -> None:
+        for c in checks:
+            c(run)
+    return check
+
+
+# ---------------------------------------------------------------- the cases
+
+
+def cleaning_cases() -> list[Case]:
+    glued = [("Q: 2+2=\n", "4"), ("...or maybe? ", "Yes"), ("Translate:\t", "Bonjour"), ("Say it\r\n", "it")]
+    return [
+        Case("prompt_ending_in_newline_keeps_it", INSTRUCTION, {"a.jsonl": jl(turn(*glued[0]))},
+             check=separators_survive(glued[0])),
+        Case("prompt_ending_in_space_keeps_it", INSTRUCTION, {"a.jsonl": jl(turn(*glued[1]))},
+             check=separators_survive(glued[1])),
+        Case("prompt_ending_in_tab_keeps_it", INSTRUCTION, {"a.jsonl": jl(turn(*glued[2]))},
+             check=separators_survive(glued[2])),
+        Case("prompt_ending_in_crlf_keeps_a_newline", INSTRUCTION, {"a.jsonl": jl(turn(*glued[3]))},
+             check=gold_is_prefix_prompt_postfix_completion),
+        Case("dialogue_turns_keep_their_separators", INSTRUCTION,
+             {"a.jsonl": jl([turn("Q1: \n", "A1"), turn("Q2:  ", " A2")])},
+             check=gold_is_prefix_prompt_postfix_completion),
+        Case("prefix_and_postfix_join_exactly", {"input": {"type": "instruction", "prompt_prefix": "### Q ",
+                                                           "prompt_postfix": " ### A "}},
+             {"a.jsonl": jl(turn("why? ", "because"))}, check=gold_is_prefix_prompt_postfix_completion),
+        Case("whitespace_only_completion_is_rejected", INSTRUCTION,
+             {"a.jsonl": jl(turn("q", " \n\t"), turn("q2", "fine"))}, {"silver": {"empty_completion": 1}},
+             check=kept_lines(2)),
+        Case("whitespace_only_assistant_turn_is_rejected", CHAT,
+             {"a.jsonl": jl(chat(("user", "hi"), ("assistant", "  \n")), chat(("user", "hi"), ("assistant", "ok")))},
+             {"silver": {"empty_completion": 1}},
+             check=every(kept_lines(2), reject_detail("silver", "messages[1] (assistant)"))),
+        Case("empty_assistant_turn_kept_when_the_spec_opts_in",
+             {**CHAT, "clean": {"keep_empty_turns": True}},
+             {"a.jsonl": jl(chat(("user", "hi"), ("assistant", "")), chat(("user", "yo"), ("assistant", "ok")))},
+             check=kept_lines(1, 2)),
+        Case("empty_masked_turn_is_kept", CHAT,
+             {"a.jsonl": jl(chat(("user", " "), ("assistant", "an answer")))}, check=kept_lines(1)),
+        Case("whitespace_only_preference_branch_is_rejected", {"input": {"type": "preference"},
+                                                                "sequence": {"max_seq_len": 256}},
+             {"a.jsonl": jl({"prompt": "q", "chosen": "  ", "rejected": "no"},
+                            {"prompt": "q2", "chosen": "yes", "rejected": "no"})},
+             {"silver": {"empty_completion": 1}}, check=kept_lines(2)),
+        Case("text_keeps_inner_lines_and_loses_trailing_spaces", TEXT,
+             {"a.jsonl": jl({"text": "line one  \nline two \t\n\n"})},
+             check=lambda run: gold_texts(run) == ["line one\nline two<|endoftext|>"]),
+    ]
+
+
+def spec_cases() -> list[SpecCase]:
+    tok = "tokenizer: {path: tok}"
+    return [
+        SpecCase("spec_typo_names_file_and_key", f"input: {{type: text, colour: red}}\n{tok}\n",
+                 "input.colour: unknown key"),
+        SpecCase("spec_missing_tokenizer_path", "input: {type: text}\ntokenizer: {path: missing_dir}\n",
+                 "tokenizer.path: 'missing_dir' is not a directory"),
+        SpecCase("spec_template_leaving_the_data_dir", f"input: {{type: chat}}\ntokenizer: {{path: tok, "
+                 "chat_template_file: ../../../../etc/passwd}\n", "leaves the data dir"),
+        SpecCase("spec_template_via_dotdot_inside_path", "input: {type: chat}\ntokenizer: {path: tok, "
+                 "chat_template_file: tok/../../outside.jinja}\n", "leaves the data dir"),
+        SpecCase("spec_training_files_matching_nothing", "input: {type: text}\ntokenizer: {train: {files: "
+                 "[corpus/none-*.txt]}}\n", "matches no file"),
+        SpecCase("spec_not_a_mapping", "- just\n- a list\n", "must be a mapping"),
+        SpecCase("spec_invalid_yaml", "input: {type: text\n", "not valid YAML"),
+        SpecCase("spec_not_utf8", "input: {type: text}\n# caf\udce9\n", "not valid YAML"),
+        SpecCase("spec_absolute_paths_are_allowed", "input: {type: text}\ntokenizer: {path: ABS_TOK}\n", None),
+    ]
+
+
+CASES: list[Case] = cleaning_cases()
+SPEC_CASES: list[SpecCase] = spec_cases()
+
+
+# ---------------------------------------------------------------- running them
+
+
+@pytest.fixture(scope="module")
+def trained_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample datasets' byte-level BPE, trained once (offline) and pinned: every case's tokenizer."""
+    data = tmp_path_factory.mktemp("tokenizer")
+    shutil.copytree(SAMPLE_DATA / "corpus", data / "corpus")
+    spec = parse_spec({"input": {"type": "text"}, "tokenizer": {"train": {
+        "files": ["corpus/*.txt", "corpus/chat/*.txt"], "vocab_size": 1024}}}, path=Path("t.yaml"),
+        default_name="t")
+    paths = dataset_paths(data, "t")
+    layers.build_tokenizer(spec, paths, data)
+    return paths.tokenizer_dir
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return pq.read_table(path).to_pylist() if path.is_file() else []
+
+
+def run_case(case: Case, data_dir: Path, tokenizer: Path) -> CaseRun:
+    # tiny drops: short rows, and no utilization floor (a one-record drop cannot fill a row)
+    sections = {"sequence": {"max_seq_len": 64}, "checks": {"min_sequence_utilization": 0}, **case.sections}
+    tok = {"path": str(tokenizer)}
+    if sections["input"]["type"] in ("chat", "preference"):
+        tok["chat_template_file"] = str(SAMPLE_DATA / "templates" / "chatml.jinja")
+    sections["tokenizer"] = {**tok, **sections.get("tokenizer", {})}
+    (data_dir / "datasets").mkdir(parents=True)
+    (data_dir / "datasets" / "adv.yaml").write_text(yaml.safe_dump(sections), encoding="utf-8")
+    raw = data_dir / "raw" / "adv"
+    raw.mkdir(parents=True)
+    for name, data in case.files.items():
+        (raw / name).write_bytes(data)
+    spec = load_spec(data_dir / "datasets" / "adv.yaml")
+    paths = dataset_paths(data_dir, "adv")
+    register_drops(paths)
+    layers.build_tokenizer(spec, paths, data_dir)
+    rejects: dict[str, list[dict[str, Any]]] = {layer: [] for layer in LAYERS}
+    gold: list[dict[str, Any]] = []
+    silver: list[dict[str, Any]] = []
+    failed: set[str] = set()
+    unaccounted = 0
+    for key in sorted(registered_drops(paths)):
+        drop, source = resolve_drop(paths, key)
+        b, s, g, sh = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold", "shards"))
+        layers.build_raw_records(spec, drop, source, b)
+        layers.build_silver(spec, paths, key)
+        layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
+        layers.build_packed_shards(spec, g, paths.tokenizer_dir, sh)
+        for gate, outcome in outcomes(spec, paths, key, gates_for(spec)):
+            if isinstance(outcome, Exception):
+                raise AssertionError(f"gate {gate.name} raised: {outcome!r}")
+            if not outcome.passed:
+                failed.add(gate.name)
+            if gate.name in ACCOUNTING:
+                unaccounted += outcome.violations
+        for layer, d in zip(LAYERS, (b, s, g), strict=True):
+            rejects[layer] += _rows(d / "rejects.parquet")
+        silver += _rows(s / "records.parquet")
+        gold += _rows(g / "examples.parquet")
+    layers.build_manifest(spec, paths, sorted(registered_drops(paths)))
+    RESULTS[case.id].unaccounted = unaccounted
+    return CaseRun(spec, paths, data_dir, rejects, gold, silver, failed)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_adversarial(case: Case, tmp_path: Path, trained_tokenizer: Path) -> None:
+    RESULTS[case.id] = Result()
+    try:
+        run = run_case(case, tmp_path / "data", trained_tokenizer)
+    except Exception as exc:  # noqa: BLE001 - a traceback is itself the failure this suite looks for
+        raise AssertionError(f"{case.id}: raised {exc!r}\n{traceback.format_exc()}") from None
+    for layer in LAYERS:
+        got = dict(Counter(r["reason"] for r in run.rejects[layer]))
+        assert got == case.rejects.get(layer, {}), (layer, run.rejects[layer])
+    assert run.failed == set(case.failed)
+    if case.check is not None:
+        case.check(run)
+    RESULTS[case.id].correct = True
+
+
+@pytest.mark.parametrize("case", SPEC_CASES, ids=[c.id for c in SPEC_CASES])
+def test_adversarial_spec(case: SpecCase, tmp_path: Path) -> None:
+    RESULTS[case.id] = Result(unaccounted=0)  # no records: a spec that does not load reads none
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "tok").mkdir()
+    shutil.copytree(SAMPLE_DATA / "corpus", tmp_path / "corpus")
+    path = tmp_path / "datasets" / "x.yaml"
+    path.write_bytes(case.text.replace("ABS_TOK", str(tmp_path / "tok")).encode("utf-8", "surrogateescape"))
+    if case.error is None:
+        load_spec(path)
+    else:
+        with pytest.raises(SpecError) as err:
+            load_spec(path)
+        assert case.error in str(err.value) and str(path) in str(err.value), str(err.value)
+    RESULTS[case.id].correct = True
+
+
+def test_summary_every_case_ran_and_was_correct(capsys: pytest.CaptureFixture[str]) -> None:
+    """Runs last (pytest keeps file order): the cases' own records, summed."""
+    ids = [c.id for c in CASES] + [c.id for c in SPEC_CASES]
+    missing = [i for i in ids if i not in RESULTS]
+    if len(missing) == len(ids):
+        pytest.skip("no case ran (deselected)")
+    correct = sum(r.correct for r in RESULTS.values())
+    unaccounted = sum(r.unaccounted or 0 for r in RESULTS.values())
+    with capsys.disabled():
+        print(f"\nadversarial: {len(ids)} cases, {correct} correct, {unaccounted} records unaccounted")
+    assert not missing, f"cases that did not run: {missing}"
+    assert unaccounted == 0 and correct == len(ids)
