@@ -116,10 +116,15 @@ def _order_key(value: Any) -> tuple[Any, ...]:
 def group_label(value: Any) -> str:
     """A group's key: a string as it is, anything else as compact JSON. It groups records, keys the split and
     names the group, so 7 and "7" are one group (an id read as a number in one drop and as text in another
-    stays one group, in one split)."""
+    stays one group, in one split). Bronze rejects empty group cells, so the text "null" is only its own group."""
     if isinstance(value, str):
         return value
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def is_empty_group_value(value: Any) -> bool:
+    """A group cell that names no group: missing (null, a null_values cell, NaN) or blank text."""
+    return value is None or (isinstance(value, str) and not value.strip())
 
 
 def group_records(keys: list[str], order_values: list[Any] | None) -> list[list[int]]:
