@@ -19,8 +19,9 @@ without leading zeros, float if every present cell is a decimal number, else str
 and cells in `null_values` (the empty string by default) are missing (null).
 
 `order_by` sorts by its own type, inferred over the drop (`order_keys`): numbers numerically, epoch seconds and
-milliseconds and ISO 8601 / M/D/YYYY date-times chronologically, else text; ties keep input order. An empty value
-or one outside that type has no place in its group: gold rejects it (`unorderable_value`).
+milliseconds and ISO 8601 / M/D/YYYY (D/M/YYYY when the values demand it) date-times chronologically, else text;
+ties keep input order. An empty value or one outside that type has no place in its group: gold rejects it
+(`unorderable_value`).
 """
 
 from __future__ import annotations
@@ -123,11 +124,12 @@ _EPOCH_MS = (10**12, 10**13)  # the same span in milliseconds
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 
 
-def _datetime_key(m: re.Match[str]) -> tuple[str, int] | None:
+def _datetime_key(m: re.Match[str], day_first: bool = False) -> tuple[str, int] | None:
     """(family, nanoseconds since 1970 on the value's clock) of a matched date-time; None if no real date."""
     g = m.groupdict()
+    month, day_of_month = (g["d"], g["mo"]) if day_first else (g["mo"], g["d"])
     try:
-        day = date(int(g["y"]), int(g["mo"]), int(g["d"])).toordinal() - _EPOCH_ORDINAL
+        day = date(int(g["y"]), int(month), int(day_of_month)).toordinal() - _EPOCH_ORDINAL
     except ValueError:
         return None  # 2/30/2024, month 13
     hour, minute, second = int(g["h"] or 0), int(g["mi"] or 0), int(g["s"] or 0)
@@ -150,9 +152,10 @@ def _datetime_key(m: re.Match[str]) -> tuple[str, int] | None:
     return "datetime_tz", ns - sign * offset * 60 * 10**9  # the instant in UTC
 
 
-def order_kind(value: Any) -> tuple[str, Any]:
+def order_kind(value: Any, day_first: bool = False) -> tuple[str, Any]:
     """(family, sort key) of one order_by value: `empty`, `number`, `datetime` (no time zone), `datetime_tz`
-    (an instant) or `text`. Numbers may come typed or as text; dates are ISO 8601 or M/D/YYYY [H:MM[:SS]]."""
+    (an instant) or `text`. Numbers may come typed or as text; dates are ISO 8601 or M/D/YYYY [H:MM[:SS]]
+    (D/M/YYYY with `day_first`)."""
     if value is None:
         return "empty", None
     if isinstance(value, bool):
@@ -171,7 +174,7 @@ def order_kind(value: Any) -> tuple[str, Any]:
     for pattern in (_ISO, _MDY):
         m = pattern.fullmatch(cell)
         if m is not None:
-            found = _datetime_key(m)
+            found = _datetime_key(m, day_first and pattern is _MDY)
             if found is not None:
                 return found
     return "text", value
@@ -185,6 +188,14 @@ class OrderKeys:
     keys: list[Any]
     problems: dict[int, str]  # record index -> the reject detail
     kinds: dict[str, int]  # non-empty values per family (the evidence the type was inferred from)
+    day_first: bool = False  # slash dates read D/M/YYYY
+
+
+def _slash_day_first(values: list[Any]) -> bool:
+    """Slash dates are D/M/YYYY when some first field cannot be a month (> 12) and no second field is over 12."""
+    fields = [(int(m["mo"]), int(m["d"])) for v in values if isinstance(v, str)
+              if (m := _MDY.fullmatch(v.strip())) is not None]
+    return any(a > 12 for a, _ in fields) and not any(b > 12 for _, b in fields)
 
 
 def _number_type(numbers: list[int | float]) -> OrderType:
@@ -202,9 +213,11 @@ def order_keys(values: list[Any], column: str) -> OrderKeys:
     The type is the family (number, date-time without time zone, date-time with one) that more than half of
     the non-empty values parse as, narrowed: numbers are int if all are integers, else float, and an epoch
     clock if all lie in the epoch seconds or milliseconds span (read per value by its magnitude); with no such
-    majority the column orders as text (by code point). Empty values and values outside the type get no key.
+    majority the column orders as text (by code point). Slash dates are M/D/YYYY unless the column's own values
+    rule that out and allow D/M/YYYY (`_slash_day_first`). Empty values and values outside the type get no key.
     """
-    kinds = [order_kind(v) for v in values]
+    day_first = _slash_day_first(values)
+    kinds = [order_kind(v, day_first) for v in values]
     counts = Counter(k for k, _ in kinds if k != "empty")
     present = sum(counts.values())
     family = next((f for f, n in counts.items() if f != "text" and 2 * n > present), "text")
@@ -229,7 +242,7 @@ def order_keys(values: list[Any], column: str) -> OrderKeys:
             keys.append(k * 1000 if k < _EPOCH_S[1] else k)  # one clock: milliseconds
         else:
             keys.append(k)
-    return OrderKeys(kind, keys, problems, dict(sorted(counts.items())))
+    return OrderKeys(kind, keys, problems, dict(sorted(counts.items())), day_first and family == "datetime")
 
 
 def _text_key(value: Any) -> str:

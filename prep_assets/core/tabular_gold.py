@@ -262,6 +262,7 @@ def build_tabular_examples(spec: DatasetSpec, silver_records: Path, pt: PinnedTo
             "order_by": tab.order_by,
             "order_by_type": rows.order.type if rows.order is not None else None,
             "order_by_values": rows.order.kinds if rows.order is not None else None,
+            "order_by_day_first": rows.order.day_first if rows.order is not None else None,
             "unorderable_records": len(rows.order.problems) if rows.order is not None else 0,
             "columns": rows.columns,
             "schema_prompt": prompt_text,

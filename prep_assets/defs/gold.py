@@ -124,7 +124,7 @@ def tabular_metadata(tab: dict[str, Any] | None) -> dict[str, Any]:
         "num_records_in_examples": tab["records_in_examples"],
         "num_groups": tab["groups"] if tab["groups"] is not None else 0,
         # how order_by was typed (none without it) and the records it could not place (gold rejects)
-        "order_by_type": tab["order_by_type"] or "none",
+        "order_by_type": (tab["order_by_type"] or "none") + (" (D/M/YYYY)" if tab["order_by_day_first"] else ""),
         "num_unorderable_records": tab["unorderable_records"],
         "tabular_distributions": md_table(rows),
         "over_budget": md_table(tab["over_budget"]),

@@ -39,6 +39,16 @@ def test_m_d_yyyy_orders_by_time_across_month_and_year_boundaries():
     assert sorted(values)[:2] == ["1/10/2024 00:00", "1/31/2024 23:59"]  # what text order did
 
 
+def test_slash_dates_read_day_first_only_when_the_column_rules_out_month_first():
+    dmy = ["13/1/2024 10:00", "2/1/2024 09:00", "1/2/2024"]  # 13 cannot be a month, no second field is over 12
+    typed = order_keys(dmy, "t")
+    assert typed.type == "datetime" and typed.day_first and not typed.problems
+    assert [dmy[i] for i in _sorted(dmy)] == ["2/1/2024 09:00", "13/1/2024 10:00", "1/2/2024"]  # 2 Jan, 13 Jan, 1 Feb
+    both = order_keys(["13/1/2024", "1/13/2024", "1/14/2024"], "t")  # either reading fails a value: M/D stands
+    assert not both.day_first and list(both.problems) == [0]
+    assert not order_keys(["1/2/2024", "2/1/2024"], "t").day_first  # undecidable: M/D/YYYY, the documented default
+
+
 def test_iso_with_a_time_zone_orders_instants_and_without_one_wall_times():
     zoned = ["2024-03-10T01:30:00-05:00", "2024-03-10T07:00:00+01:00", "2024-03-10T06:15Z", "2024-03-10T06:15:00.5Z"]
     assert order_keys(zoned, "t").type == "datetime_tz"
