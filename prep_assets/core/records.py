@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from prep_assets.core.errors import DropError
 from prep_assets.core.spec import InputSpec, TabularSpec
-from prep_assets.core.tabular import json_value, parse_cell, render_values
+from prep_assets.core.tabular import is_empty_group_value, json_value, parse_cell, render_values
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,9 @@ class TabularExtractor:
     The schema is `columns` when given (JSON rows: the union of the drop's keys), else the first record's keys
     (the CSV header, the Parquet schema); a record with a key outside it is rejected (`unexpected_columns`), a
     missing key is a missing value. CSV cells are typed with `csv_types` (see `tabular.infer_column_types`);
-    other formats keep their JSON/Parquet types.
+    other formats keep their JSON/Parquet types. A record whose `group_by` cell is missing (a `null_values`
+    cell, null, NaN, an absent key) or blank text names no group: it is rejected (`empty_group_key`) rather than
+    gathered into a group of its own that would share the name "null" with the text "null".
     """
 
     def __init__(self, tab: TabularSpec, source: str, csv_types: dict[str, str] | None = None,
@@ -307,6 +309,10 @@ class TabularExtractor:
                 except ValueError as exc:
                     return Invalid("wrong_type", f"column {col!r} is {self.csv_types[col]}: {exc}")
             values.append(json_value(v))
+            if col == self.tab.group_by and is_empty_group_value(values[-1]):
+                cell = "absent" if col not in value else repr(value[col])[:40]
+                return Invalid("empty_group_key", f"group_by column {col!r} is empty ({cell}): the record names no "
+                               "group; fill the cell or leave the row out")
         return {"columns": self.columns, "values": values}
 
 

@@ -17,6 +17,11 @@ schema prompt's tokens.
 CSV cells are text; a column's type is inferred over the whole drop (int if every present cell is an integer
 without leading zeros, float if every present cell is a decimal number, else string) unless the spec sets it,
 and cells in `null_values` (the empty string by default) are missing (null).
+
+`order_by` sorts by its own type, inferred over the drop (`order_keys`): numbers numerically, epoch seconds and
+milliseconds and ISO 8601 / M/D/YYYY (D/M/YYYY when the values demand it) date-times chronologically, else text;
+ties keep input order. An empty value or one outside that type has no place in its group: gold rejects it
+(`unorderable_value`).
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from datetime import date
+from typing import Any, Literal
 
 import numpy as np
 
@@ -99,38 +106,180 @@ def parse_cell(cell: str, kind: str, null_values: Iterable[str]) -> Any:
     return cell
 
 
-# ---------------------------------------------------------------- groups
+# ---------------------------------------------------------------- order_by values
+
+OrderType = Literal["int", "float", "epoch_s", "epoch_ms", "epoch_s_ms", "datetime", "datetime_tz", "string"]
+UNORDERABLE_VALUE = "unorderable_value"
+
+_ORDER_INT = re.compile(r"[+-]?[0-9]+")  # leading zeros order as numbers here ("007" < "10")
+_TZ = r"(?P<tz>Z|[+-][0-9]{2}(?::?[0-9]{2})?)?"
+_FRACTION = r"(?:[.,](?P<frac>[0-9]{1,9}))?"
+_ISO = re.compile(r"(?P<y>[0-9]{4})-(?P<mo>[0-9]{2})-(?P<d>[0-9]{2})"
+                  r"(?:[T ](?P<h>[0-9]{2}):(?P<mi>[0-9]{2})(?::(?P<s>[0-9]{2})" + _FRACTION + r")?\s*" + _TZ + ")?")
+_MDY = re.compile(r"(?P<mo>[0-9]{1,2})/(?P<d>[0-9]{1,2})/(?P<y>[0-9]{4})"
+                  r"(?:[T ](?P<h>[0-9]{1,2}):(?P<mi>[0-9]{2})(?::(?P<s>[0-9]{2})" + _FRACTION + r")?"
+                  r"(?:\s*(?P<ampm>[AaPp][Mm]))?)?")
+_EPOCH_S = (10**9, 10**10)  # 2001-09-09 .. 2286-11-20 in seconds
+_EPOCH_MS = (10**12, 10**13)  # the same span in milliseconds
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 
 
-def _order_key(value: Any) -> tuple[Any, ...]:
-    """Sort key of an order_by value: numbers, then strings (ISO dates sort as text), then the rest; nulls last."""
+def _datetime_key(m: re.Match[str], day_first: bool = False) -> tuple[str, int] | None:
+    """(family, nanoseconds since 1970 on the value's clock) of a matched date-time; None if no real date."""
+    g = m.groupdict()
+    month, day_of_month = (g["d"], g["mo"]) if day_first else (g["mo"], g["d"])
+    try:
+        day = date(int(g["y"]), int(month), int(day_of_month)).toordinal() - _EPOCH_ORDINAL
+    except ValueError:
+        return None  # 2/30/2024, month 13
+    hour, minute, second = int(g["h"] or 0), int(g["mi"] or 0), int(g["s"] or 0)
+    if g.get("ampm"):
+        if not 1 <= hour <= 12:
+            return None
+        hour = hour % 12 + (12 if g["ampm"].lower() == "pm" else 0)
+    if hour > 23 or minute > 59 or second > 59:
+        return None
+    ns = ((day * 24 + hour) * 60 + minute) * 60 + second
+    ns = ns * 10**9 + int((g["frac"] or "0").ljust(9, "0"))
+    tz = g.get("tz")
+    if not tz:
+        return "datetime", ns
+    if tz == "Z":
+        return "datetime_tz", ns
+    sign = -1 if tz[0] == "-" else 1
+    digits = tz[1:].replace(":", "")
+    offset = int(digits[:2]) * 60 + int(digits[2:4] or 0)
+    return "datetime_tz", ns - sign * offset * 60 * 10**9  # the instant in UTC
+
+
+def order_kind(value: Any, day_first: bool = False) -> tuple[str, Any]:
+    """(family, sort key) of one order_by value: `empty`, `number`, `datetime` (no time zone), `datetime_tz`
+    (an instant) or `text`. Numbers may come typed or as text; dates are ISO 8601 or M/D/YYYY [H:MM[:SS]]
+    (D/M/YYYY with `day_first`)."""
     if value is None:
-        return (3, 0)
+        return "empty", None
+    if isinstance(value, bool):
+        return "text", _text_key(value)
     if isinstance(value, (int, float)):
-        return (0, value)
-    if isinstance(value, str):
-        return (1, value)
-    return (2, json.dumps(value, sort_keys=True))
+        return "number", value
+    if not isinstance(value, str):
+        return "text", _text_key(value)
+    cell = value.strip()
+    if not cell:
+        return "empty", None
+    if _ORDER_INT.fullmatch(cell):
+        return "number", int(cell)
+    if _FLOAT.fullmatch(cell) and math.isfinite(float(cell)):
+        return "number", float(cell)
+    for pattern in (_ISO, _MDY):
+        m = pattern.fullmatch(cell)
+        if m is not None:
+            found = _datetime_key(m, day_first and pattern is _MDY)
+            if found is not None:
+                return found
+    return "text", value
+
+
+@dataclass(frozen=True)
+class OrderKeys:
+    """An order_by column typed over a drop: its type, a sort key per record (None: unorderable) and why not."""
+
+    type: OrderType
+    keys: list[Any]
+    problems: dict[int, str]  # record index -> the reject detail
+    kinds: dict[str, int]  # non-empty values per family (the evidence the type was inferred from)
+    day_first: bool = False  # slash dates read D/M/YYYY
+
+
+def _slash_day_first(values: list[Any]) -> bool:
+    """Slash dates are D/M/YYYY when some first field cannot be a month (> 12) and no second field is over 12."""
+    fields = [(int(m["mo"]), int(m["d"])) for v in values if isinstance(v, str)
+              if (m := _MDY.fullmatch(v.strip())) is not None]
+    return any(a > 12 for a, _ in fields) and not any(b > 12 for _, b in fields)
+
+
+def _number_type(numbers: list[int | float]) -> OrderType:
+    """int or float, or an epoch clock when every value lies in the seconds or milliseconds span."""
+    in_s = [_EPOCH_S[0] <= v < _EPOCH_S[1] for v in numbers]
+    in_ms = [_EPOCH_MS[0] <= v < _EPOCH_MS[1] for v in numbers]
+    if numbers and all(a or b for a, b in zip(in_s, in_ms)):
+        return "epoch_s" if all(in_s) else "epoch_ms" if all(in_ms) else "epoch_s_ms"
+    return "int" if all(isinstance(v, int) for v in numbers) else "float"
+
+
+def order_keys(values: list[Any], column: str) -> OrderKeys:
+    """Type an order_by column from all its values and give each record its sort key.
+
+    The type is the family (number, date-time without time zone, date-time with one) that more than half of
+    the non-empty values parse as, narrowed: numbers are int if all are integers, else float, and an epoch
+    clock if all lie in the epoch seconds or milliseconds span (read per value by its magnitude); with no such
+    majority the column orders as text (by code point). Slash dates are M/D/YYYY unless the column's own values
+    rule that out and allow D/M/YYYY (`_slash_day_first`). Empty values and values outside the type get no key.
+    """
+    day_first = _slash_day_first(values)
+    kinds = [order_kind(v, day_first) for v in values]
+    counts = Counter(k for k, _ in kinds if k != "empty")
+    present = sum(counts.values())
+    family = next((f for f, n in counts.items() if f != "text" and 2 * n > present), "text")
+    if family == "number":
+        kind: OrderType = _number_type([k for f, k in kinds if f == "number"])
+    else:
+        kind = {"datetime": "datetime", "datetime_tz": "datetime_tz"}.get(family, "string")
+    keys: list[Any] = []
+    problems: dict[int, str] = {}
+    for i, (f, k) in enumerate(kinds):
+        if f == "empty":
+            problems[i] = (f"order_by column {column!r} is empty ({_show(values[i])}): the record has no place in "
+                           f"its group's order ({kind})")
+            keys.append(None)
+        elif kind == "string":
+            keys.append(_text_key(values[i]))
+        elif f != family:
+            problems[i] = (f"order_by column {column!r}: {_show(values[i])} does not read as {kind}, the column's "
+                           f"type ({counts[family]} of its {present} non-empty values do)")
+            keys.append(None)
+        elif kind == "epoch_s_ms":
+            keys.append(k * 1000 if k < _EPOCH_S[1] else k)  # one clock: milliseconds
+        else:
+            keys.append(k)
+    return OrderKeys(kind, keys, problems, dict(sorted(counts.items())), day_first and family == "datetime")
+
+
+def _text_key(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False,
+                                                           separators=(",", ":"))
+
+
+def _show(value: Any) -> str:
+    return repr(value[:60]) if isinstance(value, str) else json.dumps(value)
+
+
+# ---------------------------------------------------------------- groups
 
 
 def group_label(value: Any) -> str:
     """A group's key: a string as it is, anything else as compact JSON. It groups records, keys the split and
     names the group, so 7 and "7" are one group (an id read as a number in one drop and as text in another
-    stays one group, in one split)."""
+    stays one group, in one split). Bronze rejects empty group cells, so the text "null" is only its own group."""
     if isinstance(value, str):
         return value
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-def group_records(keys: list[str], order_values: list[Any] | None) -> list[list[int]]:
-    """Record indices grouped by key, groups in first-appearance order, each ordered by its order_by value
-    (stable: ties keep input order)."""
+def is_empty_group_value(value: Any) -> bool:
+    """A group cell that names no group: missing (null, a null_values cell, NaN) or blank text."""
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def group_records(keys: list[str], sort_keys: list[Any] | None) -> list[list[int]]:
+    """Record indices grouped by key, groups in first-appearance order, each ordered by its sort key (see
+    `order_keys`; stable: ties keep input order)."""
     groups: dict[str, list[int]] = {}
     for i, k in enumerate(keys):
         groups.setdefault(k, []).append(i)
     out = list(groups.values())
-    if order_values is not None:
-        out = [sorted(g, key=lambda i: _order_key(order_values[i])) for g in out]
+    if sort_keys is not None:
+        out = [sorted(g, key=lambda i: sort_keys[i]) for g in out]
     return out
 
 
@@ -217,9 +366,15 @@ def initial_prefill(groups: dict[str, list[str]], order_by: str | None = None) -
     With `order_by`, each group's records (JSON lines, possibly gathered from several drops in drop order) are
     first ordered by that column (stable), so the prefill is the group's earliest records.
     """
-    def ordered(rows: list[str]) -> list[str]:
-        if order_by is None:
-            return rows
-        return sorted(rows, key=lambda r: _order_key(json.loads(r).get(order_by)))
-
-    return {g: ordered(rows)[:INITIAL_PREFILL_RECORDS] for g, rows in sorted(groups.items())}
+    if order_by is None:
+        return {g: rows[:INITIAL_PREFILL_RECORDS] for g, rows in sorted(groups.items())}
+    flat = [(g, r) for g, rows in groups.items() for r in rows]
+    typed = order_keys([json.loads(r).get(order_by) for _, r in flat], order_by)  # typed over every group at once
+    keyed: dict[str, list[tuple[Any, str]]] = {}
+    for (g, r), k in zip(flat, typed.keys, strict=True):
+        keyed.setdefault(g, []).append((k, r))
+    out = {}
+    for g, rows in sorted(keyed.items()):
+        known = sorted((x for x in rows if x[0] is not None), key=lambda x: x[0])
+        out[g] = [r for _, r in known + [x for x in rows if x[0] is None]][:INITIAL_PREFILL_RECORDS]
+    return out  # a value the merged type cannot read goes last, in drop order

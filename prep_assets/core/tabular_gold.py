@@ -8,7 +8,9 @@ concatenation of its pieces and decode back to the rows.
 Assembly needs a drop's records at once (groups are ordered and budgets drawn over them), so this reads the
 silver partition whole: one drop of a table, not a corpus. A record, or in grouped mode a group, that cannot
 fit `max_seq_len` with the schema prompt is not assembled: it becomes a gold reject (`record_over_budget`,
-`group_over_budget`) and the blocking budget gate fails before any shard is written.
+`group_over_budget`) and the blocking budget gate fails before any shard is written. With `order_by`, the
+column is typed over the whole drop here (`tabular.order_keys`); a record whose value is empty or outside that
+type is a gold reject (`unorderable_value`), never placed at a guessed position.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ from prep_assets.core.parquet_io import ParquetSink
 from prep_assets.core.records import GOLD_REJECT_SCHEMA, GOLD_SCHEMA, SPLITS, TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
 from prep_assets.core.spec import DatasetSpec, TabularSpec
 from prep_assets.core.tabular import (
+    UNORDERABLE_VALUE,
     Example,
+    OrderKeys,
     group_label,
     group_records,
     initial_prefill,
+    order_keys,
     plan_flat,
     plan_grouped,
     plan_sequential,
@@ -74,7 +79,7 @@ class _Rows:
     ids: list[list[int]]  # tokens of each record line (newline included)
     lengths: list[int]
     keys: list[str] | None  # group key per record (`group_label`)
-    order: list[Any] | None
+    order: OrderKeys | None  # order_by typed over the drop: a sort key per record, None where unorderable
 
 
 def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedTokenizer) -> _Rows:
@@ -92,7 +97,7 @@ def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedT
         keys = [group_label(c["values"][gi]) for c in contents]
     if tab.order_by is not None:
         oi = columns.index(tab.order_by)
-        order = [c["values"][oi] for c in contents]
+        order = order_keys([c["values"][oi] for c in contents], tab.order_by)
     return _Rows(table.drop_columns(["content"]), columns, lines, ids, [len(x) for x in ids], keys, order)
 
 
@@ -117,6 +122,12 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
         idx = [i for i, s in enumerate(splits) if s == split]
         if not idx:
             continue
+        if rows.order is not None:  # no place in its group's order: out before groups and budgets are counted
+            assert rows.keys is not None  # order_by needs group_by (the spec's modes)
+            problems = rows.order.problems
+            out.rejects += [(i, UNORDERABLE_VALUE, problems[i], rows.lengths[i], rows.keys[i])
+                            for i in idx if i in problems]
+            idx = [i for i in idx if i not in problems]
         fits = []
         for i in idx:
             need = prompt_tokens + 2 + rows.lengths[i]
@@ -133,7 +144,7 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
             out.examples += [(split, Example([[fits[k] for k in u] for u in ex.units], ex.budget)) for ex in plan]
             continue
         assert rows.keys is not None
-        local = group_records([rows.keys[i] for i in idx], [rows.order[i] for i in idx] if rows.order else None)
+        local = group_records([rows.keys[i] for i in idx], [rows.order.keys[i] for i in idx] if rows.order else None)
         groups = [[idx[k] for k in g] for g in local]
         out.group_tokens += [prompt_tokens + 2 + sum(rows.lengths[i] for i in g) for g in groups]
         if mode == "grouped":
@@ -249,6 +260,10 @@ def build_tabular_examples(spec: DatasetSpec, silver_records: Path, pt: PinnedTo
         "tabular": {
             "mode": tab.resolved_mode,
             "order_by": tab.order_by,
+            "order_by_type": rows.order.type if rows.order is not None else None,
+            "order_by_values": rows.order.kinds if rows.order is not None else None,
+            "order_by_day_first": rows.order.day_first if rows.order is not None else None,
+            "unorderable_records": len(rows.order.problems) if rows.order is not None else 0,
             "columns": rows.columns,
             "schema_prompt": prompt_text,
             "schema_prompt_tokens": len(prompt_ids),
@@ -277,6 +292,8 @@ def _largest(rejects: list[tuple[int, str, str, int, str | None]], n: int = 5) -
     """The largest over-budget groups/records (one entry per group), largest first."""
     seen: dict[tuple[str, str], dict[str, Any]] = {}
     for i, reason, detail, tokens, label in rejects:
+        if reason not in BUDGET_REASONS:
+            continue
         key = (reason, label if reason == GROUP_OVER_BUDGET and label is not None else str(i))
         seen.setdefault(key, {"reason": reason, "group": label, "tokens": tokens, "detail": detail})
     return sorted(seen.values(), key=lambda e: (-e["tokens"], e["detail"]))[:n]

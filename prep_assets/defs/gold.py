@@ -110,8 +110,8 @@ DISTRIBUTIONS = ("tokens_per_record", "tokens_per_group", "tokens_per_example", 
 
 
 def tabular_metadata(tab: dict[str, Any] | None) -> dict[str, Any]:
-    """Tabular assembly in the UI: mode, schema prompt, budget, the per record/group/example distributions and
-    the largest units that did not fit."""
+    """Tabular assembly in the UI: mode, schema prompt, budget, order_by's inferred type, the per
+    record/group/example distributions and the largest units that did not fit."""
     if not tab:
         return {}
     rows = [{"figure": k, **tab[k]} for k in DISTRIBUTIONS if tab.get(k)]
@@ -123,6 +123,9 @@ def tabular_metadata(tab: dict[str, Any] | None) -> dict[str, Any]:
         "max_sequences_per_example": tab["max_sequences_per_example"],
         "num_records_in_examples": tab["records_in_examples"],
         "num_groups": tab["groups"] if tab["groups"] is not None else 0,
+        # how order_by was typed (none without it) and the records it could not place (gold rejects)
+        "order_by_type": (tab["order_by_type"] or "none") + (" (D/M/YYYY)" if tab["order_by_day_first"] else ""),
+        "num_unorderable_records": tab["unorderable_records"],
         "tabular_distributions": md_table(rows),
         "over_budget": md_table(tab["over_budget"]),
     }

@@ -9,6 +9,7 @@ from prep_assets.core.tabular import (
     group_records,
     infer_column_types,
     initial_prefill,
+    order_keys,
     parse_cell,
     plan_flat,
     plan_grouped,
@@ -111,9 +112,10 @@ def test_csv_column_types_inferred_over_the_drop_leading_zeros_stay_text():
         parse_cell("1e400", "float", [""])
 
 
-def test_groups_in_first_appearance_order_each_sorted_by_order_by_nulls_last():
+def test_groups_in_first_appearance_order_each_sorted_by_its_typed_order_keys():
     keys = ["b", "a", "b", "a", "b"]
-    order = ["2024-03", "2024-01", None, "2023-12", "2024-01"]
-    assert group_records(keys, order) == [[4, 0, 2], [3, 1]]
+    typed = order_keys(["2024-03", "2024-01", "2023-12", "2023-12", "2024-01"], "t")  # not a date: text
+    assert typed.type == "string" and not typed.problems
+    assert group_records(keys, typed.keys) == [[2, 4, 0], [3, 1]]
     assert group_records(keys, None) == [[0, 2, 4], [1, 3]]
     assert group_records(["x", "x", "x"], [2, 1, 2]) == [[1, 0, 2]]  # ties keep input order

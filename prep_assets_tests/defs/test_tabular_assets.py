@@ -59,12 +59,12 @@ def _canonical(rows: list[dict]) -> list[str]:
 
 def test_patient_events_grouped_by_patient(tmp_path: Path, gpt2_dir: Path, instance):
     src = shared_path("datasets/tabular/sample-patient-events-12groups-200-records.csv")
-    data, key, result = _run(tmp_path, instance, "patients", src,
-                             _spec(gpt2_dir, {"group_by": "patient_name", "order_by": "timestamp"}, 2048))
+    data, key, result = _run(tmp_path, instance, "patients", src, _spec(gpt2_dir, {"group_by": "patient_name"}, 2048))
     checks = result.get_asset_check_evaluations()
     assert result.success and len(checks) == 17 and all(c.passed for c in checks)
     gold = metadata(result, "patients", "tokenized_examples")
     assert gold["tabular_mode"] == "grouped" and gold["num_groups"] == 12 and gold["num_records_in_examples"] == 200
+    assert gold["order_by_type"] == "none" and gold["num_unorderable_records"] == 0
     assert "tokens_per_group" in gold["tabular_distributions"] and gold["over_budget"] == "_none_"
     examples = pq.read_table(data / "lake" / "patients" / "gold" / key / "examples.parquet").to_pylist()
     splits: dict[str, set] = {}
@@ -79,6 +79,26 @@ def test_patient_events_grouped_by_patient(tmp_path: Path, gpt2_dir: Path, insta
     assert _canonical(rows) == _canonical([{k: _json_safe(v) for k, v in r.items()} for r in source])
 
 
+def test_patient_events_ordered_by_timestamp_reject_the_rows_without_one(tmp_path: Path, gpt2_dir: Path, instance):
+    # 98 of the 200 rows have no timestamp: no place in their patient's order, each a gold reject with its line
+    # (the gold reject rate allowed up to 100% here: this test is about where they go, not the gate)
+    src = shared_path("datasets/tabular/sample-patient-events-12groups-200-records.csv")
+    data, key, result = _run(tmp_path, instance, "patients", src, _spec(
+        gpt2_dir, {"group_by": "patient_name", "order_by": "timestamp"}, 2048,
+        checks={"min_sequence_utilization": 0.0, "max_gold_reject_rate": 1.0}))
+    assert result.success and all(c.passed for c in result.get_asset_check_evaluations())
+    gold = metadata(result, "patients", "tokenized_examples")
+    assert gold["order_by_type"] == "datetime" and gold["num_unorderable_records"] == 98
+    assert gold["num_records_in_examples"] == 102 and gold["num_rejects"] == 98
+    rejects = pq.read_table(data / "lake" / "patients" / "gold" / key / "rejects.parquet").to_pylist()
+    source = pacsv.read_csv(src).to_pylist()
+    assert [r["source_line"] for r in rejects] == [n + 2 for n, row in enumerate(source) if row["timestamp"] is None]
+    assert {r["reason"] for r in rejects} == {"unorderable_value"}
+    _, rows = _decoded_rows(data, "patients", key)
+    kept = [{k: _json_safe(v) for k, v in r.items()} for r in source if r["timestamp"] is not None]
+    assert _canonical(rows) == _canonical(kept)
+
+
 def test_dow_jones_sequential_by_stock_ordered_by_date(tmp_path: Path, gpt2_dir: Path, instance):
     src = shared_path("datasets/tabular/dow_jones_index_group_size_8.csv")
     data, key, result = _run(tmp_path, instance, "dow", src, _spec(
@@ -86,6 +106,7 @@ def test_dow_jones_sequential_by_stock_ordered_by_date(tmp_path: Path, gpt2_dir:
     assert result.success and all(c.passed for c in result.get_asset_check_evaluations())
     gold = metadata(result, "dow", "tokenized_examples")
     assert gold["tabular_mode"] == "sequential" and gold["max_sequences_per_example"] == 10
+    assert gold["order_by_type"] == "datetime" and gold["num_unorderable_records"] == 0
     examples = pq.read_table(data / "lake" / "dow" / "gold" / key / "examples.parquet",
                              columns=["split", "group_keys", "record_ids", "num_tokens"]).to_pylist()
     assert all(len(e["group_keys"]) == 1 and e["num_tokens"] <= 512 for e in examples)
