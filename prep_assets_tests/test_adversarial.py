@@ -185,6 +185,49 @@ def cleaning_cases() -> list[Case]:
     ]
 
 
+def record_order(*lines: int) -> Callable[[CaseRun], None]:
+    """The records of the one gold example, in order, are the drop's data rows at these lines."""
+    def check(run: CaseRun) -> None:
+        line_of = {r["record_id"]: r["source_line"] for r in run.silver}
+        assert [[line_of[i] for i in g["record_ids"]] for g in run.gold] == [list(lines)]
+    return check
+
+
+def groups(*names: str) -> Callable[[CaseRun], None]:
+    def check(run: CaseRun) -> None:
+        assert sorted(k for g in run.gold for k in g["group_keys"]) == sorted(names)
+    return check
+
+
+def tabular_cases() -> list[Case]:
+    grouped = {"input": {"type": "tabular"}, "tabular": {"group_by": "dev", "order_by": "t"},
+               "sequence": {"max_seq_len": 512}, "packing": {"max_sequences_per_example": 1}}
+    csv = lambda *rows: ("dev,t,v\n" + "".join(f"{r}\n" for r in rows)).encode()  # noqa: E731
+    return [
+        Case("order_by_m_d_yyyy_is_chronological_not_textual", grouped,
+             {"a.csv": csv("A,1/10/2024 00:00,2", "A,1/9/2024 22:00,1", "A,12/31/2023 23:59,0")},
+             check=record_order(4, 3, 2)),
+        Case("order_by_integers_is_numeric_not_textual", grouped, {"a.csv": csv("A,10,b", "A,9,a", "A,100,c")},
+             check=record_order(3, 2, 4)),
+        Case("order_by_epoch_ms_is_chronological", grouped,
+             {"a.csv": csv("A,1700000000500,b", "A,1700000000000,a", "A,1699999999999,z")},
+             check=record_order(4, 3, 2)),
+        Case("order_by_iso_with_zones_compares_instants", grouped,
+             {"a.csv": csv("A,2024-01-01T10:00:00+02:00,b", "A,2024-01-01T09:30:00Z,c", "A,2024-01-01T07:00Z,a")},
+             check=record_order(4, 2, 3)),
+        Case("order_by_unreadable_value_is_a_gold_reject", grouped,
+             {"a.csv": csv("A,1/9/2024 22:00,1", "A,not a date,2", "A,1/10/2024 00:00,3")},
+             {"gold": {"unorderable_value": 1}},
+             check=every(record_order(2, 4), reject_detail("gold", "not a date"))),
+        Case("empty_group_key_is_a_bronze_reject_not_a_group", grouped,
+             {"a.csv": csv("A,1,x", ",2,y", "A,3,z")}, {"bronze": {"empty_group_key": 1}},
+             frozenset({"raw_records_reject_rate"}), check=groups("A")),  # 1 of 3 rows > 5%: blocking
+        Case("literal_null_group_is_a_group_and_never_merges_with_an_empty_cell", grouped,
+             {"a.csv": csv("null,1,x", ",2,y", "null,3,z")}, {"bronze": {"empty_group_key": 1}},
+             frozenset({"raw_records_reject_rate"}), check=groups("null")),
+    ]
+
+
 def spec_cases() -> list[SpecCase]:
     tok = "tokenizer: {path: tok}"
     return [
@@ -205,7 +248,7 @@ def spec_cases() -> list[SpecCase]:
     ]
 
 
-CASES: list[Case] = cleaning_cases()
+CASES: list[Case] = cleaning_cases() + tabular_cases()
 SPEC_CASES: list[SpecCase] = spec_cases()
 
 

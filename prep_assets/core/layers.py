@@ -615,7 +615,8 @@ def plan_split(spec: DatasetSpec, pair_ids: list[str | None], offsets: np.ndarra
     )
 
 
-TABULAR_MANIFEST_KEYS = ("mode", "columns", "schema_prompt", "bos_id", "eos_id", "order_by", "initial_prefill")
+TABULAR_MANIFEST_KEYS = ("mode", "columns", "schema_prompt", "bos_id", "eos_id", "order_by", "order_by_type",
+                         "initial_prefill")
 
 
 SHARD_CHUNK_ROWS = 1024  # rows materialized at once: bounds memory; the bytes never depend on it
