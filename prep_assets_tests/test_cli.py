@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -224,3 +225,53 @@ def test_changed_file_supersedes_old_drop_and_changed_corpus_repins_tokenizer(tm
     manifest = json.loads((data / "lake" / "sample_text" / "manifest.json").read_text())
     assert len(manifest["partitions"]) == 2  # the jsonl drop and the new txt drop, not the superseded one
     assert manifest["shard_tokenizer_fingerprints"] == [new_fp]
+
+
+def test_a_corrupted_published_file_is_rebuilt_and_the_manifest_never_names_different_bytes(
+        in_process: Path, capsys: pytest.CaptureFixture[str]):
+    from prep_assets.core import layers
+    from prep_assets.core.errors import ManifestError
+    from prep_assets.core.lake import dataset_paths, sha256_file
+    from prep_assets.core.spec import load_spec
+
+    data = in_process
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
+    capsys.readouterr()
+    lake = data / "lake" / "sample_text"
+    manifest = json.loads((lake / "manifest.json").read_text())
+    entry = manifest["splits"]["train"]["files"][0]
+    shard = lake / entry["path"]
+    good = shard.read_bytes()
+    shard.write_bytes(good[: len(good) // 2])  # truncated after publishing
+    spec, paths = load_spec(data / "datasets" / "sample_text.yaml"), dataset_paths(data, "sample_text")
+    with pytest.raises(ManifestError, match="part-00000.parquet: sha256 differs from the recorded one"):
+        layers.build_manifest(spec, paths, sorted(manifest["partitions"]))
+    assert json.loads((lake / "manifest.json").read_text()) == manifest  # the published one is untouched
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"rebuilding shards {entry['partition']}: .*part-00000.parquet: \d+ bytes, \d+ recorded", out)
+    assert shard.read_bytes() == good and sha256_file(shard) == entry["sha256"]
+    for split in json.loads((lake / "manifest.json").read_text())["splits"].values():
+        for f in split["files"]:
+            assert sha256_file(lake / f["path"]) == f["sha256"]
+
+
+def test_a_run_left_started_by_a_killed_process_is_marked_failed_on_the_next_run(
+        in_process: Path, capsys: pytest.CaptureFixture[str]):
+    from dagster import DagsterRun
+
+    from prep_assets.core.lake import process_tag
+    from prep_assets.orchestrate import PROCESS_TAG
+
+    data = in_process
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
+    dead_tag = "999999999-" + process_tag().split("-", 1)[1]  # a pid no process has, on this machine
+    with DagsterInstance.get() as instance:
+        for run_id, tag in (("deadrun", dead_tag), ("liverun", process_tag())):
+            instance.add_run(DagsterRun(job_name="sample_text_drops", run_id=run_id,
+                                        status=DagsterRunStatus.STARTED, tags={PROCESS_TAG: tag}))
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
+    assert "marked run deadrun (sample_text_drops) failed" in capsys.readouterr().out
+    with DagsterInstance.get() as instance:
+        assert instance.get_run_by_id("deadrun").status == DagsterRunStatus.FAILURE
+        assert instance.get_run_by_id("liverun").status == DagsterRunStatus.STARTED  # its process is alive

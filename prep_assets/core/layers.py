@@ -29,6 +29,7 @@ from prep_assets.core.clean import (
     trained_roles,
 )
 from prep_assets.core import dedup
+from prep_assets.core import invariants as inv
 from prep_assets.core.drops import Drop, format_of, resolve_drop
 from prep_assets.core.errors import DropError, ManifestError
 from prep_assets.core.lake import (
@@ -891,8 +892,22 @@ def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]
         if problems:
             raise ManifestError(f"{paths.manifest_path} not published, {len(problems)} file(s) differ from what "
                                 "their shards recorded (rebuild those drops): " + "; ".join(problems[:5]))
+        failed = [o for o in manifest_outcomes(spec, paths, manifest) if not o.passed]
+        if failed:  # the manifest's own gates judge it before trainers can read it
+            raise ManifestError(f"{paths.manifest_path} not published: " + "; ".join(
+                f"{o.name} failed ({o.violations} violation(s): {o.description})" for o in failed))
         write_json_atomic(paths.manifest_path, manifest)
     return manifest
+
+
+def manifest_outcomes(spec: DatasetSpec, paths: DatasetPaths, manifest: dict[str, Any]) -> list[inv.Outcome]:
+    """The manifest's gates, judged on a manifest (built or published): the asset checks run the same."""
+    parts = [{"partition": k, **v} for k, v in manifest["partitions"].items()]
+    outcomes = [inv.shards_one_tokenizer(parts, manifest["tokenizer_fingerprint"])]
+    if spec.clean.dedup_scope == "dataset":
+        partitions = sorted(manifest["partitions"])
+        outcomes.append(inv.duplicates_resolve_to_kept([paths.partition_dir("silver", k) for k in partitions]))
+    return outcomes
 
 
 def manifest_file_problems(root: Path, manifest: dict[str, Any]) -> list[str]:

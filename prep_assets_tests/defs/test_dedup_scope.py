@@ -18,7 +18,7 @@ FILES = {  # each later drop repeats lines of the earlier ones (and itself)
     "notes_2026-11-02.jsonl": NOTES[10:30] + NOTES[25:27],
     "notes_2026-11-03.jsonl": NOTES[5:8] + NOTES[28:40],
 }
-SPEC = {"input": {"type": "text"}, "tokenizer": {"path": "/unused"},
+SPEC = {"input": {"type": "text"}, "tokenizer": {"path": "."},
         "clean": {"dedup": "exact", "dedup_scope": "dataset"}, "split": {"validation_ratio": 0.2}}
 
 
