@@ -13,7 +13,9 @@ import hashlib
 import io
 import json
 import math
+import re
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prep_assets.core.errors import DropError
-from prep_assets.core.lake import loads_json
+from prep_assets.core.lake import JSON_MAX_DEPTH, loads_json
 
 UTF8_BOM = b"\xef\xbb\xbf"
 EXCERPT_CHARS = 160
@@ -72,6 +74,88 @@ def _finite_float(text: str) -> float:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+NESTING_TOO_DEEP = f"nesting too deep: more than {JSON_MAX_DEPTH} levels of arrays and objects"
+# A \uD800-\uDFFF escape: the only way a lone surrogate gets into text that decoded as UTF-8
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# A JSON string or one bracket: to find where an element too deep to parse ends
+_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[][{}]')
+
+
+class _Unkeepable(ValueError):
+    """A JSON value that parses but cannot be kept; `reason` and the message make its reject."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _shown(text: str) -> str:
+    """`text` with lone surrogates written as escapes, so a detail that quotes it can be stored."""
+    return text.encode("utf-8", errors="backslashreplace").decode("utf-8")
+
+
+def _lone_surrogate(text: str, where: str) -> str | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"lone surrogate \\u{ord(text[exc.start]):04x} (UTF-8 cannot encode it) in {where}: "
+                f'"{_shown(text[:80])}"')
+    return None
+
+
+def _unkeepable(value: Any, text: str, start: int = 0, end: int | None = None) -> tuple[str, str] | None:
+    """Why a value the json module read from `text[start:end]` cannot be kept, or None: nested deeper than
+    `JSON_MAX_DEPTH`, or a key or string holding a lone surrogate. The text is searched first (at C speed); the
+    value is walked only where the text could hold either."""
+    end = len(text) if end is None else end
+    deep = text.count("[", start, end) + text.count("{", start, end) > JSON_MAX_DEPTH
+    surrogates = _SURROGATE_ESCAPE.search(text, start, end) is not None
+    if not (deep or surrogates):
+        return None
+    stack: list[tuple[Any, int, str]] = [(value, 1, "$")]  # a loop, not recursion: the value may nest deeply
+    while stack:
+        item, depth, path = stack.pop()
+        if isinstance(item, str):
+            problem = _lone_surrogate(item, f"the string at {path}") if surrogates else None
+            if problem:
+                return "invalid_unicode", problem
+        elif isinstance(item, (dict, list)):
+            if depth > JSON_MAX_DEPTH:
+                return "malformed_json", NESTING_TOO_DEEP
+            if isinstance(item, list):
+                stack.extend((v, depth + 1, f"{path}[{i}]") for i, v in enumerate(item))
+                continue
+            for k, v in item.items():
+                problem = _lone_surrogate(k, f"a key at {path}") if surrogates else None
+                if problem:
+                    return "invalid_unicode", problem
+                stack.append((v, depth + 1, f"{path}.{_shown(k)}"))
+    return None
+
+
+def _decode_keepable(text: str) -> Any:
+    """The json module's reading of `text` (what orjson does not read alike), refused if it cannot be kept."""
+    value = _DECODER.decode(text)
+    problem = _unkeepable(value, text)
+    if problem is not None:
+        raise _Unkeepable(*problem)
+    return value
+
+
+def _value_end(text: str, pos: int) -> int | None:
+    """Where the array or object that starts at `pos` closes (brackets counted outside strings); None if never."""
+    depth = 0
+    for m in _STRUCTURE.finditer(text, pos):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+            if depth == 0:
+                return m.end()
+    return None
+
+
 GZIP_MIN_LIMIT = 256 * 1024 * 1024
 
 
@@ -86,13 +170,15 @@ def _excerpt(data: bytes | str) -> str:
 
 
 def _parse_json(text: str) -> tuple[Any, str | None, str]:
-    try:
-        return loads_json(text, _DECODER.decode), None, ""
+    try:  # orjson's values are kept as they are: it refuses lone surrogates and `loads_json` deep nesting
+        return loads_json(text, _decode_keepable), None, ""
+    except _Unkeepable as exc:
+        return None, exc.reason, str(exc)
     except ValueError as exc:  # JSONDecodeError is a ValueError; so is a rejected NaN/Infinity
         reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
         return None, reason, str(exc)
     except RecursionError:
-        return None, "malformed_json", "nesting too deep"
+        return None, "malformed_json", NESTING_TOO_DEEP
 
 
 def _open_stream(path: Path, fmt: str) -> IO[bytes]:
@@ -226,10 +312,23 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
             reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
             yield reject(line, byte_pos, reason, f"{exc}; the rest of the array is unreadable", _excerpt(text[pos:]))
             return
+        except RecursionError:
+            found = _value_end(text, pos)
+            if found is None:
+                yield reject(line, byte_pos, "malformed_json", f"{NESTING_TOO_DEEP}; the element never closes: "
+                             "the rest of the array is unreadable", _excerpt(text[pos:]))
+                return
+            value, end = None, found
+            problem: tuple[str, str] | None = ("malformed_json", NESTING_TOO_DEEP)
+        else:
+            problem = _unkeepable(value, text, pos, end)
         element = text[pos:end]
-        acct.lines_in += 1
-        acct.parsed += 1
-        yield RawItem(line, byte_pos, element, value, hashlib.sha256(element.encode("utf-8")).hexdigest())
+        if problem is not None:
+            yield reject(line, byte_pos, *problem, _excerpt(element))
+        else:
+            acct.lines_in += 1
+            acct.parsed += 1
+            yield RawItem(line, byte_pos, element, value, hashlib.sha256(element.encode("utf-8")).hexdigest())
         pos = _skip_ws(text, end)
         if pos < len(text) and text[pos] == ",":
             pos = _skip_ws(text, pos + 1)
