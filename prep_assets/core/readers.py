@@ -378,10 +378,26 @@ def _physical_lines(f: IO[bytes], max_line_bytes: int, starts: list[tuple[int, i
             yield raw.decode("utf-8", errors="backslashreplace")
 
 
+def _header_problem(header: list[str], readable: bool) -> tuple[str, str] | None:
+    """Why no row can be read by column name under this header, or None."""
+    if not readable:
+        return "invalid_utf8", "the header line is not UTF-8 (or too long): no column has a name to read it by"
+    seen: Counter[str] = Counter(header)
+    twice = [name for name, n in seen.items() if n > 1 and name]
+    if twice:
+        return ("csv_duplicate_header", f"the header names {[_shown(n) for n in twice]} more than once, so a row "
+                "cannot map each field to one column; rename the columns")
+    unnamed = [i for i, name in enumerate(header, 1) if not name]
+    if unnamed:
+        return "bad_csv_header", f"header columns {unnamed} have no name; columns must be named and unique"
+    return None
+
+
 def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[RawItem | RawReject]:
     """CSV with a header row: each data row a record `{column: text}`, kept at the line and byte offset where it
     starts (a quoted field may span lines). Accounting is per row: rows in = records + rejects + blank rows;
-    the header is not a record. Values stay text here; empty fields are empty strings.
+    the header is not a record. Values stay text here; empty fields are empty strings. Under a header that
+    cannot name every field (a name twice, an empty name, not UTF-8) every data row is a reject saying so.
     """
     acct.unit = "row"
     csv.field_size_limit(max(csv.field_size_limit(), max_line_bytes))
@@ -391,6 +407,7 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
         physical = _physical_lines(f, max_line_bytes, starts, bad)
         reader = csv.reader(physical, strict=True)
         header: list[str] | None = None
+        header_problem: tuple[str, str] | None = None
         consumed = base = 0  # physical lines read; lines read before the current csv reader started
         while True:
             first = consumed  # index in `starts` of the row's first physical line
@@ -414,18 +431,17 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
             lines = range(starts[first][0], starts[consumed - 1][0] + 1)
             if header is None:
                 header = row
-                if len(set(header)) != len(header) or any(not h for h in header):
-                    acct.lines_in += 1
-                    acct.rejected += 1
-                    yield RawReject(line, offset, "bad_csv_header", f"columns must be named and unique: {header}",
-                                    _excerpt(",".join(header)))
-                    return
+                header_problem = _header_problem(header, not any(n in bad for n in lines))
                 continue
             acct.lines_in += 1
             if not row or (len(row) == 1 and not row[0].strip() and len(header) > 1):
                 acct.blank_lines += 1
                 continue
             text = _csv_text(row)
+            if header_problem is not None:
+                acct.rejected += 1
+                yield RawReject(line, offset, *header_problem, _excerpt(text))
+                continue
             if any(n in bad for n in lines):
                 acct.rejected += 1
                 yield RawReject(line, offset, "invalid_utf8", "a line of this row is not UTF-8 (or too long)", _excerpt(text))

@@ -728,6 +728,22 @@ def nesting_near_the_recursion_limit_text() -> list[DropCase]:
                      kept=(Kept(2, text(bracketed)),))]
 
 
+def csv_header_names_twice_or_unnamed() -> list[DropCase]:
+    twice = lines(b"id,text,text", b"1,a,b", b"", b"2,c,d", b'3,"x', b'y",z')
+    dup = "the header names ['text'] more than once"
+    return [DropCase("header_twice.csv", twice, lines_in=4, blank_lines=1,  # rows and the blank row, not the header
+                     rejected=(Rejected(2, "csv_duplicate_header", dup), Rejected(4, "csv_duplicate_header", dup),
+                               Rejected(5, "csv_duplicate_header", dup)),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("header_unnamed.csv", lines(b"id,,text", b"1,x,a", b"2,y,b"), lines_in=2,
+                     rejected=(Rejected(2, "bad_csv_header", "header columns [2] have no name"),
+                               Rejected(3, "bad_csv_header", "header columns [2] have no name")),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("header_not_utf8.csv", lines(b"caf\xe9,text", b"1,a"), lines_in=1,
+                     rejected=(Rejected(2, "invalid_utf8", "the header line is not UTF-8"),),
+                     failed_gates=frozenset({REJECT_RATE}))]
+
+
 BIG = 2**64
 
 
@@ -779,6 +795,7 @@ CASES: list[Case] = [
          nesting_near_the_recursion_limit_tabular, sections=TABULAR),
     Case("nesting_128_to_2000_levels_text_jsonl_rejected_txt_and_csv_brackets_are_text",
          nesting_near_the_recursion_limit_text),
+    Case("csv_header_name_twice_unnamed_or_not_utf8_every_data_row_rejected", csv_header_names_twice_or_unnamed),
     Case("nul_bytes_and_integers_beyond_int64_kept_exactly_5000_digits_rejected", nul_bytes_and_integers_beyond_int64,
          sections=TABULAR),
 ]
