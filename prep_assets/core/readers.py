@@ -465,7 +465,8 @@ def _csv_text(row: list[str]) -> str:
 
 def _json_safe(value: Any) -> Any:
     """A Parquet value as JSON: numbers, strings, booleans, null, lists and objects stay; the rest becomes text
-    (timestamps and dates in ISO form, decimals and bytes as written); NaN and infinities become null."""
+    (timestamps and dates in ISO form, decimals as written, bytes decoded as UTF-8 or UnicodeDecodeError);
+    NaN and infinities become null."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -475,7 +476,7 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     if isinstance(value, bytes):
-        return value.decode("utf-8", errors="backslashreplace")
+        return value.decode("utf-8")
     iso = getattr(value, "isoformat", None)
     return iso() if callable(iso) else str(value)
 
@@ -488,12 +489,41 @@ def _group_offset(group: Any) -> int:
     return int(chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset)
 
 
+def _parquet_row(batch: pa.RecordBatch, i: int) -> dict[str, Any] | RawReject:
+    """Row `i` of a batch Arrow could not turn into Python values whole: the row, or why it cannot be read
+    (a reject with line 0 and offset 0, placed by the caller)."""
+    value = {}
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        try:
+            value[name] = column[i].as_py()
+        except UnicodeDecodeError as exc:
+            return RawReject(0, 0, "invalid_utf8", f"column {name!r}: byte {exc.start} of its text: {exc.reason}",
+                             "")
+        except (OverflowError, ValueError, pa.ArrowException) as exc:  # e.g. a timestamp beyond year 9999
+            return RawReject(0, 0, "unreadable_value", f"column {name!r}: {type(exc).__name__}: {exc}", "")
+    return value
+
+
+def _parquet_record(value: dict[str, Any]) -> dict[str, Any] | RawReject:
+    """A row's values as JSON; a binary value that is not UTF-8 makes the row a reject, never escaped text."""
+    record = {}
+    for name, v in value.items():
+        try:
+            record[name] = _json_safe(v)
+        except UnicodeDecodeError as exc:
+            return RawReject(0, 0, "invalid_utf8", f"column {name!r}: byte {exc.start} of a binary value: "
+                             f"{exc.reason}; binary columns are read as UTF-8 text", _excerpt(exc.object))
+    return record
+
+
 def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Iterator[RawItem | RawReject]:
     """Parquet: each row a record `{column: value}` in schema order, streamed in batches.
 
     Provenance: `line` is the 1-based row number and `byte_offset` the file offset where the row's row group
     starts (its first page).
-    Accounting is per row; an unreadable file is one reject.
+    Accounting is per row; an unreadable file is one reject. A row with a value Python cannot hold (text that
+    is not UTF-8, a timestamp out of range) is that row's reject; so is every row of a file that names a
+    column twice (a record would keep one of the two).
     """
     acct.unit = "row"
     try:
@@ -506,17 +536,34 @@ def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Ite
         acct.rejected += 1
         yield RawReject(1, 0, "unreadable_parquet", str(exc), "")
         return
+    names = pf.schema_arrow.names
+    twice = sorted({n for n in names if names.count(n) > 1})
     row = 0
     for g, n in enumerate(group_rows):
         try:
             for batch in pf.iter_batches(batch_size=batch_size, row_groups=[g]):
-                for value in batch.to_pylist():
+                try:
+                    values: list[Any] | None = batch.to_pylist()
+                except (UnicodeDecodeError, OverflowError, ValueError, pa.ArrowException):
+                    values = None  # row by row, to find the rows that cannot be read
+                for i in range(batch.num_rows):
                     row += 1
                     acct.lines_in += 1
+                    if twice:
+                        got: dict[str, Any] | RawReject = RawReject(
+                            0, 0, "duplicate_column", f"the file names columns {twice} more than once, so a row "
+                            "cannot map each value to one column; rename the columns", "")
+                    else:
+                        got = values[i] if values is not None else _parquet_row(batch, i)
+                    if isinstance(got, dict):
+                        got = _parquet_record(got)
+                    if isinstance(got, RawReject):
+                        acct.rejected += 1
+                        yield RawReject(row, group_offsets[g], got.reason, got.detail, got.excerpt)
+                        continue
                     acct.parsed += 1
-                    record = {k: _json_safe(v) for k, v in value.items()}
-                    text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
-                    yield RawItem(row, group_offsets[g], text, record, hashlib.sha256(text.encode("utf-8")).hexdigest())
+                    text = json.dumps(got, ensure_ascii=False, separators=(",", ":"))
+                    yield RawItem(row, group_offsets[g], text, got, hashlib.sha256(text.encode("utf-8")).hexdigest())
         except (pa.ArrowException, OSError) as exc:
             done = row - sum(group_rows[:g])
             acct.lines_in += n - done

@@ -728,6 +728,37 @@ def nesting_near_the_recursion_limit_text() -> list[DropCase]:
                      kept=(Kept(2, text(bracketed)),))]
 
 
+def parquet_bytes_not_utf8() -> list[DropCase]:
+    binary = pa.table({"text": pa.array([b"valid binary text", b"bad \xff\xfe", "caf\u00e9 bin".encode()],
+                                        pa.binary()), "n": [1, 2, 3]})
+    # a string column holding bytes that are not UTF-8 (Arrow writes what it is given)
+    strings = pa.table({"text": pa.array([b"fine", b"sur \xed\xa0\x80"], pa.binary()).view(pa.string())})
+    late = pa.table({"text": ["on time", "late"], "t": pa.array([0, -(2**62)], pa.timestamp("ms"))})
+    twice = pa.Table.from_arrays([pa.array(["a", "b"]), pa.array(["c", "d"])], names=["text", "text"])
+    return [DropCase("binary.parquet", parquet_bytes(binary), lines_in=3, stream=None,
+                     kept=(Kept(1, text("valid binary text")), Kept(3, text("caf\u00e9 bin"))),
+                     rejected=(Rejected(2, "invalid_utf8", "column 'text': byte 4 of a binary value: invalid start"),),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("string_not_utf8.parquet", parquet_bytes(strings), lines_in=2, stream=None,
+                     kept=(Kept(1, text("fine")),),
+                     rejected=(Rejected(2, "invalid_utf8", "column 'text': byte 4 of its text: invalid"),),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("timestamp_out_of_range.parquet", parquet_bytes(late), lines_in=2, stream=None,
+                     kept=(Kept(1, text("on time")),),
+                     rejected=(Rejected(2, "unreadable_value", "column 't': OverflowError"),),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("column_named_twice.parquet", parquet_bytes(twice), lines_in=2, stream=None,
+                     rejected=(Rejected(1, "duplicate_column", "names columns ['text'] more than once"),
+                               Rejected(2, "duplicate_column", "names columns ['text'] more than once")),
+                     failed_gates=frozenset({REJECT_RATE}))]
+
+
+def check_parquet_bytes_not_utf8(run: CaseRun) -> None:
+    reject = run.drops["binary.parquet"].rejects[0]
+    assert reject["excerpt"] == "bad \\xff\\xfe"  # shown escaped in the reject, never trained as text
+    assert all("\\x" not in r["content"] and "\\x" not in r["record"] for r in run.drops["binary.parquet"].records)
+
+
 def csv_header_names_twice_or_unnamed() -> list[DropCase]:
     twice = lines(b"id,text,text", b"1,a,b", b"", b"2,c,d", b'3,"x', b'y",z')
     dup = "the header names ['text'] more than once"
@@ -795,6 +826,8 @@ CASES: list[Case] = [
          nesting_near_the_recursion_limit_tabular, sections=TABULAR),
     Case("nesting_128_to_2000_levels_text_jsonl_rejected_txt_and_csv_brackets_are_text",
          nesting_near_the_recursion_limit_text),
+    Case("parquet_binary_and_string_not_utf8_timestamp_out_of_range_column_twice_rejected", parquet_bytes_not_utf8,
+         check=check_parquet_bytes_not_utf8),
     Case("csv_header_name_twice_unnamed_or_not_utf8_every_data_row_rejected", csv_header_names_twice_or_unnamed),
     Case("nul_bytes_and_integers_beyond_int64_kept_exactly_5000_digits_rejected", nul_bytes_and_integers_beyond_int64,
          sections=TABULAR),
