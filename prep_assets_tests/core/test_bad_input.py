@@ -775,6 +775,18 @@ def csv_header_names_twice_or_unnamed() -> list[DropCase]:
                      failed_gates=frozenset({REJECT_RATE}))]
 
 
+def skip_reader_surrogate_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(readers, "_unkeepable", lambda *_args: None)
+
+
+def writer_refusal_past_the_readers() -> list[DropCase]:
+    good = [jl(text(f"good line {i}")) for i in range(1, 21)]
+    data = lines(*good[:5], b'{"text": "a \\ud800 b"}', *good[5:])
+    return [DropCase("past_the_reader.jsonl", data, lines_in=21,
+                     kept=tuple(Kept(i if i <= 5 else i + 1, text(f"good line {i}")) for i in range(1, 21)),
+                     rejected=(Rejected(6, "invalid_unicode", "content: lone surrogate \\ud800"),))]
+
+
 BIG = 2**64
 
 
@@ -829,6 +841,8 @@ CASES: list[Case] = [
     Case("parquet_binary_and_string_not_utf8_timestamp_out_of_range_column_twice_rejected", parquet_bytes_not_utf8,
          check=check_parquet_bytes_not_utf8),
     Case("csv_header_name_twice_unnamed_or_not_utf8_every_data_row_rejected", csv_header_names_twice_or_unnamed),
+    Case("surrogate_past_the_readers_refused_by_the_writer_is_that_records_reject", writer_refusal_past_the_readers,
+         patch=skip_reader_surrogate_check),
     Case("nul_bytes_and_integers_beyond_int64_kept_exactly_5000_digits_rejected", nul_bytes_and_integers_beyond_int64,
          sections=TABULAR),
 ]
