@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
@@ -138,11 +139,17 @@ def count_lines(path: Path, fmt: str, limit: int | None = None) -> int | None:
 
 
 def count_elements(path: Path) -> int | None:
-    """Elements of a JSON-array drop, parsed independently of the reader; None if it is no valid array."""
+    """Elements of a JSON-array drop, parsed independently of the reader; None if it is no valid array.
+
+    orjson first: its nesting limit (1024) does not depend on how deep the caller's stack is, as json's does."""
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
     try:
-        value = json.loads(path.read_bytes().removeprefix(b"\xef\xbb\xbf"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:  # also what orjson refuses and json reads: NaN, lone surrogates
+        try:
+            value = json.loads(data)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return None
     return len(value) if isinstance(value, list) else None
 
 

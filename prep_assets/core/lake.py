@@ -104,25 +104,29 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 _INT64 = 2**63
+# Deeper JSON is refused by the readers: every layer recurses once per level, well inside Python's limit of 1000.
+JSON_MAX_DEPTH = 128
 
 
-def _plain(value: Any) -> bool:
-    """Only strings, booleans, None, 64-bit integers, lists and string-keyed objects of them: the values orjson
-    reads and writes exactly as the `json` module does (floats print differently; bigger integers it reads as
-    floats; lone surrogates it refuses)."""
+def _plain(value: Any, depth: int = 1) -> bool:
+    """Only strings, booleans, None, 64-bit integers, lists and string-keyed objects of them, nested at most
+    `JSON_MAX_DEPTH` levels: the values orjson reads and writes exactly as the `json` module does (floats print
+    differently; bigger integers it reads as floats; lone surrogates it refuses; it nests 254 levels at most)."""
     kind = type(value)
     if kind is str or kind is bool or value is None:
         return True
     if kind is int:
         return -_INT64 <= value < _INT64
+    if depth > JSON_MAX_DEPTH:
+        return False
     if kind is dict:  # loops, not all(<genexpr>), and strings checked inline: the leaves are mostly strings
         for k, v in value.items():
-            if type(k) is not str or (type(v) is not str and not _plain(v)):
+            if type(k) is not str or (type(v) is not str and not _plain(v, depth + 1)):
                 return False
         return True
     if kind is list:
         for v in value:
-            if type(v) is not str and not _plain(v):
+            if type(v) is not str and not _plain(v, depth + 1):
                 return False
         return True
     return False

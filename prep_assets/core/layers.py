@@ -11,7 +11,7 @@ import shutil
 from collections import Counter
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,52 @@ def _extractor(spec: DatasetSpec, fmt: str, source: Path, drop: Drop) -> Extract
     return TabularExtractor(tab, drop.file, columns=list(columns) or None)
 
 
+# What the Parquet writer raises for a value it cannot store (a lone surrogate): that record's reject, not the drop's
+_UNSTORABLE = (UnicodeEncodeError, pa.ArrowException, OverflowError)
+
+
+def _shown(text: str) -> str:
+    """`text` with what UTF-8 cannot encode (lone surrogates) written as escapes: a reject is always storable."""
+    return text.encode("utf-8", errors="backslashreplace").decode("utf-8")
+
+
+def _unstorable(row: dict[str, Any]) -> tuple[str, str] | None:
+    """Why the Parquet writer refuses a bronze row, or None."""
+    for name, value in row.items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return "invalid_unicode", (f"{name}: lone surrogate \\u{ord(value[exc.start]):04x} at character "
+                                           f"{exc.start}: UTF-8 cannot encode it")
+    return None
+
+
+class _BronzeRecords(_ColumnBuffer):
+    """Bronze's records; a row the Parquet writer refuses becomes a reject through `reject` rather than the
+    drop's failure (the readers reject such values first: this is only the last line)."""
+
+    def __init__(self, sink: ParquetSink, batch: int, constant: dict[str, Any],
+                 reject: Callable[[dict[str, Any], str, str], None]) -> None:
+        super().__init__(sink, batch, constant)
+        self.reject = reject
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except _UNSTORABLE:  # a batch holds it: find the rows, write the others
+            rows = [dict(zip(self.names, values, strict=True)) for values in zip(*self.columns, strict=True)]
+            self.columns = [[] for _ in self.names]
+            for row in rows:
+                problem = _unstorable(row)
+                if problem is None:
+                    for column, name in zip(self.columns, self.names, strict=True):
+                        column.append(row[name])
+                else:
+                    self.reject(row, *problem)
+            super().flush()
+
+
 def build_raw_records(
     spec: DatasetSpec, drop: Drop, source: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
 ) -> dict[str, Any]:
@@ -203,28 +249,36 @@ def build_raw_records(
             ParquetSink(stage / REJECTS, BRONZE_REJECT_SCHEMA, compression=comp) as rej_sink,
         ):
             where = {"drop": drop.partition, "source_file": drop.file}
-            records = _ColumnBuffer(rec_sink, batch_size, where)
             rejects = _RowBuffer(rej_sink, batch_size)
+
+            def reject(line: int, offset: int, reason: str, detail: str, excerpt: str) -> None:
+                reasons[reason] += 1
+                rejects.add({**where, "source_line": line, "byte_offset": offset, "reason": reason,
+                             "detail": _shown(detail), "excerpt": _shown(excerpt[:160])})
+
+            records = _BronzeRecords(rec_sink, batch_size, where, lambda row, reason, detail: reject(
+                row["source_line"], row["byte_offset"], reason, detail, row["record"]))
             with _gc_paused():
                 for item in read_drop(source, fmt, max_line_bytes=spec.input.max_line_bytes, acct=acct,
                                       max_gzip_ratio=spec.input.max_gzip_ratio):
                     if isinstance(item, RawReject):
-                        reasons[item.reason] += 1
-                        rejects.add({**where, "source_line": item.line, "byte_offset": item.byte_offset,
-                                     "reason": item.reason, "detail": item.detail, "excerpt": item.excerpt})
+                        reject(item.line, item.byte_offset, item.reason, item.detail, item.excerpt)
                         continue
                     content = extract(item.value, spec.input)
                     if isinstance(content, Invalid):
-                        reasons[content.reason] += 1
-                        rejects.add({**where, "source_line": item.line, "byte_offset": item.byte_offset,
-                                     "reason": content.reason, "detail": content.detail, "excerpt": item.text[:160]})
+                        reject(item.line, item.byte_offset, content.reason, content.detail, item.text)
+                        continue
+                    try:
+                        canonical = canonical_json(content)
+                    except (ValueError, RecursionError) as exc:
+                        reject(item.line, item.byte_offset, "unstorable_value", f"{type(exc).__name__}: {exc}",
+                               item.text)
                         continue
                     record_id = f"{drop.partition}:{item.line}"
                     if acct.unit == "element":  # several array elements may share a line
                         record_id += f".{element_no[item.line]}"
                         element_no[item.line] += 1
-                    records.add(record_id, item.line, item.byte_offset, item.sha256, item.text,
-                                canonical_json(content))
+                    records.add(record_id, item.line, item.byte_offset, item.sha256, item.text, canonical)
             records.flush()
             rejects.flush()
         stats = {

@@ -13,7 +13,9 @@ import hashlib
 import io
 import json
 import math
+import re
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prep_assets.core.errors import DropError
-from prep_assets.core.lake import loads_json
+from prep_assets.core.lake import JSON_MAX_DEPTH, loads_json
 
 UTF8_BOM = b"\xef\xbb\xbf"
 EXCERPT_CHARS = 160
@@ -72,6 +74,88 @@ def _finite_float(text: str) -> float:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+NESTING_TOO_DEEP = f"nesting too deep: more than {JSON_MAX_DEPTH} levels of arrays and objects"
+# A \uD800-\uDFFF escape: the only way a lone surrogate gets into text that decoded as UTF-8
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# A JSON string or one bracket: to find where an element too deep to parse ends
+_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[][{}]')
+
+
+class _Unkeepable(ValueError):
+    """A JSON value that parses but cannot be kept; `reason` and the message make its reject."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _shown(text: str) -> str:
+    """`text` with lone surrogates written as escapes, so a detail that quotes it can be stored."""
+    return text.encode("utf-8", errors="backslashreplace").decode("utf-8")
+
+
+def _lone_surrogate(text: str, where: str) -> str | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"lone surrogate \\u{ord(text[exc.start]):04x} (UTF-8 cannot encode it) in {where}: "
+                f'"{_shown(text[:80])}"')
+    return None
+
+
+def _unkeepable(value: Any, text: str, start: int = 0, end: int | None = None) -> tuple[str, str] | None:
+    """Why a value the json module read from `text[start:end]` cannot be kept, or None: nested deeper than
+    `JSON_MAX_DEPTH`, or a key or string holding a lone surrogate. The text is searched first (at C speed); the
+    value is walked only where the text could hold either."""
+    end = len(text) if end is None else end
+    deep = text.count("[", start, end) + text.count("{", start, end) > JSON_MAX_DEPTH
+    surrogates = _SURROGATE_ESCAPE.search(text, start, end) is not None
+    if not (deep or surrogates):
+        return None
+    stack: list[tuple[Any, int, str]] = [(value, 1, "$")]  # a loop, not recursion: the value may nest deeply
+    while stack:
+        item, depth, path = stack.pop()
+        if isinstance(item, str):
+            problem = _lone_surrogate(item, f"the string at {path}") if surrogates else None
+            if problem:
+                return "invalid_unicode", problem
+        elif isinstance(item, (dict, list)):
+            if depth > JSON_MAX_DEPTH:
+                return "malformed_json", NESTING_TOO_DEEP
+            if isinstance(item, list):
+                stack.extend((v, depth + 1, f"{path}[{i}]") for i, v in enumerate(item))
+                continue
+            for k, v in item.items():
+                problem = _lone_surrogate(k, f"a key at {path}") if surrogates else None
+                if problem:
+                    return "invalid_unicode", problem
+                stack.append((v, depth + 1, f"{path}.{_shown(k)}"))
+    return None
+
+
+def _decode_keepable(text: str) -> Any:
+    """The json module's reading of `text` (what orjson does not read alike), refused if it cannot be kept."""
+    value = _DECODER.decode(text)
+    problem = _unkeepable(value, text)
+    if problem is not None:
+        raise _Unkeepable(*problem)
+    return value
+
+
+def _value_end(text: str, pos: int) -> int | None:
+    """Where the array or object that starts at `pos` closes (brackets counted outside strings); None if never."""
+    depth = 0
+    for m in _STRUCTURE.finditer(text, pos):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+            if depth == 0:
+                return m.end()
+    return None
+
+
 GZIP_MIN_LIMIT = 256 * 1024 * 1024
 
 
@@ -86,13 +170,15 @@ def _excerpt(data: bytes | str) -> str:
 
 
 def _parse_json(text: str) -> tuple[Any, str | None, str]:
-    try:
-        return loads_json(text, _DECODER.decode), None, ""
+    try:  # orjson's values are kept as they are: it refuses lone surrogates and `loads_json` deep nesting
+        return loads_json(text, _decode_keepable), None, ""
+    except _Unkeepable as exc:
+        return None, exc.reason, str(exc)
     except ValueError as exc:  # JSONDecodeError is a ValueError; so is a rejected NaN/Infinity
         reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
         return None, reason, str(exc)
     except RecursionError:
-        return None, "malformed_json", "nesting too deep"
+        return None, "malformed_json", NESTING_TOO_DEEP
 
 
 def _open_stream(path: Path, fmt: str) -> IO[bytes]:
@@ -226,10 +312,23 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
             reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
             yield reject(line, byte_pos, reason, f"{exc}; the rest of the array is unreadable", _excerpt(text[pos:]))
             return
+        except RecursionError:
+            found = _value_end(text, pos)
+            if found is None:
+                yield reject(line, byte_pos, "malformed_json", f"{NESTING_TOO_DEEP}; the element never closes: "
+                             "the rest of the array is unreadable", _excerpt(text[pos:]))
+                return
+            value, end = None, found
+            problem: tuple[str, str] | None = ("malformed_json", NESTING_TOO_DEEP)
+        else:
+            problem = _unkeepable(value, text, pos, end)
         element = text[pos:end]
-        acct.lines_in += 1
-        acct.parsed += 1
-        yield RawItem(line, byte_pos, element, value, hashlib.sha256(element.encode("utf-8")).hexdigest())
+        if problem is not None:
+            yield reject(line, byte_pos, *problem, _excerpt(element))
+        else:
+            acct.lines_in += 1
+            acct.parsed += 1
+            yield RawItem(line, byte_pos, element, value, hashlib.sha256(element.encode("utf-8")).hexdigest())
         pos = _skip_ws(text, end)
         if pos < len(text) and text[pos] == ",":
             pos = _skip_ws(text, pos + 1)
@@ -279,10 +378,26 @@ def _physical_lines(f: IO[bytes], max_line_bytes: int, starts: list[tuple[int, i
             yield raw.decode("utf-8", errors="backslashreplace")
 
 
+def _header_problem(header: list[str], readable: bool) -> tuple[str, str] | None:
+    """Why no row can be read by column name under this header, or None."""
+    if not readable:
+        return "invalid_utf8", "the header line is not UTF-8 (or too long): no column has a name to read it by"
+    seen: Counter[str] = Counter(header)
+    twice = [name for name, n in seen.items() if n > 1 and name]
+    if twice:
+        return ("csv_duplicate_header", f"the header names {[_shown(n) for n in twice]} more than once, so a row "
+                "cannot map each field to one column; rename the columns")
+    unnamed = [i for i, name in enumerate(header, 1) if not name]
+    if unnamed:
+        return "bad_csv_header", f"header columns {unnamed} have no name; columns must be named and unique"
+    return None
+
+
 def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[RawItem | RawReject]:
     """CSV with a header row: each data row a record `{column: text}`, kept at the line and byte offset where it
     starts (a quoted field may span lines). Accounting is per row: rows in = records + rejects + blank rows;
-    the header is not a record. Values stay text here; empty fields are empty strings.
+    the header is not a record. Values stay text here; empty fields are empty strings. Under a header that
+    cannot name every field (a name twice, an empty name, not UTF-8) every data row is a reject saying so.
     """
     acct.unit = "row"
     csv.field_size_limit(max(csv.field_size_limit(), max_line_bytes))
@@ -292,6 +407,7 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
         physical = _physical_lines(f, max_line_bytes, starts, bad)
         reader = csv.reader(physical, strict=True)
         header: list[str] | None = None
+        header_problem: tuple[str, str] | None = None
         consumed = base = 0  # physical lines read; lines read before the current csv reader started
         while True:
             first = consumed  # index in `starts` of the row's first physical line
@@ -315,18 +431,17 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
             lines = range(starts[first][0], starts[consumed - 1][0] + 1)
             if header is None:
                 header = row
-                if len(set(header)) != len(header) or any(not h for h in header):
-                    acct.lines_in += 1
-                    acct.rejected += 1
-                    yield RawReject(line, offset, "bad_csv_header", f"columns must be named and unique: {header}",
-                                    _excerpt(",".join(header)))
-                    return
+                header_problem = _header_problem(header, not any(n in bad for n in lines))
                 continue
             acct.lines_in += 1
             if not row or (len(row) == 1 and not row[0].strip() and len(header) > 1):
                 acct.blank_lines += 1
                 continue
             text = _csv_text(row)
+            if header_problem is not None:
+                acct.rejected += 1
+                yield RawReject(line, offset, *header_problem, _excerpt(text))
+                continue
             if any(n in bad for n in lines):
                 acct.rejected += 1
                 yield RawReject(line, offset, "invalid_utf8", "a line of this row is not UTF-8 (or too long)", _excerpt(text))
@@ -350,7 +465,8 @@ def _csv_text(row: list[str]) -> str:
 
 def _json_safe(value: Any) -> Any:
     """A Parquet value as JSON: numbers, strings, booleans, null, lists and objects stay; the rest becomes text
-    (timestamps and dates in ISO form, decimals and bytes as written); NaN and infinities become null."""
+    (timestamps and dates in ISO form, decimals as written, bytes decoded as UTF-8 or UnicodeDecodeError);
+    NaN and infinities become null."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -360,7 +476,7 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     if isinstance(value, bytes):
-        return value.decode("utf-8", errors="backslashreplace")
+        return value.decode("utf-8")
     iso = getattr(value, "isoformat", None)
     return iso() if callable(iso) else str(value)
 
@@ -373,12 +489,41 @@ def _group_offset(group: Any) -> int:
     return int(chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset)
 
 
+def _parquet_row(batch: pa.RecordBatch, i: int) -> dict[str, Any] | RawReject:
+    """Row `i` of a batch Arrow could not turn into Python values whole: the row, or why it cannot be read
+    (a reject with line 0 and offset 0, placed by the caller)."""
+    value = {}
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        try:
+            value[name] = column[i].as_py()
+        except UnicodeDecodeError as exc:
+            return RawReject(0, 0, "invalid_utf8", f"column {name!r}: byte {exc.start} of its text: {exc.reason}",
+                             "")
+        except (OverflowError, ValueError, pa.ArrowException) as exc:  # e.g. a timestamp beyond year 9999
+            return RawReject(0, 0, "unreadable_value", f"column {name!r}: {type(exc).__name__}: {exc}", "")
+    return value
+
+
+def _parquet_record(value: dict[str, Any]) -> dict[str, Any] | RawReject:
+    """A row's values as JSON; a binary value that is not UTF-8 makes the row a reject, never escaped text."""
+    record = {}
+    for name, v in value.items():
+        try:
+            record[name] = _json_safe(v)
+        except UnicodeDecodeError as exc:
+            return RawReject(0, 0, "invalid_utf8", f"column {name!r}: byte {exc.start} of a binary value: "
+                             f"{exc.reason}; binary columns are read as UTF-8 text", _excerpt(exc.object))
+    return record
+
+
 def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Iterator[RawItem | RawReject]:
     """Parquet: each row a record `{column: value}` in schema order, streamed in batches.
 
     Provenance: `line` is the 1-based row number and `byte_offset` the file offset where the row's row group
     starts (its first page).
-    Accounting is per row; an unreadable file is one reject.
+    Accounting is per row; an unreadable file is one reject. A row with a value Python cannot hold (text that
+    is not UTF-8, a timestamp out of range) is that row's reject; so is every row of a file that names a
+    column twice (a record would keep one of the two).
     """
     acct.unit = "row"
     try:
@@ -391,17 +536,34 @@ def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Ite
         acct.rejected += 1
         yield RawReject(1, 0, "unreadable_parquet", str(exc), "")
         return
+    names = pf.schema_arrow.names
+    twice = sorted({n for n in names if names.count(n) > 1})
     row = 0
     for g, n in enumerate(group_rows):
         try:
             for batch in pf.iter_batches(batch_size=batch_size, row_groups=[g]):
-                for value in batch.to_pylist():
+                try:
+                    values: list[Any] | None = batch.to_pylist()
+                except (UnicodeDecodeError, OverflowError, ValueError, pa.ArrowException):
+                    values = None  # row by row, to find the rows that cannot be read
+                for i in range(batch.num_rows):
                     row += 1
                     acct.lines_in += 1
+                    if twice:
+                        got: dict[str, Any] | RawReject = RawReject(
+                            0, 0, "duplicate_column", f"the file names columns {twice} more than once, so a row "
+                            "cannot map each value to one column; rename the columns", "")
+                    else:
+                        got = values[i] if values is not None else _parquet_row(batch, i)
+                    if isinstance(got, dict):
+                        got = _parquet_record(got)
+                    if isinstance(got, RawReject):
+                        acct.rejected += 1
+                        yield RawReject(row, group_offsets[g], got.reason, got.detail, got.excerpt)
+                        continue
                     acct.parsed += 1
-                    record = {k: _json_safe(v) for k, v in value.items()}
-                    text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
-                    yield RawItem(row, group_offsets[g], text, record, hashlib.sha256(text.encode("utf-8")).hexdigest())
+                    text = json.dumps(got, ensure_ascii=False, separators=(",", ":"))
+                    yield RawItem(row, group_offsets[g], text, got, hashlib.sha256(text.encode("utf-8")).hexdigest())
         except (pa.ArrowException, OSError) as exc:
             done = row - sum(group_rows[:g])
             acct.lines_in += n - done

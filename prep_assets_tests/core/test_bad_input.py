@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import re
 import subprocess
@@ -26,16 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from prep_assets.core import layers
+from prep_assets.core import layers, readers
 from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.gates import RAW_RECORDS, evaluate
 from prep_assets.core.invariants import Outcome
-from prep_assets.core.lake import DatasetPaths, dataset_paths
-from prep_assets.core.readers import GZIP_MIN_LIMIT
+from prep_assets.core.lake import JSON_MAX_DEPTH, DatasetPaths, dataset_paths
+from prep_assets.core.readers import GZIP_MIN_LIMIT, NESTING_TOO_DEEP
 from prep_assets.core.spec import DatasetSpec
 from prep_assets_tests.conftest import PROJECT, make_spec, write_dataset
 
@@ -47,6 +49,7 @@ ACCOUNTED, REJECT_RATE, REQUIRED = "raw_records_accounted", "raw_records_reject_
 BRONZE_GATES = {ACCOUNTED, REJECT_RATE, REQUIRED}
 BRONZE_FILES = ("records.parquet", "rejects.parquet", "accounting.json")
 INSTRUCTION = {"input": {"type": "instruction", "prompt_key": "prompt", "completion_key": "completion"}}
+TABULAR = {"input": {"type": "tabular"}}
 
 
 # ---------------------------------------------------------------- what a case expects
@@ -109,6 +112,7 @@ class Case:
     check: Callable[[CaseRun], None] | None = None  # assertions specific to the case
     in_subprocess: bool = False
     known_bug: str | None = None  # xfail(strict=True) reason
+    patch: Callable[[pytest.MonkeyPatch], None] | None = None  # set up before bronze is built
 
 
 @dataclass
@@ -261,8 +265,10 @@ def check_drop(exp: DropCase, run: DropRun) -> None:
         assert isinstance(row["source_line"], int) and row["source_line"] >= 1, row
         assert isinstance(row["byte_offset"], int) and row["byte_offset"] >= 0, row
         assert row["reason"] and row["detail"], row
+    suffix = ".0" if stats["unit"] == "element" else ""  # the fixtures' arrays hold one element per line
     for row in run.records:
-        assert row["source_file"] == exp.file and row["record_id"] == f"{run.partition}:{row['source_line']}", row
+        assert row["source_file"] == exp.file, row
+        assert row["record_id"] == f"{run.partition}:{row['source_line']}{suffix}", row
 
     stream = exp.data if exp.stream == b"" else exp.stream
     if stream is not None:  # offsets are where each line starts in the (decompressed) bytes
@@ -609,6 +615,194 @@ def check_reject_rate_above_max(run: CaseRun) -> None:
         ACCOUNTED: True, REJECT_RATE: True, REQUIRED: True}
 
 
+def lone_surrogate_in_a_jsonl_value() -> list[DropCase]:
+    good = [jl(text(f"good line {i}")) for i in range(1, 21)]
+    data = lines(*good[:10], b'{"text": "a \\ud800 b"}', *good[10:])
+    return [DropCase("surrogate.jsonl", data, lines_in=21,
+                     kept=tuple(Kept(i if i <= 10 else i + 1, text(f"good line {i}")) for i in range(1, 21)),
+                     rejected=(Rejected(11, "invalid_unicode", "lone surrogate \\ud800 (UTF-8 cannot encode it) in "
+                                                               'the string at $.text: "a \\ud800 b"'),))]
+
+
+CANNOT = "(UTF-8 cannot encode it)"
+
+
+def json_array(*elements: bytes) -> bytes:
+    """A JSON array with one element per line, from line 2: each element starts its line."""
+    return b"[\n" + b",\n".join(elements) + b"\n]\n"
+
+
+def lone_surrogates_in_keys_values_and_arrays() -> list[DropCase]:
+    jsonl = lines(b'{"\\udc00": "x", "text": "key"}', b'{"text": "low \\udc00 alone"}',
+                  b'{"text": "reversed \\udc00\\ud800"}', b'{"text": "pair \\ud83d\\ude00"}',
+                  b'{"text": "escaped backslash \\\\ud800"}', b'{"text": "ok", "meta": {"tags": ["a", "\\uDBFF"]}}',
+                  b'{"text": "fine"}')
+    array = json_array(b'{"text": "first"}', b'{"text": "\\ud800"}', b'{"\\udfff": 1, "text": "k"}',
+                       b'{"text": "last"}')
+    return [DropCase("surrogates.jsonl", jsonl, lines_in=7,
+                     kept=(Kept(4, text("pair \U0001f600")), Kept(5, text("escaped backslash \\ud800")),
+                           Kept(7, text("fine"))),
+                     rejected=(Rejected(1, "invalid_unicode", f"lone surrogate \\udc00 {CANNOT} in a key at $"),
+                               Rejected(2, "invalid_unicode", f"\\udc00 {CANNOT} in the string at $.text"),
+                               Rejected(3, "invalid_unicode", f"\\udc00 {CANNOT} in the string at $.text"),
+                               Rejected(6, "invalid_unicode", f"\\udbff {CANNOT} in the string at $.meta.tags[1]")),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("surrogates.json", array, lines_in=4, kept=(Kept(2, text("first")), Kept(5, text("last"))),
+                     rejected=(Rejected(3, "invalid_unicode", f"\\ud800 {CANNOT} in the string at $.text"),
+                               Rejected(4, "invalid_unicode", f"\\udfff {CANNOT} in a key at $")),
+                     failed_gates=frozenset({REJECT_RATE}))]
+
+
+DEEP = 100_000
+
+
+def nested_100000_levels() -> list[DropCase]:
+    deep_array, deep_object = b"[" * DEEP + b"]" * DEEP, b'{"a": ' * DEEP + b"1" + b"}" * DEEP
+    array = json_array(b'{"text": "before"}', deep_array, b'{"text": "after"}')
+    unclosed = b'[\n{"text": "only"},\n' + b"[" * DEEP + b"\n]\n"
+    jsonl = lines(b'{"text": "before"}', deep_object, b'{"text": "after"}')
+    return [DropCase("deep.json", array, lines_in=3, kept=(Kept(2, text("before")), Kept(4, text("after"))),
+                     rejected=(Rejected(3, "malformed_json", NESTING_TOO_DEEP),),
+                     recount=None,  # no parser counts the array's elements: the gate keeps the reader's count
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("deep_unclosed.json", unclosed, lines_in=2, kept=(Kept(2, text("only")),),
+                     rejected=(Rejected(3, "malformed_json", "the element never closes"),), recount=None,
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("deep.jsonl", jsonl, lines_in=3, kept=(Kept(1, text("before")), Kept(3, text("after"))),
+                     rejected=(Rejected(2, "malformed_json", NESTING_TOO_DEEP),),
+                     failed_gates=frozenset({REJECT_RATE}))]
+
+
+def nest(levels: int) -> bytes:
+    return b"[" * levels + b"1" + b"]" * levels
+
+
+def nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+DEPTHS = (1, JSON_MAX_DEPTH, JSON_MAX_DEPTH + 1, 900, 990)  # a row {"a": ...} nested this many levels in all
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    return out.getvalue()
+
+
+def nesting_near_the_recursion_limit_tabular() -> list[DropCase]:
+    rows = [b'{"a": ' + nest(d - 1) + b"}" for d in DEPTHS]
+    kept = tuple(Kept(i, {"columns": ["a"], "values": [nested(d - 1)]}) for i, d in enumerate(DEPTHS, 1)
+                 if d <= JSON_MAX_DEPTH)
+    rejected = tuple(Rejected(i, "malformed_json", NESTING_TOO_DEEP) for i, d in enumerate(DEPTHS, 1)
+                     if d > JSON_MAX_DEPTH)
+    deep_list = pa.array([nested(40)])  # Arrow reads Parquet nested up to ~49 levels of lists
+    return [DropCase("depths.jsonl", lines(*rows), lines_in=len(DEPTHS), kept=kept, rejected=rejected,
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("depths.json", json_array(*rows), lines_in=len(DEPTHS),
+                     kept=tuple(Kept(k.line + 1, k.content) for k in kept),
+                     rejected=tuple(Rejected(r.line + 1, r.reason, r.detail) for r in rejected),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("depth_2000.json", json_array(b'{"a": 1}', b'{"a": ' + nest(1999) + b"}"), lines_in=2,
+                     kept=(Kept(2, {"columns": ["a"], "values": [1]}),),
+                     rejected=(Rejected(3, "malformed_json", NESTING_TOO_DEEP),),
+                     recount=None,  # json's recursion limit, orjson's 1024 levels: the gate keeps the reader's count
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("depth_40.parquet", parquet_bytes(pa.table({"a": deep_list})), lines_in=1,
+                     kept=(Kept(1, {"columns": ["a"], "values": [nested(40)]}),), stream=None)]
+
+
+def nesting_near_the_recursion_limit_text() -> list[DropCase]:
+    depths = (JSON_MAX_DEPTH, JSON_MAX_DEPTH + 1, 900, 990, 2000)
+    jsonl = lines(*(b'{"text": "t", "x": ' + nest(d - 1) + b"}" for d in depths))
+    bracketed = "[" * 2000 + "]" * 2000
+    return [DropCase("depths_text.jsonl", jsonl, lines_in=len(depths), kept=(Kept(1, text("t")),),
+                     rejected=tuple(Rejected(i, "malformed_json", NESTING_TOO_DEEP) for i in range(2, 6)),
+                     failed_gates=frozenset({REJECT_RATE})),
+            # text and CSV cells are never parsed as JSON: brackets 2000 deep are text like any other
+            DropCase("brackets.txt", lines(bracketed.encode()), lines_in=1, kept=(Kept(1, text(bracketed)),)),
+            DropCase("brackets.csv", lines(b"id,text", b"1," + bracketed.encode()), lines_in=1,
+                     kept=(Kept(2, text(bracketed)),))]
+
+
+def parquet_bytes_not_utf8() -> list[DropCase]:
+    binary = pa.table({"text": pa.array([b"valid binary text", b"bad \xff\xfe", "caf\u00e9 bin".encode()],
+                                        pa.binary()), "n": [1, 2, 3]})
+    # a string column holding bytes that are not UTF-8 (Arrow writes what it is given)
+    strings = pa.table({"text": pa.array([b"fine", b"sur \xed\xa0\x80"], pa.binary()).view(pa.string())})
+    late = pa.table({"text": ["on time", "late"], "t": pa.array([0, -(2**62)], pa.timestamp("ms"))})
+    twice = pa.Table.from_arrays([pa.array(["a", "b"]), pa.array(["c", "d"])], names=["text", "text"])
+    return [DropCase("binary.parquet", parquet_bytes(binary), lines_in=3, stream=None,
+                     kept=(Kept(1, text("valid binary text")), Kept(3, text("caf\u00e9 bin"))),
+                     rejected=(Rejected(2, "invalid_utf8", "column 'text': byte 4 of a binary value: invalid start"),),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("string_not_utf8.parquet", parquet_bytes(strings), lines_in=2, stream=None,
+                     kept=(Kept(1, text("fine")),),
+                     rejected=(Rejected(2, "invalid_utf8", "column 'text': byte 4 of its text: invalid"),),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("timestamp_out_of_range.parquet", parquet_bytes(late), lines_in=2, stream=None,
+                     kept=(Kept(1, text("on time")),),
+                     rejected=(Rejected(2, "unreadable_value", "column 't': OverflowError"),),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("column_named_twice.parquet", parquet_bytes(twice), lines_in=2, stream=None,
+                     rejected=(Rejected(1, "duplicate_column", "names columns ['text'] more than once"),
+                               Rejected(2, "duplicate_column", "names columns ['text'] more than once")),
+                     failed_gates=frozenset({REJECT_RATE}))]
+
+
+def check_parquet_bytes_not_utf8(run: CaseRun) -> None:
+    reject = run.drops["binary.parquet"].rejects[0]
+    assert reject["excerpt"] == "bad \\xff\\xfe"  # shown escaped in the reject, never trained as text
+    assert all("\\x" not in r["content"] and "\\x" not in r["record"] for r in run.drops["binary.parquet"].records)
+
+
+def csv_header_names_twice_or_unnamed() -> list[DropCase]:
+    twice = lines(b"id,text,text", b"1,a,b", b"", b"2,c,d", b'3,"x', b'y",z')
+    dup = "the header names ['text'] more than once"
+    return [DropCase("header_twice.csv", twice, lines_in=4, blank_lines=1,  # rows and the blank row, not the header
+                     rejected=(Rejected(2, "csv_duplicate_header", dup), Rejected(4, "csv_duplicate_header", dup),
+                               Rejected(5, "csv_duplicate_header", dup)),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("header_unnamed.csv", lines(b"id,,text", b"1,x,a", b"2,y,b"), lines_in=2,
+                     rejected=(Rejected(2, "bad_csv_header", "header columns [2] have no name"),
+                               Rejected(3, "bad_csv_header", "header columns [2] have no name")),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("header_not_utf8.csv", lines(b"caf\xe9,text", b"1,a"), lines_in=1,
+                     rejected=(Rejected(2, "invalid_utf8", "the header line is not UTF-8"),),
+                     failed_gates=frozenset({REJECT_RATE}))]
+
+
+def skip_reader_surrogate_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(readers, "_unkeepable", lambda *_args: None)
+
+
+def writer_refusal_past_the_readers() -> list[DropCase]:
+    good = [jl(text(f"good line {i}")) for i in range(1, 21)]
+    data = lines(*good[:5], b'{"text": "a \\ud800 b"}', *good[5:])
+    return [DropCase("past_the_reader.jsonl", data, lines_in=21,
+                     kept=tuple(Kept(i if i <= 5 else i + 1, text(f"good line {i}")) for i in range(1, 21)),
+                     rejected=(Rejected(6, "invalid_unicode", "content: lone surrogate \\ud800"),))]
+
+
+BIG = 2**64
+
+
+def nul_bytes_and_integers_beyond_int64() -> list[DropCase]:
+    jsonl = lines(b'{"a": %d, "s": "nul \\u0000 inside"}' % BIG, b'{"a": %d, "s": "x"}' % -(10**30),
+                  b'{"a": ' + b"9" * 5000 + b', "s": "y"}')
+    table = pa.table({"a": pa.array([BIG - 1], pa.uint64()), "s": ["nul \x00 byte"]})
+    return [DropCase("big.jsonl", jsonl, lines_in=3,
+                     kept=(Kept(1, {"columns": ["a", "s"], "values": [BIG, "nul \x00 inside"]}),
+                           Kept(2, {"columns": ["a", "s"], "values": [-(10**30), "x"]})),
+                     rejected=(Rejected(3, "malformed_json", "Exceeds the limit (4300 digits)"),),
+                     failed_gates=frozenset({REJECT_RATE})),
+            DropCase("big.parquet", parquet_bytes(table), lines_in=1, stream=None,
+                     kept=(Kept(1, {"columns": ["a", "s"], "values": [BIG - 1, "nul \x00 byte"]}),))]
+
+
 CASES: list[Case] = [
     Case("malformed_json_line", malformed_json),
     Case("invalid_utf8_rejected_never_replaced", invalid_utf8, check=check_invalid_utf8),
@@ -636,6 +830,21 @@ CASES: list[Case] = [
     Case("csv_ragged_rows_rejected_reading_resumes", csv_ragged_rows, check=check_csv_ragged_rows),
     Case("reject_rate_above_max_fails_gate_accounting_passes", reject_rate_above_max,
          sections={"checks": {"max_reject_rate": REJECT_RATE_MAX}}, check=check_reject_rate_above_max),
+    Case("lone_surrogate_escape_in_a_jsonl_value_rejected_the_20_good_lines_kept", lone_surrogate_in_a_jsonl_value),
+    Case("lone_surrogates_in_keys_values_nested_and_json_arrays_rejected_pairs_and_escaped_backslash_kept",
+         lone_surrogates_in_keys_values_and_arrays),
+    Case("json_array_element_nested_100000_levels_rejected_like_jsonl_next_elements_kept", nested_100000_levels),
+    Case("nesting_1_128_129_900_990_2000_levels_tabular_jsonl_json_parquet_limit_128",
+         nesting_near_the_recursion_limit_tabular, sections=TABULAR),
+    Case("nesting_128_to_2000_levels_text_jsonl_rejected_txt_and_csv_brackets_are_text",
+         nesting_near_the_recursion_limit_text),
+    Case("parquet_binary_and_string_not_utf8_timestamp_out_of_range_column_twice_rejected", parquet_bytes_not_utf8,
+         check=check_parquet_bytes_not_utf8),
+    Case("csv_header_name_twice_unnamed_or_not_utf8_every_data_row_rejected", csv_header_names_twice_or_unnamed),
+    Case("surrogate_past_the_readers_refused_by_the_writer_is_that_records_reject", writer_refusal_past_the_readers,
+         patch=skip_reader_surrogate_check),
+    Case("nul_bytes_and_integers_beyond_int64_kept_exactly_5000_digits_rejected", nul_bytes_and_integers_beyond_int64,
+         sections=TABULAR),
 ]
 
 
@@ -645,9 +854,11 @@ def _param(case: Case) -> Any:
 
 
 @pytest.mark.parametrize("case", [_param(c) for c in CASES])
-def test_bad_input(case: Case, tmp_path: Path) -> None:
+def test_bad_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     result = RESULTS[case.id] = CaseResult(known_bug=case.known_bug is not None)
     start = time.perf_counter()
+    if case.patch is not None:
+        case.patch(monkeypatch)
     drops = case.make()
     name = "ds"
     spec = make_spec(name, **case.sections)

@@ -151,7 +151,7 @@ def test_csv_unterminated_quote_and_bad_header_are_rejects(tmp_path: Path):
     assert [i.value for i in items] == [{"a": "1", "b": "2"}] and rejects[0].reason == "malformed_csv"
     (tmp_path / "h.csv").write_bytes(b"a,a\n1,2\n")
     items, rejects, _ = _read(tmp_path / "h.csv", "csv")
-    assert items == [] and rejects[0].reason == "bad_csv_header"
+    assert items == [] and rejects[0].reason == "csv_duplicate_header"
 
 
 def test_parquet_rows_as_json_records_with_row_numbers(tmp_path: Path):
