@@ -185,6 +185,34 @@ def cleaning_cases() -> list[Case]:
     ]
 
 
+def reading_cases() -> list[Case]:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    good = [{"text": f"a good line number {i}"} for i in range(20)]
+    bad_utf8 = pa.table({"text": pa.array([b"fine text", b"bad \xff\xfe", b"more fine text"], pa.binary())})
+    return [
+        Case("lone_surrogate_in_a_value_loses_only_its_line", TEXT,
+             {"a.jsonl": jl(*good[:10]) + b'{"text": "a \\ud800 b"}\n' + jl(*good[10:])},
+             {"bronze": {"invalid_unicode": 1}},  # 1 of 21 lines: under the 5% reject rate
+             check=every(kept_lines(*range(1, 11), *range(12, 22)), reject_detail("bronze", "\\ud800"))),
+        Case("lone_surrogate_in_a_key_loses_only_its_line", TEXT,
+             {"a.jsonl": jl(*good) + b'{"text": "ok", "\\udfff": 1}\n'}, {"bronze": {"invalid_unicode": 1}},
+             check=kept_lines(*range(1, 21))),
+        Case("deep_nesting_in_a_json_array_is_one_reject", TEXT,
+             {"a.json": b"[" + b",".join(json.dumps(g).encode() for g in good) + b"," + deep + b"]"},
+             {"bronze": {"malformed_json": 1}}, check=reject_detail("bronze", "nesting too deep")),
+        Case("deep_nesting_in_jsonl_is_one_reject", TEXT, {"a.jsonl": jl(*good) + deep + b"\n"},
+             {"bronze": {"malformed_json": 1}}),
+        Case("invalid_utf8_in_a_parquet_binary_column_is_rejected_never_escaped", TEXT,
+             {"a.parquet": parquet_bytes(bad_utf8)}, {"bronze": {"invalid_utf8": 1}},
+             frozenset({"raw_records_reject_rate"}),
+             check=lambda run: sorted(json.loads(r["content"])["text"] for r in run.silver) == [
+                 "fine text", "more fine text"]),
+        Case("csv_with_a_duplicate_header_counts_every_data_row", TEXT,
+             {"a.csv": b"text,text\na,b\nc,d\n\ne,f\n"}, {"bronze": {"csv_duplicate_header": 3}},
+             frozenset({"raw_records_reject_rate"})),
+    ]
+
+
 def record_order(*lines: int) -> Callable[[CaseRun], None]:
     """The records of the one gold example, in order, are the drop's data rows at these lines."""
     def check(run: CaseRun) -> None:
@@ -248,7 +276,7 @@ def spec_cases() -> list[SpecCase]:
     ]
 
 
-CASES: list[Case] = cleaning_cases() + tabular_cases()
+CASES: list[Case] = cleaning_cases() + reading_cases() + tabular_cases()
 SPEC_CASES: list[SpecCase] = spec_cases()
 
 
