@@ -385,6 +385,30 @@ def gold_accounted(gold_dir: Path, silver_dir: Path) -> Outcome:
                        kept_ids="unnest(coalesce(record_ids, [record_id]))")
 
 
+REJECT_EXAMPLES = 3  # example rows shown per gold reject reason
+
+
+def gold_reject_rate(gold_dir: Path, silver_dir: Path, max_rate: float) -> Outcome:
+    """Gold rejects / records that entered gold (silver's kept records) <= `max_rate`. Passing or not, the
+    rejects are shown by reason (most frequent first), each with its count and a few example rows."""
+    p = {"g": str(gold_dir / "rejects.parquet"), "s": str(silver_dir / "records.parquet")}
+    records = _scalar("SELECT count(*) FROM read_parquet($s)", {"s": p["s"]})
+    by_reason = {r["reason"]: r["n"] for r in _query(
+        "SELECT reason, count(*) AS n FROM read_parquet($g) GROUP BY reason ORDER BY n DESC, reason", {"g": p["g"]})}
+    rejects = sum(by_reason.values())
+    rate = rejects / records if records else 0.0
+    examples = _query(f"""
+        SELECT reason, count(*) OVER (PARTITION BY reason) AS reason_rejects, record_id, {_LOCATION}, detail
+        FROM read_parquet($g)
+        QUALIFY row_number() OVER (PARTITION BY reason ORDER BY source_file, source_line, record_id) <= $k
+        ORDER BY reason_rejects DESC, reason, source_file, source_line, record_id LIMIT $n""",
+                      {"g": p["g"], "k": REJECT_EXAMPLES, "n": SAMPLE})
+    facts = {"gold_reject_rate": round(rate, 6), "max_gold_reject_rate": max_rate, "records_entering_gold": records,
+             "rejects": rejects, "rejects_by_reason": by_reason}
+    return Outcome("tokenized_examples_reject_rate", int(rate > max_rate), examples, facts,
+                   f"gold rejects / silver records = {rejects} / {records} = {rate:.2%} (at most {max_rate:.2%})")
+
+
 TABULAR_REMEDIES = ("group by another column (tabular.group_by), raise sequence.max_seq_len, or lower "
                     "packing.max_sequences_per_example")
 
