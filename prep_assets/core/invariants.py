@@ -741,6 +741,45 @@ _ROWS_NAMED = """
     shard_rows AS (SELECT r.* FROM read_parquet($files, filename = true, file_row_number = true) r
                    SEMI JOIN rows_named b ON r.filename = b.file AND r.file_row_number = b.row)"""
 
+# Gold tokens meet shard segments at most GOLD_CHUNK at a time: a join carries each matching row's lists, so
+# joining whole examples copied a long document once per segment it fills (1.4M tokens: 2 GiB asked for, refused)
+GOLD_CHUNK = 4096
+# a segment longer than this is broken (no row is that long); it bounds the chunks one corrupt length can ask for
+SEGMENT_CAP = 1 << 24
+# `gc`: gold's lists in chunks `c` of $C tokens: an example of up to $C tokens is its own chunk 0; a longer one is
+# cut token by token (slicing a list per chunk, or in a lambda, copied the whole list per chunk). Routed by
+# num_tokens: one that belies its lists only leaves chunks missing, which fails its segments as broken.
+_GOLD_CHUNKS = """
+    gc AS (SELECT example_id, 0 AS c, token_ids AS ids, loss_mask AS m, token_type_ids AS typ
+           FROM read_parquet($g) WHERE num_tokens <= $C
+           UNION ALL
+           SELECT example_id, (i - 1) // $C AS c, list(t ORDER BY i) AS ids, list(mm ORDER BY i) AS m,
+                  list(ty ORDER BY i) AS typ
+           FROM (SELECT example_id, unnest(token_ids) AS t, unnest(loss_mask) AS mm, unnest(token_type_ids) AS ty,
+                        generate_subscripts(token_ids, 1) AS i FROM read_parquet($g) WHERE num_tokens > $C)
+           GROUP BY example_id, c)"""
+# `pieces`: each segment of `n` (example_id, off, len, k0 ...) by the gold chunks it spans, with the chunk's slice
+# it holds (p_ids, p_m, p_typ; their first token is the segment's token `base` + 1) and `broken` where a segment
+# names no gold example, starts before it or reaches past its end
+_PIECES = f"""
+    pc AS (SELECT *, unnest(range(off // $C, (off + CASE WHEN len > {SEGMENT_CAP} THEN {SEGMENT_CAP}
+                                                        WHEN len < 1 THEN 1 ELSE len END - 1) // $C + 1)) AS c
+           FROM n),  -- CASE, not greatest/least, which skip NULLs: a segment without a length has no pieces
+    pl AS (SELECT pc.*, greatest(pc.off, pc.c * $C) - pc.c * $C + 1 AS lo,
+                  least(pc.off + pc.len, (pc.c + 1) * $C) - pc.c * $C AS hi, gc.example_id IS NOT NULL AS found,
+                  gc.ids, gc.m, gc.typ
+           FROM pc LEFT JOIN gc ON gc.example_id = pc.example_id AND gc.c = pc.c),
+    pieces AS (SELECT *, c * $C + lo - 1 - off AS base, ids[lo : hi] AS p_ids, m[lo : hi] AS p_m,
+                      typ[lo : hi] AS p_typ,
+                      NOT found OR off < 0 OR len > {SEGMENT_CAP} OR len(ids[lo : hi]) <> greatest(hi - lo + 1, 0)
+                      AS piece_broken FROM pl)"""
+# a piece's share of the sum of per-token hashes of (position in the row, id, mask, type) over the gold tokens,
+# the segment's leading k0 tokens masked
+_PIECE_HASH = """coalesce(list_sum(list_transform(list_zip(p_ids, p_m, p_typ), lambda x, q: hash(
+    ("at" + base + q)::BIGINT, x[1]::BIGINT, (CASE WHEN base + q <= k0 THEN 0 ELSE x[2] END)::BIGINT,
+    x[3]::BIGINT))), 0)"""
+_K0 = "least(len, CASE WHEN off = 0 THEN 1 ELSE greatest($overlap, 1) END)"
+
 # Per shard row: `shard_rows`' checksum over the gold tokens each segment should hold, at the segment's place in
 # the row, with the segment's leading tokens (the first; a window's overlap) masked; `broken` when a segment names
 # no gold example or reaches past its end
@@ -750,14 +789,11 @@ _GOLD_ROW_SUMS = f"""
                       unnest(list_transform(generate_series(1, len(seq_lengths)),
                                             lambda k: {_SEG_AT})) AS at
                FROM read_parquet($files, filename = true, file_row_number = true)),
-    n AS (SELECT *, least(len, CASE WHEN off = 0 THEN 1 ELSE greatest($overlap, 1) END) AS k0 FROM s)
-    SELECT n.file, n.row, bool_or(g.example_id IS NULL OR n.off + n.len > len(g.token_ids)) AS broken,
-           (sum(list_sum(list_transform(list_zip(g.token_ids[n.off + 1 : n.off + n.len],
-                                                 g.loss_mask[n.off + 1 : n.off + n.len],
-                                                 g.token_type_ids[n.off + 1 : n.off + n.len]),
-               lambda x, i: hash((n.at + i)::BIGINT, x[1]::BIGINT, (CASE WHEN i <= n.k0 THEN 0 ELSE x[2] END)::BIGINT,
-                                 x[3]::BIGINT)))) {_MOD_2_64})::UBIGINT AS h
-    FROM n LEFT JOIN read_parquet($g) g ON g.example_id = n.example_id GROUP BY n.file, n.row"""
+    n AS (SELECT *, {_K0} AS k0 FROM s),
+    {_GOLD_CHUNKS},
+    {_PIECES}
+    SELECT file, row, bool_or(piece_broken) AS broken, (sum({_PIECE_HASH}) {_MOD_2_64})::UBIGINT AS h
+    FROM pieces GROUP BY file, row"""
 
 
 def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows: pa.Table | None = None) -> Outcome:
@@ -769,14 +805,13 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
     if not files:
         return _no_shards(name, desc)
     # Pass 1, row by row: each row's sum of per-token hashes (position, id, mask, type) against the same sum over
-    # the gold tokens its segments should hold. Whole lists go through vectorised list functions; only scalars meet
-    # the gold rows in the join (joining the lists took +1,074 MiB on a 400 MB drop), and no shard list is cut into
-    # segments (slicing each row's lists per segment took 2.4 s of the 100 MB benchmark's 2.7). Equal tokens give
-    # equal sums, so a pass is a pass; a changed token changes its row's sum but for odds of ~1e-19.
-    # Pass 2, only for the rows that failed: segment by segment (hashes of each segment's slices against the gold
-    # example's), to name the bad segments; then the first bad token of the sampled ones. A failed row without a
-    # bad listed segment (its seq_lengths cover tokens no segment names) is a violation of its own.
-    p = {"files": _files(files), "g": str(gold_dir / "examples.parquet"), "overlap": overlap}
+    # the gold tokens its segments should hold. Whole shard lists go through vectorised list functions; gold meets
+    # the segments a chunk at a time (`_PIECES`). Equal tokens give equal sums, so a pass is a pass; a changed
+    # token changes its row's sum but for odds of ~1e-19.
+    # Pass 2, only for the rows that failed: segment by segment (the same sums, per segment), to name the bad
+    # segments; then the first bad token of the sampled ones. A failed row without a bad listed segment (its
+    # seq_lengths cover tokens no segment names) is a violation of its own.
+    p = {"files": _files(files), "g": str(gold_dir / "examples.parquet"), "overlap": overlap, "C": GOLD_CHUNK}
     sums = shard_rows(files, ["checksum"]) if rows is None else rows
     rows_sql = f"""
         SELECT coalesce(a.file, b.file) AS file, coalesce(a.row, b.row) AS row
@@ -795,14 +830,14 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
         segs AS ({_SEGMENTS_WITH_SLICES}),
         n AS (SELECT file, row, s.seg AS seg, s.example_id AS example_id, s.off AS off, s.len AS len, s.at AS at,
                      least(s.len, CASE WHEN s.off = 0 THEN 1 ELSE greatest($overlap, 1) END) AS k0,
-                     hash(s.ids) AS h_ids, hash(s.typ) AS h_typ, coalesce(list_sum(s.m[1 : k0]), 0) AS head_loss,
-                     hash(s.m[k0 + 1 : s.len]) AS h_mask FROM segs),
-        v AS (SELECT n.file, n.row, n.seg, n.example_id, n.off, n.len, n.at, n.k0
-              FROM n LEFT JOIN read_parquet($g) g ON g.example_id = n.example_id
-              WHERE g.example_id IS NULL OR n.off + n.len > len(g.token_ids) OR n.head_loss <> 0
-                 OR n.h_ids <> hash(g.token_ids[n.off + 1 : n.off + n.len])
-                 OR n.h_typ <> hash(g.token_type_ids[n.off + 1 : n.off + n.len])
-                 OR n.h_mask <> hash(g.loss_mask[n.off + n.k0 + 1 : n.off + n.len]))
+                     coalesce(list_sum(list_transform(list_zip(s.ids, s.m, s.typ), lambda x, i: hash(
+                         (s.at + i)::BIGINT, x[1]::BIGINT, x[2]::BIGINT, x[3]::BIGINT))), 0) {_MOD_2_64} AS shard_h
+              FROM segs),
+        {_GOLD_CHUNKS},
+        {_PIECES},
+        v AS (SELECT file, row, seg, example_id, off, len, "at", k0 FROM pieces
+              GROUP BY file, row, seg, example_id, off, len, "at", k0
+              HAVING bool_or(piece_broken) OR any_value(shard_h) <> sum({_PIECE_HASH}) {_MOD_2_64})
         SELECT * FROM v
         UNION ALL  -- a failed row where no listed segment differs: its tokens and its segment lists disagree
         SELECT b.file, b.row, NULL, NULL, NULL, NULL, NULL, NULL FROM rows_named b
@@ -821,23 +856,29 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
 
 
 def _first_bad_tokens(bad: list[dict[str, Any]], files: list[Path], gold_dir: Path) -> list[dict[str, Any]]:
-    """Pass 2, for the sampled failing segments only: the row position of each one's first bad token."""
+    """Pass 2, for the sampled failing segments only: the row position of each one's first bad token (the
+    segment's first where none differs, e.g. its gold example is missing)."""
     sample = pa.Table.from_pylist(bad)
     sql = f"""
-        WITH {_ROWS_NAMED}
-        SELECT v.file, v.row, v.seg, v.example_id, v.off, v.len,
-               v.at + coalesce(list_position(list_transform(generate_series(1, v.len), lambda x:
-                   s.ids[x] = g.token_ids[v.off + x] AND s.typ[x] = g.token_type_ids[v.off + x]
-                   AND s.m[x] = CASE WHEN x <= v.k0 THEN 0 ELSE g.loss_mask[v.off + x] END), false), 1) AS token
-        FROM sample v
-        JOIN ({_SEGMENTS_WITH_SLICES}) AS segs ON segs.file = v.file AND segs.row = v.row AND segs.s.seg = v.seg
-        LEFT JOIN read_parquet($g) g ON g.example_id = v.example_id
-        ORDER BY v.file, v.row, v.seg
+        WITH {_ROWS_NAMED},
+        segs AS (SELECT segs.file, segs.row, segs.s FROM ({_SEGMENTS_WITH_SLICES}) AS segs
+                 SEMI JOIN sample v ON segs.file = v.file AND segs.row = v.row AND segs.s.seg = v.seg),
+        n AS (SELECT v.file, v.row, v.seg, v.example_id, v.off, v.len, v."at", v.k0, segs.s.ids AS s_ids,
+                     segs.s.m AS s_m, segs.s.typ AS s_typ
+              FROM sample v JOIN segs ON segs.file = v.file AND segs.row = v.row AND segs.s.seg = v.seg),
+        {_GOLD_CHUNKS},
+        {_PIECES}
+        SELECT file, row, seg, example_id, off, len,
+               "at" + coalesce(min(base + list_position(list_transform(list_zip(p_ids, p_m, p_typ), lambda x, q:
+                   s_ids[base + q] = x[1] AND s_typ[base + q] = x[3]
+                   AND s_m[base + q] = CASE WHEN base + q <= k0 THEN 0 ELSE x[2] END), false)), 1) AS token
+        FROM pieces GROUP BY file, row, seg, example_id, off, len, "at"
+        ORDER BY file, row, seg
     """
     with sql_connect() as con:
         con.register("sample", sample)
         con.register("rows_named", sample)
-        cur = con.execute(sql, {"files": _files(files), "g": str(gold_dir / "examples.parquet")})
+        cur = con.execute(sql, {"files": _files(files), "g": str(gold_dir / "examples.parquet"), "C": GOLD_CHUNK})
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
