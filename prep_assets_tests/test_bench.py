@@ -60,7 +60,7 @@ def test_e2e_benchmark_prints_ratio_layers_and_peak_rss_of_each_run_and_the_medi
     figures = json.loads(out.strip().splitlines()[-1])
     assert figures["runs"] == 2 and len(figures["ratios"]) == 2 and figures["ratio"] == min(figures["ratios"])
     assert out.count("run 1/2: end to end") == out.count("run 2/2: end to end") == 1 and "median" in out
-    assert figures["checks_passed"] == figures["checks"] == 17
+    assert figures["checks_passed"] == figures["checks"] == 18
     assert set(figures["layers_s"]) == {"raw_records", "clean_records", "tokenized_examples", "packed_shards"}
     assert figures["bare_tokens_per_s"] > 0 and 0 < figures["ratio"] and figures["peak_rss_mib"] > 0
     assert "end-to-end / bare tokenizer" in out
