@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from prep_assets.core.sql import connect as sql_connect
+from prep_assets.core.sql import joins_as_written
 from prep_assets.core.lake import read_json
 
 SAMPLE = 20
@@ -741,43 +742,51 @@ _ROWS_NAMED = """
     shard_rows AS (SELECT r.* FROM read_parquet($files, filename = true, file_row_number = true) r
                    SEMI JOIN rows_named b ON r.filename = b.file AND r.file_row_number = b.row)"""
 
-# Gold tokens meet shard segments at most GOLD_CHUNK at a time: a join carries each matching row's lists, so
-# joining whole examples copied a long document once per segment it fills (1.4M tokens: 2 GiB asked for, refused)
+# Gold meets the shard segments in two ways. An example of up to GOLD_CHUNK tokens is joined whole (its lists go
+# with each segment it fills: a few rows' worth). A longer one is unnested to one row per token, joined to its
+# segments by the chunk of GOLD_CHUNK tokens it falls in, and summed per segment: a join carries each matching
+# row's lists, and the whole lists of a long document, once per segment it fills, took 2 GiB at 1.4M tokens. The
+# joins run as written (`joins_as_written`): segments are the hash tables, gold's lists and tokens stream past.
 GOLD_CHUNK = 4096
-# a segment longer than this is broken (no row is that long); it bounds the chunks one corrupt length can ask for
+# a segment longer than this is broken (no row is that long); it bounds the chunks one corrupt length asks for
 SEGMENT_CAP = 1 << 24
-# `gc`: gold's lists in chunks `c` of $C tokens: an example of up to $C tokens is its own chunk 0; a longer one is
-# cut token by token (slicing a list per chunk, or in a lambda, copied the whole list per chunk). Routed by
-# num_tokens: one that belies its lists only leaves chunks missing, which fails its segments as broken.
-_GOLD_CHUNKS = """
-    gc AS (SELECT example_id, 0 AS c, token_ids AS ids, loss_mask AS m, token_type_ids AS typ
-           FROM read_parquet($g) WHERE num_tokens <= $C
-           UNION ALL
-           SELECT example_id, (i - 1) // $C AS c, list(t ORDER BY i) AS ids, list(mm ORDER BY i) AS m,
-                  list(ty ORDER BY i) AS typ
-           FROM (SELECT example_id, unnest(token_ids) AS t, unnest(loss_mask) AS mm, unnest(token_type_ids) AS ty,
-                        generate_subscripts(token_ids, 1) AS i FROM read_parquet($g) WHERE num_tokens > $C)
-           GROUP BY example_id, c)"""
-# `pieces`: each segment of `n` (example_id, off, len, k0 ...) by the gold chunks it spans, with the chunk's slice
-# it holds (p_ids, p_m, p_typ; their first token is the segment's token `base` + 1) and `broken` where a segment
-# names no gold example, starts before it or reaches past its end
-_PIECES = f"""
-    pc AS (SELECT *, unnest(range(off // $C, (off + CASE WHEN len > {SEGMENT_CAP} THEN {SEGMENT_CAP}
-                                                        WHEN len < 1 THEN 1 ELSE len END - 1) // $C + 1)) AS c
-           FROM n),  -- CASE, not greatest/least, which skip NULLs: a segment without a length has no pieces
-    pl AS (SELECT pc.*, greatest(pc.off, pc.c * $C) - pc.c * $C + 1 AS lo,
-                  least(pc.off + pc.len, (pc.c + 1) * $C) - pc.c * $C AS hi, gc.example_id IS NOT NULL AS found,
-                  gc.ids, gc.m, gc.typ
-           FROM pc LEFT JOIN gc ON gc.example_id = pc.example_id AND gc.c = pc.c),
-    pieces AS (SELECT *, c * $C + lo - 1 - off AS base, ids[lo : hi] AS p_ids, m[lo : hi] AS p_m,
-                      typ[lo : hi] AS p_typ,
-                      NOT found OR off < 0 OR len > {SEGMENT_CAP} OR len(ids[lo : hi]) <> greatest(hi - lo + 1, 0)
-                      AS piece_broken FROM pl)"""
-# a piece's share of the sum of per-token hashes of (position in the row, id, mask, type) over the gold tokens,
-# the segment's leading k0 tokens masked
-_PIECE_HASH = """coalesce(list_sum(list_transform(list_zip(p_ids, p_m, p_typ), lambda x, q: hash(
-    ("at" + base + q)::BIGINT, x[1]::BIGINT, (CASE WHEN base + q <= k0 THEN 0 ELSE x[2] END)::BIGINT,
-    x[3]::BIGINT))), 0)"""
+_SEG_HASH = "hash(({at})::BIGINT, ({id})::BIGINT, (CASE WHEN {i} <= {k0} THEN 0 ELSE {m} END)::BIGINT, ({typ})::BIGINT)"
+# `seg_gold` (file, row, seg, broken, h) from the segments `n` (file, row, seg, example_id, off, len, at, k0): per
+# segment, the sum of per-token hashes of (position in the row, id, mask, type) over the gold tokens it should
+# hold, its first k0 tokens masked; `broken` where it names no gold example, starts before it or runs past its end.
+# Routed by num_tokens: an example whose count belies its lists leaves its segments unmatched, so broken.
+_GOLD_SEGMENT_SUMS = f"""
+    gi AS (SELECT example_id, num_tokens > $C AS long FROM read_parquet($g)),
+    nk AS (SELECT n.*, gi.long FROM n LEFT JOIN gi ON gi.example_id = n.example_id),
+    short AS (SELECT nk.file, nk.row, nk.seg, nk.off < 0 OR nk.off + nk.len > len(g.token_ids) AS broken,
+                     coalesce(list_sum(list_transform(list_zip(g.token_ids[nk.off + 1 : nk.off + nk.len],
+                                                               g.loss_mask[nk.off + 1 : nk.off + nk.len],
+                                                               g.token_type_ids[nk.off + 1 : nk.off + nk.len]),
+                         lambda x, i: {_SEG_HASH.format(at='nk."at" + i', id="x[1]", i="i", k0="nk.k0", m="x[2]",
+                                                        typ="x[3]")})), 0)::HUGEINT AS h
+              FROM (SELECT example_id, token_ids, loss_mask, token_type_ids FROM read_parquet($g)
+                    WHERE num_tokens <= $C) g JOIN nk ON g.example_id = nk.example_id
+              WHERE NOT nk.long),
+    pc AS (SELECT file, row, seg, example_id, off, len, "at", k0,
+                  unnest(range(off // $C, (off + CASE WHEN len > {SEGMENT_CAP} THEN {SEGMENT_CAP} WHEN len < 1 THEN 1
+                                                      ELSE len END - 1) // $C + 1)) AS c
+           FROM nk WHERE nk.long),  -- CASE, not greatest/least, which skip NULLs: no length, no chunks
+    lt AS (SELECT example_id, unnest(token_ids) AS t, unnest(loss_mask) AS tm, unnest(token_type_ids) AS ty,
+                  generate_subscripts(token_ids, 1) AS j FROM read_parquet($g) WHERE num_tokens > $C),
+    lsum AS (SELECT pc.file, pc.row, pc.seg, count(*) AS matched,
+                    sum({_SEG_HASH.format(at='pc."at" + lt.j - pc.off', id="lt.t", i="lt.j - pc.off", k0="pc.k0",
+                                          m="lt.tm", typ="lt.ty")})::HUGEINT AS h
+             FROM lt JOIN pc ON lt.example_id = pc.example_id AND (lt.j - 1) // $C = pc.c
+                            AND lt.j > pc.off AND lt.j <= pc.off + pc.len
+             GROUP BY pc.file, pc.row, pc.seg),
+    seg_gold AS (SELECT file, row, seg, broken, h FROM short
+                 UNION ALL
+                 SELECT nk.file, nk.row, nk.seg, nk.off < 0 OR nk.len > {SEGMENT_CAP}
+                        OR coalesce(lsum.matched, 0) <> nk.len, coalesce(lsum.h, 0)::HUGEINT
+                 FROM nk LEFT JOIN lsum ON lsum.file = nk.file AND lsum.row = nk.row AND lsum.seg = nk.seg
+                 WHERE nk.long
+                 UNION ALL
+                 SELECT file, row, seg, true, 0::HUGEINT FROM nk WHERE nk.long IS NULL)"""
 _K0 = "least(len, CASE WHEN off = 0 THEN 1 ELSE greatest($overlap, 1) END)"
 
 # Per shard row: `shard_rows`' checksum over the gold tokens each segment should hold, at the segment's place in
@@ -786,14 +795,12 @@ _K0 = "least(len, CASE WHEN off = 0 THEN 1 ELSE greatest($overlap, 1) END)"
 _GOLD_ROW_SUMS = f"""
     WITH s AS (SELECT filename AS file, file_row_number AS row, unnest(example_ids) AS example_id,
                       unnest(example_offsets) AS off, unnest(seq_lengths) AS len,
-                      unnest(list_transform(generate_series(1, len(seq_lengths)),
-                                            lambda k: {_SEG_AT})) AS at
+                      unnest(list_transform(generate_series(1, len(seq_lengths)), lambda k: {_SEG_AT})) AS "at",
+                      unnest(range(1, 1 + greatest(len(example_ids), len(example_offsets), len(seq_lengths)))) AS seg
                FROM read_parquet($files, filename = true, file_row_number = true)),
     n AS (SELECT *, {_K0} AS k0 FROM s),
-    {_GOLD_CHUNKS},
-    {_PIECES}
-    SELECT file, row, bool_or(piece_broken) AS broken, (sum({_PIECE_HASH}) {_MOD_2_64})::UBIGINT AS h
-    FROM pieces GROUP BY file, row"""
+    {_GOLD_SEGMENT_SUMS}
+    SELECT file, row, bool_or(broken) AS broken, (sum(h) {_MOD_2_64})::UBIGINT AS h FROM seg_gold GROUP BY file, row"""
 
 
 def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows: pa.Table | None = None) -> Outcome:
@@ -805,12 +812,11 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
     if not files:
         return _no_shards(name, desc)
     # Pass 1, row by row: each row's sum of per-token hashes (position, id, mask, type) against the same sum over
-    # the gold tokens its segments should hold. Whole shard lists go through vectorised list functions; gold meets
-    # the segments a chunk at a time (`_PIECES`). Equal tokens give equal sums, so a pass is a pass; a changed
-    # token changes its row's sum but for odds of ~1e-19.
-    # Pass 2, only for the rows that failed: segment by segment (the same sums, per segment), to name the bad
-    # segments; then the first bad token of the sampled ones. A failed row without a bad listed segment (its
-    # seq_lengths cover tokens no segment names) is a violation of its own.
+    # the gold tokens its segments should hold (`_GOLD_SEGMENT_SUMS`). Equal tokens give equal sums, so a pass is a
+    # pass; a changed token changes its row's sum but for odds of ~1e-19.
+    # Pass 2, only for the rows that failed: the same sums segment by segment, to name the bad segments; then the
+    # first bad token of the sampled ones. A failed row without a bad listed segment (its seq_lengths cover tokens
+    # no segment names) is a violation of its own.
     p = {"files": _files(files), "g": str(gold_dir / "examples.parquet"), "overlap": overlap, "C": GOLD_CHUNK}
     sums = shard_rows(files, ["checksum"]) if rows is None else rows
     rows_sql = f"""
@@ -818,7 +824,7 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
         FROM shard_sums a FULL OUTER JOIN ({_GOLD_ROW_SUMS}) b ON a.file = b.file AND a.row = b.row
         WHERE coalesce(a.h, 0) <> coalesce(b.h, 0) OR coalesce(b.broken, false)
     """
-    with sql_connect() as con:
+    with sql_connect() as con, joins_as_written(con):
         con.register("shard_sums", sums.select(["file", "row", "h"]))
         found = con.execute(rows_sql, _bound(rows_sql, p)).fetchall()
     if not found:
@@ -828,23 +834,23 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
     segments = f"""
         WITH {_ROWS_NAMED},
         segs AS ({_SEGMENTS_WITH_SLICES}),
-        n AS (SELECT file, row, s.seg AS seg, s.example_id AS example_id, s.off AS off, s.len AS len, s.at AS at,
+        n AS (SELECT file, row, s.seg AS seg, s.example_id AS example_id, s.off AS off, s.len AS len, s.at AS "at",
                      least(s.len, CASE WHEN s.off = 0 THEN 1 ELSE greatest($overlap, 1) END) AS k0,
                      coalesce(list_sum(list_transform(list_zip(s.ids, s.m, s.typ), lambda x, i: hash(
                          (s.at + i)::BIGINT, x[1]::BIGINT, x[2]::BIGINT, x[3]::BIGINT))), 0) {_MOD_2_64} AS shard_h
               FROM segs),
-        {_GOLD_CHUNKS},
-        {_PIECES},
-        v AS (SELECT file, row, seg, example_id, off, len, "at", k0 FROM pieces
-              GROUP BY file, row, seg, example_id, off, len, "at", k0
-              HAVING bool_or(piece_broken) OR any_value(shard_h) <> sum({_PIECE_HASH}) {_MOD_2_64})
+        {_GOLD_SEGMENT_SUMS},
+        v AS (SELECT n.file, n.row, n.seg, n.example_id, n.off, n.len, n."at", n.k0
+              FROM n JOIN seg_gold sg ON sg.file = n.file AND sg.row = n.row AND sg.seg = n.seg
+              WHERE coalesce(sg.broken, false) OR n.shard_h <> sg.h {_MOD_2_64})
         SELECT * FROM v
         UNION ALL  -- a failed row where no listed segment differs: its tokens and its segment lists disagree
         SELECT b.file, b.row, NULL, NULL, NULL, NULL, NULL, NULL FROM rows_named b
         WHERE NOT EXISTS (SELECT 1 FROM v WHERE v.file = b.file AND v.row = b.row)
     """
-    n, bad = _violating_rows(f"({segments})", "true", "*", p, order="file, row, seg NULLS LAST",
-                             tables={"rows_named": failed})
+    with sql_connect() as con, joins_as_written(con):
+        con.register("rows_named", failed)
+        n, bad = _violations_in(con, f"({segments})", "true", "*", p, order="file, row, seg NULLS LAST")
     located = {(r["file"], r["row"], r["seg"]): r
                for r in _first_bad_tokens([b for b in bad if b["seg"] is not None], files, gold_dir)}
     out = [located.get((b["file"], b["row"], b["seg"])) or {
@@ -857,28 +863,30 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
 
 def _first_bad_tokens(bad: list[dict[str, Any]], files: list[Path], gold_dir: Path) -> list[dict[str, Any]]:
     """Pass 2, for the sampled failing segments only: the row position of each one's first bad token (the
-    segment's first where none differs, e.g. its gold example is missing)."""
+    segment's first where none differs, e.g. its gold example is missing). Token against token, both unnested."""
     sample = pa.Table.from_pylist(bad)
     sql = f"""
         WITH {_ROWS_NAMED},
-        segs AS (SELECT segs.file, segs.row, segs.s FROM ({_SEGMENTS_WITH_SLICES}) AS segs
-                 SEMI JOIN sample v ON segs.file = v.file AND segs.row = v.row AND segs.s.seg = v.seg),
-        n AS (SELECT v.file, v.row, v.seg, v.example_id, v.off, v.len, v."at", v.k0, segs.s.ids AS s_ids,
-                     segs.s.m AS s_m, segs.s.typ AS s_typ
-              FROM sample v JOIN segs ON segs.file = v.file AND segs.row = v.row AND segs.s.seg = v.seg),
-        {_GOLD_CHUNKS},
-        {_PIECES}
-        SELECT file, row, seg, example_id, off, len,
-               "at" + coalesce(min(base + list_position(list_transform(list_zip(p_ids, p_m, p_typ), lambda x, q:
-                   s_ids[base + q] = x[1] AND s_typ[base + q] = x[3]
-                   AND s_m[base + q] = CASE WHEN base + q <= k0 THEN 0 ELSE x[2] END), false)), 1) AS token
-        FROM pieces GROUP BY file, row, seg, example_id, off, len, "at"
-        ORDER BY file, row, seg
+        segs AS (SELECT x.file, x.row, x.s FROM ({_SEGMENTS_WITH_SLICES}) x
+                 SEMI JOIN sample v ON x.file = v.file AND x.row = v.row AND x.s.seg = v.seg),
+        st AS (SELECT v.file, v.row, v.seg, v.example_id, v.off, v.k0, unnest(segs.s.ids) AS sid,
+                      unnest(segs.s.m) AS sm, unnest(segs.s.typ) AS styp, generate_subscripts(segs.s.ids, 1) AS x
+               FROM sample v JOIN segs ON segs.file = v.file AND segs.row = v.row AND segs.s.seg = v.seg),
+        gt AS (SELECT example_id, unnest(token_ids) AS t, unnest(loss_mask) AS tm, unnest(token_type_ids) AS ty,
+                      generate_subscripts(token_ids, 1) AS j
+               FROM read_parquet($g) WHERE example_id IN (SELECT example_id FROM sample)),
+        bad AS (SELECT st.file, st.row, st.seg, min(st.x) AS first
+                FROM gt JOIN st ON gt.example_id = st.example_id AND gt.j = st.off + st.x
+                WHERE NOT (st.sid = gt.t AND st.styp = gt.ty AND st.sm = CASE WHEN st.x <= st.k0 THEN 0 ELSE gt.tm END)
+                GROUP BY st.file, st.row, st.seg)
+        SELECT v.file, v.row, v.seg, v.example_id, v.off, v.len, v."at" + coalesce(bad.first, 1) AS token
+        FROM sample v LEFT JOIN bad ON bad.file = v.file AND bad.row = v.row AND bad.seg = v.seg
+        ORDER BY v.file, v.row, v.seg
     """
-    with sql_connect() as con:
+    with sql_connect() as con, joins_as_written(con):
         con.register("sample", sample)
         con.register("rows_named", sample)
-        cur = con.execute(sql, {"files": _files(files), "g": str(gold_dir / "examples.parquet"), "C": GOLD_CHUNK})
+        cur = con.execute(sql, {"files": _files(files), "g": str(gold_dir / "examples.parquet")})
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
