@@ -750,7 +750,8 @@ _ROWS_NAMED = """
 GOLD_CHUNK = 4096
 # a segment longer than this is broken (no row is that long); it bounds the chunks one corrupt length asks for
 SEGMENT_CAP = 1 << 24
-_SEG_HASH = "hash(({at})::BIGINT, ({id})::BIGINT, (CASE WHEN {i} <= {k0} THEN 0 ELSE {m} END)::BIGINT, ({typ})::BIGINT)"
+_SEG_HASH = ("hash(({at})::BIGINT, ({id})::BIGINT, (CASE WHEN {i} <= {k0} THEN 0 ELSE {m} END)::BIGINT, "
+             "({typ})::BIGINT)")
 # `seg_gold` (file, row, seg, broken, h) from the segments `n` (file, row, seg, example_id, off, len, at, k0): per
 # segment, the sum of per-token hashes of (position in the row, id, mask, type) over the gold tokens it should
 # hold, its first k0 tokens masked; `broken` where it names no gold example, starts before it or runs past its end.
