@@ -755,7 +755,7 @@ _SEG_HASH = ("hash(({at})::BIGINT, ({id})::BIGINT, (CASE WHEN {i} <= {k0} THEN 0
 # `seg_gold` (file, row, seg, broken, h) from the segments `n` (file, row, seg, example_id, off, len, at, k0): per
 # segment, the sum of per-token hashes of (position in the row, id, mask, type) over the gold tokens it should
 # hold, its first k0 tokens masked; `broken` where it names no gold example, starts before it or runs past its end.
-# Routed by num_tokens: an example whose count belies its lists leaves its segments unmatched, so broken.
+# Routed by num_tokens (gold's mask_aligned gate holds it equal to the lists); either route judges the lists.
 _GOLD_SEGMENT_SUMS = f"""
     gi AS (SELECT example_id, num_tokens > $C AS long FROM read_parquet($g)),
     nk AS (SELECT n.*, gi.long FROM n LEFT JOIN gi ON gi.example_id = n.example_id),
