@@ -60,7 +60,7 @@ def test_e2e_benchmark_prints_ratio_layers_and_peak_rss_of_each_run_and_the_medi
     figures = json.loads(out.strip().splitlines()[-1])
     assert figures["runs"] == 2 and len(figures["ratios"]) == 2 and figures["ratio"] == min(figures["ratios"])
     assert out.count("run 1/2: end to end") == out.count("run 2/2: end to end") == 1 and "median" in out
-    assert figures["checks_passed"] == figures["checks"] == 17
+    assert figures["checks_passed"] == figures["checks"] == 18
     assert set(figures["layers_s"]) == {"raw_records", "clean_records", "tokenized_examples", "packed_shards"}
     assert figures["bare_tokens_per_s"] > 0 and 0 < figures["ratio"] and figures["peak_rss_mib"] > 0
     assert "end-to-end / bare tokenizer" in out
@@ -70,3 +70,22 @@ def test_e2e_benchmark_refuses_fewer_than_one_run(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         bench.main(["e2e", "--repeat", "0"])
     assert "at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_longdoc_benchmark_one_long_document_passes_every_gate_within_bounded_memory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """~1 MB of text (~240k GPT-2 tokens) in one document, packed `full` into ~940 rows: every gate passes with
+    DuckDB held to 128 MB (joining the whole example once per segment asked for more), the run under 1 GiB."""
+    from prep_assets.core import sql
+
+    monkeypatch.setenv(sql.MEMORY_ENV, "128MB")  # inherited by the benchmark's child process
+    args = ["longdoc", "--mb", "1", "--max-seq-len", "256", "--tokenizer", str(shared_path("tokenizers/gpt2")),
+            "--work", str(tmp_path / "work")]
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"1\.00 MB", out) and "18/18 checks passed" in out
+    tokens = int(re.search(r"([\d,]+) tokens in", out).group(1).replace(",", ""))  # type: ignore[union-attr]
+    assert tokens > 200_000
+    peak = int(re.search(r"peak RSS of the pipeline process: ([\d,]+) MiB", out).group(1).replace(",", ""))  # type: ignore[union-attr]
+    assert peak < 1024, out

@@ -104,6 +104,9 @@ GATES: tuple[Gate, ...] = (
               lambda s, p: inv.within_max_len_rule(s.sequence.max_seq_len, s.splits_examples)),
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_accounted", "gold examples + gold rejects = silver records",
          lambda s, p, k: inv.gold_accounted(gold(p, k), silver(p, k))),
+    Gate(TOKENIZED_EXAMPLES, "tokenized_examples_reject_rate", "gold rejects / records entering gold (silver's "
+         "kept records) <= checks.max_gold_reject_rate; the rejects shown by reason, with counts and example rows",
+         lambda s, p, k: inv.gold_reject_rate(gold(p, k), silver(p, k), s.checks.max_gold_reject_rate)),
     Gate(TOKENIZED_EXAMPLES, "tokenized_examples_pairs_complete", "preference: each pair has one chosen and one "
          "rejected example, in one split, with identical masked prompt tokens",
          lambda s, p, k: inv.gold_pairs_complete(gold(p, k)), applies=lambda s: s.input.type == "preference"),

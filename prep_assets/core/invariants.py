@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from prep_assets.core.sql import connect as sql_connect
+from prep_assets.core.sql import joins_as_written
 from prep_assets.core.lake import read_json
 
 SAMPLE = 20
@@ -392,6 +393,30 @@ def gold_accounted(gold_dir: Path, silver_dir: Path) -> Outcome:
                        kept_ids="unnest(coalesce(record_ids, [record_id]))")
 
 
+REJECT_EXAMPLES = 3  # example rows shown per gold reject reason
+
+
+def gold_reject_rate(gold_dir: Path, silver_dir: Path, max_rate: float) -> Outcome:
+    """Gold rejects / records that entered gold (silver's kept records) <= `max_rate`. Passing or not, the
+    rejects are shown by reason (most frequent first), each with its count and a few example rows."""
+    p = {"g": str(gold_dir / "rejects.parquet"), "s": str(silver_dir / "records.parquet")}
+    records = _scalar("SELECT count(*) FROM read_parquet($s)", {"s": p["s"]})
+    by_reason = {r["reason"]: r["n"] for r in _query(
+        "SELECT reason, count(*) AS n FROM read_parquet($g) GROUP BY reason ORDER BY n DESC, reason", {"g": p["g"]})}
+    rejects = sum(by_reason.values())
+    rate = rejects / records if records else 0.0
+    examples = _query(f"""
+        SELECT reason, count(*) OVER (PARTITION BY reason) AS reason_rejects, record_id, {_LOCATION}, detail
+        FROM read_parquet($g)
+        QUALIFY row_number() OVER (PARTITION BY reason ORDER BY source_file, source_line, record_id) <= $k
+        ORDER BY reason_rejects DESC, reason, source_file, source_line, record_id LIMIT $n""",
+                      {"g": p["g"], "k": REJECT_EXAMPLES, "n": SAMPLE})
+    facts = {"gold_reject_rate": round(rate, 6), "max_gold_reject_rate": max_rate, "records_entering_gold": records,
+             "rejects": rejects, "rejects_by_reason": by_reason}
+    return Outcome("tokenized_examples_reject_rate", int(rate > max_rate), examples, facts,
+                   f"gold rejects / silver records = {rejects} / {records} = {rate:.2%} (at most {max_rate:.2%})")
+
+
 TABULAR_REMEDIES = ("group by another column (tabular.group_by), raise sequence.max_seq_len, or lower "
                     "packing.max_sequences_per_example")
 
@@ -724,23 +749,66 @@ _ROWS_NAMED = """
     shard_rows AS (SELECT r.* FROM read_parquet($files, filename = true, file_row_number = true) r
                    SEMI JOIN rows_named b ON r.filename = b.file AND r.file_row_number = b.row)"""
 
+# Gold meets the shard segments in two ways. An example of up to GOLD_CHUNK tokens is joined whole (its lists go
+# with each segment it fills: a few rows' worth). A longer one is unnested to one row per token, joined to its
+# segments by the chunk of GOLD_CHUNK tokens it falls in, and summed per segment: a join carries each matching
+# row's lists, and the whole lists of a long document, once per segment it fills, took 2 GiB at 1.4M tokens. The
+# joins run as written (`joins_as_written`): segments are the hash tables, gold's lists and tokens stream past.
+GOLD_CHUNK = 4096
+# a segment longer than this is broken (no row is that long); it bounds the chunks one corrupt length asks for
+SEGMENT_CAP = 1 << 24
+_SEG_HASH = ("hash(({at})::BIGINT, ({id})::BIGINT, (CASE WHEN {i} <= {k0} THEN 0 ELSE {m} END)::BIGINT, "
+             "({typ})::BIGINT)")
+# `seg_gold` (file, row, seg, broken, h) from the segments `n` (file, row, seg, example_id, off, len, at, k0): per
+# segment, the sum of per-token hashes of (position in the row, id, mask, type) over the gold tokens it should
+# hold, its first k0 tokens masked; `broken` where it names no gold example, starts before it or runs past its end.
+# Routed by num_tokens (gold's mask_aligned gate holds it equal to the lists); either route judges the lists.
+_GOLD_SEGMENT_SUMS = f"""
+    gi AS (SELECT example_id, num_tokens > $C AS long FROM read_parquet($g)),
+    nk AS (SELECT n.*, gi.long FROM n LEFT JOIN gi ON gi.example_id = n.example_id),
+    short AS (SELECT nk.file, nk.row, nk.seg, nk.off < 0 OR nk.off + nk.len > len(g.token_ids) AS broken,
+                     coalesce(list_sum(list_transform(list_zip(g.token_ids[nk.off + 1 : nk.off + nk.len],
+                                                               g.loss_mask[nk.off + 1 : nk.off + nk.len],
+                                                               g.token_type_ids[nk.off + 1 : nk.off + nk.len]),
+                         lambda x, i: {_SEG_HASH.format(at='nk."at" + i', id="x[1]", i="i", k0="nk.k0", m="x[2]",
+                                                        typ="x[3]")})), 0)::HUGEINT AS h
+              FROM (SELECT example_id, token_ids, loss_mask, token_type_ids FROM read_parquet($g)
+                    WHERE num_tokens <= $C) g JOIN nk ON g.example_id = nk.example_id
+              WHERE NOT nk.long),
+    pc AS (SELECT file, row, seg, example_id, off, len, "at", k0,
+                  unnest(range(off // $C, (off + CASE WHEN len > {SEGMENT_CAP} THEN {SEGMENT_CAP} WHEN len < 1 THEN 1
+                                                      ELSE len END - 1) // $C + 1)) AS c
+           FROM nk WHERE nk.long),  -- CASE, not greatest/least, which skip NULLs: no length, no chunks
+    lt AS (SELECT example_id, unnest(token_ids) AS t, unnest(loss_mask) AS tm, unnest(token_type_ids) AS ty,
+                  generate_subscripts(token_ids, 1) AS j FROM read_parquet($g) WHERE num_tokens > $C),
+    lsum AS (SELECT pc.file, pc.row, pc.seg, count(*) AS matched,
+                    sum({_SEG_HASH.format(at='pc."at" + lt.j - pc.off', id="lt.t", i="lt.j - pc.off", k0="pc.k0",
+                                          m="lt.tm", typ="lt.ty")})::HUGEINT AS h
+             FROM lt JOIN pc ON lt.example_id = pc.example_id AND (lt.j - 1) // $C = pc.c
+                            AND lt.j > pc.off AND lt.j <= pc.off + pc.len
+             GROUP BY pc.file, pc.row, pc.seg),
+    seg_gold AS (SELECT file, row, seg, broken, h FROM short
+                 UNION ALL
+                 SELECT nk.file, nk.row, nk.seg, nk.off < 0 OR nk.len > {SEGMENT_CAP}
+                        OR coalesce(lsum.matched, 0) <> nk.len, coalesce(lsum.h, 0)::HUGEINT
+                 FROM nk LEFT JOIN lsum ON lsum.file = nk.file AND lsum.row = nk.row AND lsum.seg = nk.seg
+                 WHERE nk.long
+                 UNION ALL
+                 SELECT file, row, seg, true, 0::HUGEINT FROM nk WHERE nk.long IS NULL)"""
+_K0 = "least(len, CASE WHEN off = 0 THEN 1 ELSE greatest($overlap, 1) END)"
+
 # Per shard row: `shard_rows`' checksum over the gold tokens each segment should hold, at the segment's place in
 # the row, with the segment's leading tokens (the first; a window's overlap) masked; `broken` when a segment names
 # no gold example or reaches past its end
 _GOLD_ROW_SUMS = f"""
     WITH s AS (SELECT filename AS file, file_row_number AS row, unnest(example_ids) AS example_id,
                       unnest(example_offsets) AS off, unnest(seq_lengths) AS len,
-                      unnest(list_transform(generate_series(1, len(seq_lengths)),
-                                            lambda k: {_SEG_AT})) AS at
+                      unnest(list_transform(generate_series(1, len(seq_lengths)), lambda k: {_SEG_AT})) AS "at",
+                      unnest(range(1, 1 + greatest(len(example_ids), len(example_offsets), len(seq_lengths)))) AS seg
                FROM read_parquet($files, filename = true, file_row_number = true)),
-    n AS (SELECT *, least(len, CASE WHEN off = 0 THEN 1 ELSE greatest($overlap, 1) END) AS k0 FROM s)
-    SELECT n.file, n.row, bool_or(g.example_id IS NULL OR n.off + n.len > len(g.token_ids)) AS broken,
-           (sum(list_sum(list_transform(list_zip(g.token_ids[n.off + 1 : n.off + n.len],
-                                                 g.loss_mask[n.off + 1 : n.off + n.len],
-                                                 g.token_type_ids[n.off + 1 : n.off + n.len]),
-               lambda x, i: hash((n.at + i)::BIGINT, x[1]::BIGINT, (CASE WHEN i <= n.k0 THEN 0 ELSE x[2] END)::BIGINT,
-                                 x[3]::BIGINT)))) {_MOD_2_64})::UBIGINT AS h
-    FROM n LEFT JOIN read_parquet($g) g ON g.example_id = n.example_id GROUP BY n.file, n.row"""
+    n AS (SELECT *, {_K0} AS k0 FROM s),
+    {_GOLD_SEGMENT_SUMS}
+    SELECT file, row, bool_or(broken) AS broken, (sum(h) {_MOD_2_64})::UBIGINT AS h FROM seg_gold GROUP BY file, row"""
 
 
 def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows: pa.Table | None = None) -> Outcome:
@@ -752,21 +820,19 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
     if not files:
         return _no_shards(name, desc)
     # Pass 1, row by row: each row's sum of per-token hashes (position, id, mask, type) against the same sum over
-    # the gold tokens its segments should hold. Whole lists go through vectorised list functions; only scalars meet
-    # the gold rows in the join (joining the lists took +1,074 MiB on a 400 MB drop), and no shard list is cut into
-    # segments (slicing each row's lists per segment took 2.4 s of the 100 MB benchmark's 2.7). Equal tokens give
-    # equal sums, so a pass is a pass; a changed token changes its row's sum but for odds of ~1e-19.
-    # Pass 2, only for the rows that failed: segment by segment (hashes of each segment's slices against the gold
-    # example's), to name the bad segments; then the first bad token of the sampled ones. A failed row without a
-    # bad listed segment (its seq_lengths cover tokens no segment names) is a violation of its own.
-    p = {"files": _files(files), "g": str(gold_dir / "examples.parquet"), "overlap": overlap}
+    # the gold tokens its segments should hold (`_GOLD_SEGMENT_SUMS`). Equal tokens give equal sums, so a pass is a
+    # pass; a changed token changes its row's sum but for odds of ~1e-19.
+    # Pass 2, only for the rows that failed: the same sums segment by segment, to name the bad segments; then the
+    # first bad token of the sampled ones. A failed row without a bad listed segment (its seq_lengths cover tokens
+    # no segment names) is a violation of its own.
+    p = {"files": _files(files), "g": str(gold_dir / "examples.parquet"), "overlap": overlap, "C": GOLD_CHUNK}
     sums = shard_rows(files, ["checksum"]) if rows is None else rows
     rows_sql = f"""
         SELECT coalesce(a.file, b.file) AS file, coalesce(a.row, b.row) AS row
         FROM shard_sums a FULL OUTER JOIN ({_GOLD_ROW_SUMS}) b ON a.file = b.file AND a.row = b.row
         WHERE coalesce(a.h, 0) <> coalesce(b.h, 0) OR coalesce(b.broken, false)
     """
-    with sql_connect() as con:
+    with sql_connect() as con, joins_as_written(con):
         con.register("shard_sums", sums.select(["file", "row", "h"]))
         found = con.execute(rows_sql, _bound(rows_sql, p)).fetchall()
     if not found:
@@ -776,23 +842,23 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
     segments = f"""
         WITH {_ROWS_NAMED},
         segs AS ({_SEGMENTS_WITH_SLICES}),
-        n AS (SELECT file, row, s.seg AS seg, s.example_id AS example_id, s.off AS off, s.len AS len, s.at AS at,
+        n AS (SELECT file, row, s.seg AS seg, s.example_id AS example_id, s.off AS off, s.len AS len, s.at AS "at",
                      least(s.len, CASE WHEN s.off = 0 THEN 1 ELSE greatest($overlap, 1) END) AS k0,
-                     hash(s.ids) AS h_ids, hash(s.typ) AS h_typ, coalesce(list_sum(s.m[1 : k0]), 0) AS head_loss,
-                     hash(s.m[k0 + 1 : s.len]) AS h_mask FROM segs),
-        v AS (SELECT n.file, n.row, n.seg, n.example_id, n.off, n.len, n.at, n.k0
-              FROM n LEFT JOIN read_parquet($g) g ON g.example_id = n.example_id
-              WHERE g.example_id IS NULL OR n.off + n.len > len(g.token_ids) OR n.head_loss <> 0
-                 OR n.h_ids <> hash(g.token_ids[n.off + 1 : n.off + n.len])
-                 OR n.h_typ <> hash(g.token_type_ids[n.off + 1 : n.off + n.len])
-                 OR n.h_mask <> hash(g.loss_mask[n.off + n.k0 + 1 : n.off + n.len]))
+                     coalesce(list_sum(list_transform(list_zip(s.ids, s.m, s.typ), lambda x, i: hash(
+                         (s.at + i)::BIGINT, x[1]::BIGINT, x[2]::BIGINT, x[3]::BIGINT))), 0) {_MOD_2_64} AS shard_h
+              FROM segs),
+        {_GOLD_SEGMENT_SUMS},
+        v AS (SELECT n.file, n.row, n.seg, n.example_id, n.off, n.len, n."at", n.k0
+              FROM n JOIN seg_gold sg ON sg.file = n.file AND sg.row = n.row AND sg.seg = n.seg
+              WHERE coalesce(sg.broken, false) OR n.shard_h <> sg.h {_MOD_2_64})
         SELECT * FROM v
         UNION ALL  -- a failed row where no listed segment differs: its tokens and its segment lists disagree
         SELECT b.file, b.row, NULL, NULL, NULL, NULL, NULL, NULL FROM rows_named b
         WHERE NOT EXISTS (SELECT 1 FROM v WHERE v.file = b.file AND v.row = b.row)
     """
-    n, bad = _violating_rows(f"({segments})", "true", "*", p, order="file, row, seg NULLS LAST",
-                             tables={"rows_named": failed})
+    with sql_connect() as con, joins_as_written(con):
+        con.register("rows_named", failed)
+        n, bad = _violations_in(con, f"({segments})", "true", "*", p, order="file, row, seg NULLS LAST")
     located = {(r["file"], r["row"], r["seg"]): r
                for r in _first_bad_tokens([b for b in bad if b["seg"] is not None], files, gold_dir)}
     out = [located.get((b["file"], b["row"], b["seg"])) or {
@@ -804,20 +870,28 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
 
 
 def _first_bad_tokens(bad: list[dict[str, Any]], files: list[Path], gold_dir: Path) -> list[dict[str, Any]]:
-    """Pass 2, for the sampled failing segments only: the row position of each one's first bad token."""
+    """Pass 2, for the sampled failing segments only: the row position of each one's first bad token (the
+    segment's first where none differs, e.g. its gold example is missing). Token against token, both unnested."""
     sample = pa.Table.from_pylist(bad)
     sql = f"""
-        WITH {_ROWS_NAMED}
-        SELECT v.file, v.row, v.seg, v.example_id, v.off, v.len,
-               v.at + coalesce(list_position(list_transform(generate_series(1, v.len), lambda x:
-                   s.ids[x] = g.token_ids[v.off + x] AND s.typ[x] = g.token_type_ids[v.off + x]
-                   AND s.m[x] = CASE WHEN x <= v.k0 THEN 0 ELSE g.loss_mask[v.off + x] END), false), 1) AS token
-        FROM sample v
-        JOIN ({_SEGMENTS_WITH_SLICES}) AS segs ON segs.file = v.file AND segs.row = v.row AND segs.s.seg = v.seg
-        LEFT JOIN read_parquet($g) g ON g.example_id = v.example_id
+        WITH {_ROWS_NAMED},
+        segs AS (SELECT x.file, x.row, x.s FROM ({_SEGMENTS_WITH_SLICES}) x
+                 SEMI JOIN sample v ON x.file = v.file AND x.row = v.row AND x.s.seg = v.seg),
+        st AS (SELECT v.file, v.row, v.seg, v.example_id, v.off, v.k0, unnest(segs.s.ids) AS sid,
+                      unnest(segs.s.m) AS sm, unnest(segs.s.typ) AS styp, generate_subscripts(segs.s.ids, 1) AS x
+               FROM sample v JOIN segs ON segs.file = v.file AND segs.row = v.row AND segs.s.seg = v.seg),
+        gt AS (SELECT example_id, unnest(token_ids) AS t, unnest(loss_mask) AS tm, unnest(token_type_ids) AS ty,
+                      generate_subscripts(token_ids, 1) AS j
+               FROM read_parquet($g) WHERE example_id IN (SELECT example_id FROM sample)),
+        bad AS (SELECT st.file, st.row, st.seg, min(st.x) AS first
+                FROM gt JOIN st ON gt.example_id = st.example_id AND gt.j = st.off + st.x
+                WHERE NOT (st.sid = gt.t AND st.styp = gt.ty AND st.sm = CASE WHEN st.x <= st.k0 THEN 0 ELSE gt.tm END)
+                GROUP BY st.file, st.row, st.seg)
+        SELECT v.file, v.row, v.seg, v.example_id, v.off, v.len, v."at" + coalesce(bad.first, 1) AS token
+        FROM sample v LEFT JOIN bad ON bad.file = v.file AND bad.row = v.row AND bad.seg = v.seg
         ORDER BY v.file, v.row, v.seg
     """
-    with sql_connect() as con:
+    with sql_connect() as con, joins_as_written(con):
         con.register("sample", sample)
         con.register("rows_named", sample)
         cur = con.execute(sql, {"files": _files(files), "g": str(gold_dir / "examples.parquet")})

@@ -47,3 +47,20 @@ def shared_database() -> Iterator[None]:
     finally:
         _SHARED.reset(token)
         db.close()
+
+
+# the joins of a query run as written, its right side the hash table: DuckDB estimates an unnest at the rows it
+# reads, not the ones it makes, so it built the table on a long example's tokens rather than on its segments
+AS_WRITTEN = "build_side_probe_side,join_order"
+
+
+@contextmanager
+def joins_as_written(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """Within this block, queries on `con` join in the order and with the build sides they are written in. The
+    setting is the database's, not the cursor's: it is put back on the way out."""
+    before = con.execute("SELECT current_setting('disabled_optimizers')").fetchall()[0][0]
+    con.execute("SET disabled_optimizers = $v", {"v": AS_WRITTEN})
+    try:
+        yield
+    finally:
+        con.execute("SET disabled_optimizers = $v", {"v": before or ""})

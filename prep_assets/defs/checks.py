@@ -27,11 +27,22 @@ from prep_assets.core.gates import Gate, gates_for, outcomes
 from prep_assets.core.lake import read_json
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.keys import DATASET_MANIFEST, asset_key
-from prep_assets.defs.metadata import md_table
+from prep_assets.defs.metadata import counts_table, md_table
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
 warnings.filterwarnings("ignore", message=".*partitions_def.*", category=Warning)
+
+
+# facts shown as metadata entries of their own too (a rate to chart, counts as a table), beside the facts JSON
+_RATES = ("reject_rate", "gold_reject_rate")
+_COUNTS = ("rejects_by_reason",)
+
+
+def _fact_entries(facts: dict) -> dict[str, MetadataValue]:
+    out = {k: MetadataValue.float(float(facts[k])) for k in _RATES if isinstance(facts.get(k), (int, float))}
+    out.update({k: counts_table(facts[k]) for k in _COUNTS if isinstance(facts.get(k), dict)})
+    return out
 
 
 def outcome_result(outcome: inv.Outcome, asset: AssetKey | None = None, name: str | None = None) -> AssetCheckResult:
@@ -45,6 +56,7 @@ def outcome_result(outcome: inv.Outcome, asset: AssetKey | None = None, name: st
             "num_violations": outcome.violations,
             "offending": md_table(outcome.offending),
             "facts": MetadataValue.json(outcome.facts),
+            **_fact_entries(outcome.facts),
         },
     )
 

@@ -302,3 +302,44 @@ def test_shard_rows_refuses_unknown_parts_and_fixed_without_a_length(tmp_path: P
         inv.shard_rows(f, ["fixed"])
     with pytest.raises(ValueError, match="parts"):
         inv.shard_rows(f, ["checksums"])
+
+
+def _silver_and_gold_rejects(tmp_path: Path, records: int, rejects: list[tuple[str, int]]) -> tuple[Path, Path]:
+    """`records` silver records; gold rejects (reason, source_line) among them."""
+    from prep_assets.core.records import GOLD_REJECT_SCHEMA, SILVER_SCHEMA
+
+    s, g = tmp_path / "s", tmp_path / "g"
+    s.mkdir(parents=True), g.mkdir(parents=True)
+    prov = {"drop": "d", "source_file": "f.jsonl", "byte_offset": 0, "split": "train"}
+    pq.write_table(pa.Table.from_pylist([{**prov, "record_id": f"d:{i}", "source_line": i, "content": "{}",
+                                          "content_sha256": str(i), "num_chars": 5} for i in range(1, records + 1)],
+                                        schema=SILVER_SCHEMA), s / "records.parquet")
+    pq.write_table(pa.Table.from_pylist([{**prov, "record_id": f"d:{line}", "source_line": line, "reason": reason,
+                                          "detail": f"why {line}", "num_tokens": 0} for reason, line in rejects],
+                                        schema=GOLD_REJECT_SCHEMA), g / "rejects.parquet")
+    return s, g
+
+
+def test_gold_reject_rate_fails_over_the_threshold_with_reasons_counts_and_examples(tmp_path: Path):
+    rejects = [("chat_template_dropped_message", line) for line in (9, 2, 4, 7, 5)] + [("empty_after_template", 3)]
+    s, g = _silver_and_gold_rejects(tmp_path, 10, rejects)
+    out = inv.gold_reject_rate(g, s, 0.5)
+    assert out.violations == 1 and not out.passed
+    assert out.facts == {"gold_reject_rate": 0.6, "max_gold_reject_rate": 0.5, "records_entering_gold": 10,
+                         "rejects": 6, "rejects_by_reason": {"chat_template_dropped_message": 5,
+                                                             "empty_after_template": 1}}
+    # most frequent reason first, a few examples of each (earliest lines), with id, file:line and detail
+    assert [(r["reason"], r["reason_rejects"], r["record_id"], r["location"], r["detail"]) for r in out.offending] == [
+        ("chat_template_dropped_message", 5, "d:2", "f.jsonl:2", "why 2"),
+        ("chat_template_dropped_message", 5, "d:4", "f.jsonl:4", "why 4"),
+        ("chat_template_dropped_message", 5, "d:5", "f.jsonl:5", "why 5"),
+        ("empty_after_template", 1, "d:3", "f.jsonl:3", "why 3")]
+    assert inv.gold_reject_rate(g, s, 0.6).passed  # the threshold itself passes
+
+
+def test_gold_reject_rate_passes_without_rejects_and_on_an_empty_drop(tmp_path: Path):
+    s, g = _silver_and_gold_rejects(tmp_path / "a", 4, [])
+    out = inv.gold_reject_rate(g, s, 0.0)
+    assert out.passed and out.offending == [] and out.facts["gold_reject_rate"] == 0.0
+    s, g = _silver_and_gold_rejects(tmp_path / "b", 0, [])
+    assert inv.gold_reject_rate(g, s, 0.05).passed

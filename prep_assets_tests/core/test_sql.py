@@ -63,3 +63,18 @@ def test_gates_run_together_give_the_same_outcomes_in_one_database_as_each_in_it
     shared = [(g.name, _text(o)) for g, o in gates.outcomes(spec, paths, "k", chosen)]
     assert shared == [(g.name, _alone(g, spec, paths)) for g in chosen]
     assert set(BY_ROWS) <= {n for n, o in shared if not isinstance(o, str) and not o.passed}  # type: ignore[union-attr]
+
+
+def _disabled(con) -> str:
+    return con.execute("SELECT current_setting('disabled_optimizers')").fetchall()[0][0]
+
+
+def test_joins_as_written_is_put_back_for_the_other_cursors_even_when_the_query_raises():
+    with sql.shared_database():
+        with sql.connect() as a:
+            with pytest.raises(duckdb.Error), sql.joins_as_written(a):
+                assert set(_disabled(a).split(",")) == set(sql.AS_WRITTEN.split(","))
+                a.execute("SELECT * FROM no_such_table")
+            assert _disabled(a) == ""
+        with sql.connect() as b:
+            assert _disabled(b) == ""

@@ -75,3 +75,21 @@ def test_a_gate_that_raises_leaves_the_others_reporting_and_fails_the_step(drop)
         (first.name, True), (last.name, True)]
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert failure.step_key == "t__raw_records_gates" and "the gate itself broke" in str(failure.event_specific_data)
+
+
+def test_gold_reject_rate_is_a_blocking_check_of_tokenized_examples_with_its_rate_and_reasons(tmp_path: Path):
+    from prep_assets.defs.checks import build_checks, outcome_result
+    from prep_assets_tests.conftest import make_spec
+    from prep_assets_tests.core.test_invariants import _silver_and_gold_rejects
+
+    spec = make_spec("t")
+    specs = [s for c in build_checks(spec) for s in c.check_specs]
+    gold = next(s for s in specs if s.name == "tokenized_examples_reject_rate")
+    assert gold.asset_key == AssetKey(["t", "tokenized_examples"]) and gold.blocking
+    s, g = _silver_and_gold_rejects(tmp_path, 4, [("chat_template_dropped_message", 2), ("too_long", 3)])
+    result = outcome_result(inv.gold_reject_rate(g, s, 0.05))
+    assert not result.passed and result.metadata["gold_reject_rate"].value == 0.5
+    table = result.metadata["rejects_by_reason"].value
+    assert [(r.data["reason"], r.data["count"]) for r in table.records] == [("chat_template_dropped_message", 1),
+                                                                           ("too_long", 1)]
+    assert "d:2" in result.metadata["offending"].value and "f.jsonl:3" in result.metadata["offending"].value
