@@ -33,7 +33,7 @@ def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
     home = tmp_path / "home"
     first = _run(["run", "--data-dir", str(data)], home, PROJECT)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "17/17" in first.stdout and "19/19" in first.stdout and "0 failed" in first.stdout
+    assert "18/18" in first.stdout and "20/20" in first.stdout and "0 failed" in first.stdout
     assert (home / "dagster.yaml").is_file() and (home / ".nux" / "nux.yaml").is_file()
     for ds in SAMPLE_DATASETS:
         manifest = json.loads((data / "lake" / ds / "manifest.json").read_text())
