@@ -561,3 +561,18 @@ def test_template_that_hangs_on_every_record_stops_gold_with_the_remedy(tmp_path
     convs = [{"messages": [_u(f"q{i}"), _a("a")]} for i in range(TIME_LIMITS_IN_A_ROW + 3)]
     with pytest.raises(TokenizerError, match="in a row .time limit exceeded.; fix its loops"):
         tokenize_batch(convs, spec, pt, CT(pt, render_seconds=0.1))
+
+
+def test_gold_counts_examples_split_at_a_turn_boundary(tmp_path: Path):
+    """Through bronze -> silver -> gold: the examples whose ids differ from tokenizer(rendering) are counted."""
+    from prep_assets_tests.core.test_layers import run_core
+
+    raw = tmp_path / "raw" / "c"
+    raw.mkdir(parents=True)
+    records = [{"messages": [_u(f"question {i}"), _a(("\n\n" if i % 3 == 0 else "") + f"answer number {i}")]}
+               for i in range(12)]
+    (raw / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    spec = make_spec("c", input={"type": "chat"}, clean={"normalize": False, "min_chars": 1},
+                     tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template_file": str(CHATML)})
+    gold = next(iter(run_core(tmp_path, spec).values()))["gold"]
+    assert gold["examples"] == 12 and gold["examples_split_at_turn_boundary"] == 4
