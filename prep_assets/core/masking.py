@@ -395,7 +395,11 @@ def apply_overflow(
     loss = segment_sums(out_mask, out_offsets)
     dropped = over if policy == "drop" else np.zeros(n, dtype=bool)
     for i in np.flatnonzero((loss == 0) & ~dropped):
-        rejects.append((int(i), "no_trained_tokens", f"no loss token left of {int(lengths[i])} tokens", int(lengths[i])))
+        cause = (f"truncated to {int(max_len[i])} (sequence.overflow {policy}), none of the trained tokens is left"
+                 if over[i] else "no token is trained: the record has no text of a trained role or field (see `mask`"
+                 " / `mask_default`) beyond the first token, which is never trained")
+        rejects.append((int(i), "no_trained_tokens", f"no loss token left of {int(lengths[i])} tokens: {cause}",
+                        int(lengths[i])))
     rejected = np.zeros(n, dtype=bool)
     rejected[[r[0] for r in rejects]] = True
     if pairs:

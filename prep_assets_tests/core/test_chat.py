@@ -152,6 +152,8 @@ def test_truncation_that_leaves_no_trained_token_rejects_no_trained_tokens(tmp_p
     tb = tokenize_batch([long_user, no_assistant, fits], spec, pt)
     assert tb.kept.tolist() == [2]
     assert [(r[0], r[1]) for r in tb.rejects] == [(0, "no_trained_tokens"), (1, "no_trained_tokens")]
+    assert "truncated to 48 (sequence.overflow truncate_right)" in tb.rejects[0][2]  # the cause, not just the count
+    assert "no text of a trained role" in tb.rejects[1][2]
 
 
 def test_masks_follow_the_spec_roles_tool_turns_masked_by_default(tmp_path: Path):
