@@ -261,6 +261,12 @@ class ChatTemplate:
         if isinstance(real, Invalid):
             return real
         if real != text:
+            empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
+            if empty:  # the skeleton's placeholders are never empty, so a test on emptiness differs only here
+                return Invalid("chat_template_mismatch",
+                               f"messages {empty} are empty and the template renders empty messages differently "
+                               "(it skips them); drop empty messages from the records, or give a template that "
+                               f"renders them ({_TEMPLATE_SOURCE_HINT})")
             return Invalid("chat_template_mismatch",
                            "the template changes message content (it rewrites, escapes or reorders it), so its "
                            "characters cannot be located; give a template that writes each content as it is or "

@@ -473,12 +473,19 @@ def test_reject_hints_name_the_cause_mistral_system_prompt_is_not_an_unsupported
     for template, cause in (
         ("{% for m in messages[1:] %}{{ m.content }}|{% endfor %}{{ messages[0].content }}", "moved out of order"),
         ("{% for m in messages %}{{ m.content }}|{% endfor %}{{ messages[1].content }}", "rendered 2 times"),
+        ("{% for m in messages if m.role in ['user', 'assistant'] %}{{ m.content }}|{% endfor %}", "no `system` role"),
     ):
         spec = make_spec(input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")),
                                                             "chat_template": template})
         tb = tokenize_batch([conv], spec, _pinned(spec, tmp_path / cause[:5]))
         (_, reason, detail, _), = tb.rejects
         assert reason == "chat_template_dropped_message" and cause in detail and "chat_template_file" in detail
+    skips_empty = "{% for m in messages if m.content %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    spec = make_spec(input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")),
+                                                        "chat_template": skips_empty})
+    tb = tokenize_batch([{"messages": [_u(""), _a("a")]}], spec, _pinned(spec, tmp_path / "empty"))
+    (_, reason, detail, _), = tb.rejects
+    assert reason == "chat_template_mismatch" and "messages [1] are empty" in detail
 
 
 def test_assistant_content_starting_with_newlines_trains_no_template_newline(tmp_path: Path):
