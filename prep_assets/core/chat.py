@@ -18,15 +18,29 @@ Spans are located by character offsets, never by searching for marker tokens:
    the tokenizer encodes the whole rendering. Each token carries the characters it covers; a token is
    trained when it covers a trained character.
 
-Tools are passed to the template (`tools=`) where the record has them. Templates render in transformers'
-sandboxed Jinja environment; no custom code runs.
+Tools are passed to the template (`tools=`) where the record has them; a template that leaves them out is
+rejected (`chat_template_dropped_tools`). Templates render in transformers' sandboxed Jinja environment, each
+render under a time limit (a watchdog thread) and a size limit; no custom code runs.
+
+4. The encoding is also cut at each trained turn's start and end and at the end of each assistant turn's
+   generation prompt, so the ids of the history rendered for generation are a prefix of the sequence and no
+   token joins template text to trained text (the ids differ from `tokenizer(rendering)` only where a merge
+   spans such a cut: `EncodedChat.split`). A history the template renders differently for generation than
+   inside the conversation is rejected (`chat_template_history_differs`).
 """
 
 from __future__ import annotations
 
+import bisect
+import ctypes
 import json
+import os
 import re
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -36,6 +50,77 @@ from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT, Inv
 from prep_assets.core.tokenizer import PinnedTokenizer
 
 _MARK_CHARS = (("\ue000", "\ue001"), ("\U000f0000", "\U000f0001"), ("\U00100000", "\U00100001"))
+RENDER_SECONDS = 2.0  # per render; real templates take well under a millisecond
+RENDER_MIN_CHARS = 4 << 20  # a rendering may be this long, or RENDER_INPUT_FACTOR x the conversation's characters
+RENDER_INPUT_FACTOR = 16
+TIME_LIMITS_IN_A_ROW = 5  # then the template, not a record, is at fault: gold stops instead of taking hours
+_TEMPLATE_SOURCE_HINT = "tokenizer.chat_template (inline Jinja) or tokenizer.chat_template_file"
+
+
+class _RenderTimeout(BaseException):
+    """Injected into a render past its deadline; a BaseException so no template or library code swallows it."""
+
+
+class RenderGuard:
+    """Stops a render that runs past its deadline: one watchdog thread polls the running renders and injects
+    `_RenderTimeout` into an overdue one (`PyThreadState_SetAsyncExc`); arming a render costs a lock and a
+    dict write, never a thread. An injection not yet delivered when the render ends is withdrawn."""
+
+    def __init__(self, seconds: float = RENDER_SECONDS) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._running: dict[int, tuple[int, float]] = {}  # thread id -> (render number, deadline)
+        self._fired: set[tuple[int, int]] = set()  # (thread id, render number) injected
+        self._count = 0
+        self._watchdog: threading.Thread | None = None
+
+    def run(self, fn: Callable[[], str]) -> str:
+        """fn() under the deadline; raises _RenderTimeout when it was stopped."""
+        tid = threading.get_ident()
+        with self._lock:
+            self._count += 1
+            number = self._count
+            self._running[tid] = (number, time.monotonic() + self.seconds)
+            if self._watchdog is None or not self._watchdog.is_alive():
+                self._watchdog = threading.Thread(target=self._watch, name="chat-template-watchdog", daemon=True)
+                self._watchdog.start()
+        try:
+            try:
+                return fn()
+            finally:
+                self._disarm(tid, number)  # a late injection may land in here: caught below like any other
+        except _RenderTimeout:
+            self._disarm(tid, number)
+            raise
+
+    def _disarm(self, tid: int, number: int) -> None:
+        with self._lock:
+            if self._running.get(tid, (None,))[0] == number:
+                del self._running[tid]
+            fired = (tid, number) in self._fired
+            self._fired.discard((tid, number))
+        if fired:  # withdraw an injection not yet delivered (a no-op when it was), so none outlives the render
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
+
+    def _watch(self) -> None:
+        idle = 0.0
+        step = min(0.25, self.seconds / 4)
+        while True:  # the thread ends after a minute without renders and restarts with the next one
+            time.sleep(step)
+            now = time.monotonic()
+            with self._lock:
+                idle = 0.0 if self._running else idle + step
+                for tid, (number, deadline) in self._running.items():
+                    if now > deadline and (tid, number) not in self._fired:
+                        self._fired.add((tid, number))
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
+                                                                   ctypes.py_object(_RenderTimeout))
+            if idle >= 60:
+                with self._lock:  # under the lock, so a render arming now sees this thread as gone
+                    if not self._running:
+                        self._watchdog = None
+                        return
+                    idle = 0.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +131,7 @@ class RenderedChat:
     content_spans: list[tuple[int, int]]  # every message's characters (trained or not): not template text
     trained_content: list[tuple[int, int]]
     trained_eot: list[tuple[int, int]]
+    cuts: tuple[int, ...] = ()  # sorted: the encoding never merges across these (trained turns' edges)
 
 
 @dataclass(frozen=True)
@@ -54,12 +140,18 @@ class EncodedChat:
     loss_mask: np.ndarray  # uint8
     token_type_ids: np.ndarray  # uint8
     char_ends: np.ndarray  # int64: the character (of the rendering) each token ends at
+    split: bool = False  # the cuts changed the ids: they differ from the tokenizer's encoding of the rendering
+
+
+class TemplateRenderLimit(Exception):
+    """A render stopped by the time or size limit."""
 
 
 class ChatTemplate:
     """The pinned tokenizer's chat template (or the spec's), rendered through transformers."""
 
-    def __init__(self, pt: PinnedTokenizer, template: str | None = None) -> None:
+    def __init__(self, pt: PinnedTokenizer, template: str | None = None, *,
+                 render_seconds: float = RENDER_SECONDS) -> None:
         self.pt = pt
         self.template = template
         if template is None and not getattr(pt.hf, "chat_template", None):
@@ -67,25 +159,55 @@ class ChatTemplate:
                 "the tokenizer has no chat template; give tokenizer.chat_template (inline Jinja) or "
                 "tokenizer.chat_template_file (e.g. a ChatML template) in the dataset spec"
             )
+        source = template if template is not None else pt.hf.chat_template
+        self.source = source if isinstance(source, str) else json.dumps(source)
         added = sorted(pt.hf.backend_tokenizer.get_added_tokens_decoder().items())
         self.added_ids = {tok.content: int(i) for i, tok in added}
         contents = sorted(self.added_ids, key=lambda c: (-len(c), c))
         self._added_re = re.compile("|".join(map(re.escape, contents))) if contents else None
+        self.guard = RenderGuard(render_seconds)
+        self._time_limits_in_a_row = 0
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                *, add_generation_prompt: bool = False) -> str:
-        out = self.pt.hf.apply_chat_template(
-            messages, tools=tools, chat_template=self.template, add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-        )
+        """The template's rendering; raises TemplateRenderLimit past the time or size limit."""
+        def run() -> str:
+            return self.pt.hf.apply_chat_template(
+                messages, tools=tools, chat_template=self.template, add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+            )
+
+        try:
+            out = self.guard.run(run)
+        except _RenderTimeout:
+            self._time_limits_in_a_row += 1
+            if self._time_limits_in_a_row >= TIME_LIMITS_IN_A_ROW:
+                raise TokenizerError(f"the chat template did not finish rendering within {self.guard.seconds:g} s "
+                                     f"for {self._time_limits_in_a_row} conversations in a row (time limit exceeded); "
+                                     f"fix its loops ({_TEMPLATE_SOURCE_HINT})") from None
+            raise TemplateRenderLimit(f"the chat template did not finish rendering within {self.guard.seconds:g} s "
+                                      "(time limit exceeded); fix the template's loops") from None
+        self._time_limits_in_a_row = 0
         assert isinstance(out, str)
+        size = sum(len(m.get("content") or "") for m in messages) + len(json.dumps(tools or []))
+        cap = max(RENDER_MIN_CHARS, RENDER_INPUT_FACTOR * size)
+        if len(out) > cap:
+            raise TemplateRenderLimit(f"the chat template rendered {len(out):,} characters for {size:,} characters "
+                                      f"of conversation (size limit {cap:,} exceeded); fix the template")
         return out
 
-    def _try_render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str | Invalid:
+    def _try_render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    *, add_generation_prompt: bool = False) -> str | Invalid:
         try:
-            return self.render(messages, tools)
+            return self.render(messages, tools, add_generation_prompt=add_generation_prompt)
+        except TemplateRenderLimit as exc:
+            return Invalid("chat_template_error", str(exc))
+        except TokenizerError:  # fatal: the template cannot render this dataset
+            raise
         except Exception as exc:  # Jinja raises TemplateError, raise_exception() and type errors alike
-            return Invalid("chat_template_error", f"the chat template cannot render this conversation: {exc}")
+            roles = [m.get("role") for m in messages]
+            return Invalid("chat_template_error", f"the chat template cannot render this conversation (roles "
+                           f"{roles[:12]}{'...' if len(roles) > 12 else ''}): {exc}")
 
     def spans(self, messages: list[dict[str, str]], trained: list[bool],
               tools: list[dict[str, Any]] | None = None) -> RenderedChat | Invalid:
@@ -110,9 +232,11 @@ class ChatTemplate:
         found = list(re.finditer(re.escape(open_) + r"(\d+)" + re.escape(close), skeleton))
         if [int(m.group(1)) for m in found] != list(range(len(messages))):
             return Invalid("chat_template_dropped_message",
-                           f"the template rendered messages {[int(m.group(1)) + 1 for m in found]} of "
-                           f"{len(messages)} (roles {[m['role'] for m in messages]}); map unsupported roles "
-                           "with input.role_map or use a template that renders them")
+                           _dropped_detail(messages, [int(m.group(1)) for m in found], self.source))
+        if tools:
+            dropped = self._dropped_tools(messages, holders, tools, skeleton)
+            if dropped is not None:
+                return dropped
         # rebuild the real rendering from the skeleton, remembering where each message lands
         parts: list[str] = []
         spans: list[tuple[int, int]] = []
@@ -137,10 +261,19 @@ class ChatTemplate:
         if isinstance(real, Invalid):
             return real
         if real != text:
+            empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
+            if empty:  # the skeleton's placeholders are never empty, so a test on emptiness differs only here
+                return Invalid("chat_template_mismatch",
+                               f"messages {empty} are empty and the template renders empty messages differently "
+                               "(it skips them); drop empty messages from the records, or give a template that "
+                               f"renders them ({_TEMPLATE_SOURCE_HINT})")
             return Invalid("chat_template_mismatch",
-                           "the template changes message content in a way its characters cannot be located")
+                           "the template changes message content (it rewrites, escapes or reorders it), so its "
+                           "characters cannot be located; give a template that writes each content as it is or "
+                           f"trimmed ({_TEMPLATE_SOURCE_HINT})")
         trained_content: list[tuple[int, int]] = []
         trained_eot: list[tuple[int, int]] = []
+        cuts: set[int] = set()
         for i in (i for i, t in enumerate(trained) if t):
             partial = self._try_render(_with_contents(messages[: i + 1], holders[: i + 1]), tools)
             if isinstance(partial, Invalid):
@@ -150,60 +283,108 @@ class ChatTemplate:
             after = partial[at + len(mark):] if at >= 0 else ""
             eot = _common_prefix(after, skeleton[found[i].end():])
             eot = eot[mark_ends[i] - found[i].end():].rstrip()  # past the content's own trailing whitespace
-            trained_content.append((self._turn_start(messages, i, tools, real, spans, core_starts), spans[i][1]))
+            start = self._turn_start(messages, i, tools, real, spans, core_starts, cuts)
+            if isinstance(start, Invalid):
+                return start
+            trained_content.append((start, spans[i][1]))
             if eot:
                 trained_eot.append((spans[i][1], spans[i][1] + len(eot)))
-        return RenderedChat(text, spans, trained_content, trained_eot)
+            cuts.update((start, spans[i][1] + len(eot)))  # no token joins template text to trained text
+        return RenderedChat(text, spans, trained_content, trained_eot, tuple(sorted(cuts)))
+
+    def _dropped_tools(self, messages: list[dict[str, str]], holders: list[str], tools: list[dict[str, Any]],
+                       skeleton: str) -> Invalid | None:
+        """Tools given but not in the rendering: the skeleton holds no content, so any name found is the template's."""
+        names = [n for n in (_tool_name(t) for t in tools) if n]
+        if names:
+            missing = [n for n in names if n not in skeleton and json.dumps(n)[1:-1] not in skeleton]
+        else:  # nameless tools: the rendering must change when they are given
+            missing = ["(unnamed)"] if skeleton == self._try_render(_with_contents(messages, holders), None) else []
+        if not missing:
+            return None
+        return Invalid("chat_template_dropped_tools",
+                       f"the record gives {len(tools)} tool definition(s) but the chat template's rendering leaves "
+                       f"out {missing[:5]} (the template ignores `tools`, or renders them only in some "
+                       "conversations); "
+                       f"give a template that renders tools ({_TEMPLATE_SOURCE_HINT}, e.g. data/templates/"
+                       "chatml.jinja), or stop reading tools (input.tools_key)")
 
     def _turn_start(self, messages: list[dict[str, Any]], i: int, tools: list[dict[str, Any]] | None, real: str,
-                    spans: list[tuple[int, int]], core_starts: list[int]) -> int:
+                    spans: list[tuple[int, int]], core_starts: list[int], cuts: set[int]) -> int | Invalid:
         """Where an assistant turn's trained characters start: right after the generation prompt.
 
-        Whitespace the template writes between the generation prompt and the content (Mistral's space
-        before the answer) is generated by the model at inference, so it trains; whitespace that is part of
-        the generation prompt (a header's blank line before a trimmed content) stays masked. Anything else
-        (a template without a generation prompt, or whose history rendered for generation is not a prefix
-        of the conversation: README, Mistral with tools) falls back to the content's own start.
+        The history rendered with add_generation_prompt=True must be a prefix of the conversation (else the
+        turn is trained on a context inference never gives it: rejected); its end is a cut. Whitespace the
+        template writes between the generation prompt and the content (Mistral's space before the answer) is
+        generated by the model at inference, so it trains; whitespace that is part of the generation prompt
+        (a header's blank line before a trimmed content) stays masked. A template without a generation prompt
+        starts the turn at the content's own start.
         """
         if messages[i]["role"] != "assistant" or i == 0:
             return spans[i][0]
-        try:
-            prompt = self.render(messages[:i], tools, add_generation_prompt=True)
-        except Exception:  # a template may refuse a history that ends here; the content offsets stand
-            return spans[i][0]
-        if (real.startswith(prompt) and spans[i - 1][1] <= len(prompt) <= core_starts[i]
-                and not real[len(prompt): core_starts[i]].strip()):
+        prompt = self._try_render(messages[:i], tools, add_generation_prompt=True)
+        if isinstance(prompt, Invalid):
+            return Invalid(prompt.reason, f"the history before message {i + 1} (assistant), rendered for generation: "
+                           f"{prompt.detail}")
+        if not real.startswith(prompt):
+            at = len(os.path.commonprefix([real, prompt]))
+            return Invalid("chat_template_history_differs",
+                           f"the template renders the history before message {i + 1} (assistant) for generation "
+                           f"differently from the same history inside the conversation (from character {at}: "
+                           f"{prompt[at: at + 40]!r} vs {real[at: at + 40]!r}), so this turn would be trained on a "
+                           "context inference never gives it (Mistral's template moves the tools and the system "
+                           "prompt to the last user message); give a template that renders the history in place "
+                           f"({_TEMPLATE_SOURCE_HINT}) or split the conversation into one record per assistant turn")
+        cuts.add(len(prompt))
+        if spans[i - 1][1] <= len(prompt) <= core_starts[i] and not real[len(prompt): core_starts[i]].strip():
             return len(prompt)
         return spans[i][0]
 
     def encode(self, rendered: list[RenderedChat]) -> list[EncodedChat]:
         """Token ids, loss masks and token types of renderings, encoded in one batch (two when input starts encode
-        differently from continuations)."""
-        pieces: list[tuple[int, int, int]] = []  # (record, start, end) of text pieces
+        differently from continuations).
+
+        The text between the template's special tokens is cut at `RenderedChat.cuts`; where that changes the
+        ids (a merge spans a cut), the example is flagged `split`, found by also encoding the uncut text."""
+        jobs: list[tuple[int, int, int]] = []  # (record, start, end) of text pieces
+        wholes: list[tuple[int, int, int, int, int]] = []  # uncut text, its pieces' jobs: to compare
         specials: list[list[tuple[int, int, int]]] = [[] for _ in rendered]  # (start, end, id)
         for r, rc in enumerate(rendered):
             cursor = 0
-            for s, e in _template_specials(rc, self._added_re):
+            for s, e in [*_template_specials(rc, self._added_re), (len(rc.text), len(rc.text))]:
                 if s > cursor:
-                    pieces.append((r, cursor, s))
-                specials[r].append((s, e, self.added_ids[rc.text[s:e]]))
+                    inner = rc.cuts[bisect.bisect_right(rc.cuts, cursor): bisect.bisect_left(rc.cuts, s)]
+                    bounds = [cursor, *inner, s]
+                    if inner:
+                        wholes.append((r, cursor, s, len(jobs), len(jobs) + len(bounds) - 1))
+                    jobs += [(r, a, b) for a, b in pairwise(bounds)]
+                if e > s:
+                    specials[r].append((s, e, self.added_ids[rc.text[s:e]]))
                 cursor = e
-            if cursor < len(rc.text):
-                pieces.append((r, cursor, len(rc.text)))
+        n_pieces = len(jobs)
+        jobs += [w[:3] for w in wholes]
         if self.pt.continuation is self.pt.encoder:  # starts encode like continuations: one call
-            groups = [(list(range(len(pieces))), self.pt.encoder)]
+            groups = [(list(range(len(jobs))), self.pt.encoder)]
         else:
-            groups = [([i for i, p in enumerate(pieces) if p[1] == 0], self.pt.encoder),
-                      ([i for i, p in enumerate(pieces) if p[1] != 0], self.pt.continuation)]
-        encodings: list[Any] = [None] * len(pieces)
+            groups = [([i for i, p in enumerate(jobs) if p[1] == 0], self.pt.encoder),
+                      ([i for i, p in enumerate(jobs) if p[1] != 0], self.pt.continuation)]
+        encodings: list[Any] = [None] * len(jobs)
         for group, encoder in groups:
-            texts = [rendered[pieces[i][0]].text[pieces[i][1]: pieces[i][2]] for i in group]
+            texts = [rendered[jobs[i][0]].text[jobs[i][1]: jobs[i][2]] for i in group]
             for i, enc in zip(group, encoder.encode_batch(texts, add_special_tokens=False), strict=True):
                 encodings[i] = enc
         per_record: list[list[tuple[int, int, int]]] = [list(s) for s in specials]
-        for (r, start, _), enc in zip(pieces, encodings, strict=True):
+        for (r, start, _), enc in zip(jobs[:n_pieces], encodings[:n_pieces], strict=True):
             per_record[r].extend((start + a, start + b, t) for t, (a, b) in zip(enc.ids, enc.offsets, strict=True))
-        return [_masked(rc, toks) for rc, toks in zip(rendered, per_record, strict=True)]
+        split = [False] * len(rendered)
+        for (r, _, _, lo, hi), enc in zip(wholes, encodings[n_pieces:], strict=True):
+            split[r] = split[r] or [t for j in range(lo, hi) for t in encodings[j].ids] != enc.ids
+        return [_masked(rc, toks, sp) for rc, toks, sp in zip(rendered, per_record, split, strict=True)]
+
+    def encode_prefix(self, rc: RenderedChat, n: int) -> EncodedChat:
+        """The ids of the rendering's first n characters, encoded with the same cuts (a generation prompt's ids)."""
+        spans = [(a, min(b, n)) for a, b in rc.content_spans if a < n]
+        return self.encode([RenderedChat(rc.text[:n], spans, [], [], tuple(c for c in rc.cuts if c <= n))])[0]
 
 
 def _marks(texts: list[str]) -> tuple[str, str] | None:
@@ -215,6 +396,53 @@ def _marks(texts: list[str]) -> tuple[str, str] | None:
 
 def _with_contents(messages: list[dict[str, Any]], contents: list[str]) -> list[dict[str, Any]]:
     return [{**m, "content": c} for m, c in zip(messages, contents, strict=True)]
+
+
+def _tool_name(tool: Any) -> str | None:
+    if not isinstance(tool, dict):
+        return None
+    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    name = fn.get("name")
+    return name if isinstance(name, str) and name else None
+
+
+def _role_known(source: str, role: str) -> bool:
+    """Whether the template's source names the role at all (as a quoted string)."""
+    return f"'{role}'" in source or f'"{role}"' in source
+
+
+def _dropped_detail(messages: list[dict[str, str]], found: list[int], source: str) -> str:
+    """Why the rendering does not hold every message once and in order, with the remedy."""
+    n = len(messages)
+    roles = [m["role"] for m in messages]
+    missing = [i for i in range(n) if i not in found]
+    repeated = sorted({i for i in found if found.count(i) > 1})
+    causes: list[str] = []
+    for i in missing:
+        role = roles[i]
+        if not _role_known(source, role):
+            causes.append(f"message {i + 1} ({role}) was left out: the template has no `{role}` role; map the source "
+                          f"role that becomes `{role}` to one it renders with input.role_map (e.g. observation: "
+                          f"user), or give a template that renders `{role}` ({_TEMPLATE_SOURCE_HINT})")
+        elif role == "system":
+            causes.append(f"message {i + 1} (system) was left out: the template writes the system prompt only in "
+                          "some conversations (Mistral's: inside the last message, and only when that is a user "
+                          "message, so never when the conversation ends with the assistant); remove the system "
+                          f"prompt (input.system_key) or give a template that renders it ({_TEMPLATE_SOURCE_HINT})")
+        else:
+            causes.append(f"message {i + 1} ({role}) was left out although the template knows the role (it renders "
+                          f"`{role}` only in some positions); give a template that renders every message "
+                          f"({_TEMPLATE_SOURCE_HINT})")
+    for i in repeated:
+        causes.append(f"message {i + 1} ({roles[i]}) was rendered {found.count(i)} times; masks need each message "
+                      f"once: give a template that renders it once ({_TEMPLATE_SOURCE_HINT})")
+    if not causes:
+        moved = next(k for k, (a, b) in enumerate(zip(found, range(n), strict=False)) if a != b)
+        i = found[moved]
+        causes.append(f"message {i + 1} ({roles[i]}) was moved out of order (rendered in position {moved + 1}): the "
+                      "template places it elsewhere (Mistral's puts the system prompt into the last user message); "
+                      f"give a template that renders messages in order ({_TEMPLATE_SOURCE_HINT})")
+    return f"roles {roles}: " + "; ".join(causes[:3]) + (f"; and {len(causes) - 3} more" if len(causes) > 3 else "")
 
 
 def _kept_edge(skeleton: str, at: int, edge: str, *, before: bool) -> str:
@@ -254,7 +482,7 @@ def _coverage(spans: list[tuple[int, int]], size: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(ind)])
 
 
-def _masked(rc: RenderedChat, tokens: list[tuple[int, int, int]]) -> EncodedChat:
+def _masked(rc: RenderedChat, tokens: list[tuple[int, int, int]], split: bool = False) -> EncodedChat:
     tokens.sort(key=lambda t: (t[0], t[1]))
     arr = np.array(tokens, dtype=np.int64).reshape(-1, 3)
     starts, ends, ids = arr[:, 0], arr[:, 1], arr[:, 2]
@@ -263,4 +491,4 @@ def _masked(rc: RenderedChat, tokens: list[tuple[int, int, int]]) -> EncodedChat
     in_content = content[ends] - content[starts] > 0
     in_eot = eot[ends] - eot[starts] > 0
     types = np.where(in_content, TYPE_COMPLETION, np.where(in_eot, TYPE_EOS, TYPE_PROMPT)).astype(np.uint8)
-    return EncodedChat(ids.astype(np.int32), (in_content | in_eot).astype(np.uint8), types, ends)
+    return EncodedChat(ids.astype(np.int32), (in_content | in_eot).astype(np.uint8), types, ends, split)

@@ -505,6 +505,7 @@ def _record_examples(spec: DatasetSpec, silver_dir: Path, pt: PinnedTokenizer, c
                                     for batch in read), spec, pt, chat)) as stream):
         for batch, tb in stream:
             tally.totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
+            tally.totals["examples_split_at_turn_boundary"] += tb.split_at_turn_boundary
             record_split = batch.column("split").to_pylist()
             for rec, n in tb.lost or []:
                 tally.overflow_by_split[record_split[rec]] += n
@@ -596,6 +597,9 @@ def build_tokenized_examples(
             "prompt_tokens": totals["prompt_tokens"],
             "tokens_dropped_by_overflow": totals["tokens_dropped_by_overflow"],
             "tokens_dropped_by_overflow_by_split": {s: tally.overflow_by_split[s] for s in SPLITS},
+            # chat: examples whose ids differ from tokenizer(rendering), cut where a trained turn starts or ends
+            **({"examples_split_at_turn_boundary": totals["examples_split_at_turn_boundary"]}
+               if spec.input.type in ("chat", "preference") else {}),
             "overflow": spec.gold_overflow,
             "example_length": percentiles(lengths_cat),
             "tokenizer_fingerprint": pt.info.fingerprint,

@@ -60,6 +60,7 @@ class TokenizedBatch:
     lost: list[tuple[int, int]] | None = None  # (record index, tokens) of records rejected because of overflow
     branches: list[str | None] | None = None  # per kept example: "chosen"/"rejected" for preference
     shared_prefix: np.ndarray | None = None  # preference: per kept example, the shared prompt's tokens
+    split_at_turn_boundary: int = 0  # chat: kept examples whose ids differ from tokenizer(rendering) (chat.encode)
 
 
 def trainable_types(spec: DatasetSpec) -> tuple[int, ...]:
@@ -323,6 +324,7 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
         lost=sorted(lost.items()),
         branches=[branches[e] for e in tb.kept] if paired else None,
         shared_prefix=shared[tb.kept] if shared is not None else None,
+        split_at_turn_boundary=sum(encoded[e].split for e in tb.kept.tolist()),
     )
 
 
@@ -333,7 +335,7 @@ def _with_bos(e: EncodedChat, bos: int | None) -> EncodedChat:
     return EncodedChat(np.concatenate([[bos], e.token_ids]).astype(np.int32),
                        np.concatenate([[0], e.loss_mask]).astype(np.uint8),
                        np.concatenate([[TYPE_PROMPT], e.token_type_ids]).astype(np.uint8),
-                       np.concatenate([[0], e.char_ends]).astype(np.int64))
+                       np.concatenate([[0], e.char_ends]).astype(np.int64), e.split)
 
 
 def apply_overflow(
@@ -393,7 +395,11 @@ def apply_overflow(
     loss = segment_sums(out_mask, out_offsets)
     dropped = over if policy == "drop" else np.zeros(n, dtype=bool)
     for i in np.flatnonzero((loss == 0) & ~dropped):
-        rejects.append((int(i), "no_trained_tokens", f"no loss token left of {int(lengths[i])} tokens", int(lengths[i])))
+        cause = (f"truncated to {int(max_len[i])} (sequence.overflow {policy}), none of the trained tokens is left"
+                 if over[i] else "no token is trained: the record has no text of a trained role or field (see `mask`"
+                 " / `mask_default`) beyond the first token, which is never trained")
+        rejects.append((int(i), "no_trained_tokens", f"no loss token left of {int(lengths[i])} tokens: {cause}",
+                        int(lengths[i])))
     rejected = np.zeros(n, dtype=bool)
     rejected[[r[0] for r in rejects]] = True
     if pairs:

@@ -94,6 +94,8 @@ def build_gold(spec: DatasetSpec) -> AssetsDefinition:
                 "num_prompt_tokens": stats["prompt_tokens"],
                 "num_tokens_dropped_by_overflow": stats["tokens_dropped_by_overflow"],
                 "num_rejects": stats["rejects"],
+                **({"num_examples_split_at_turn_boundary": stats["examples_split_at_turn_boundary"]}
+                   if "examples_split_at_turn_boundary" in stats else {}),
                 "rejects_by_reason": counts_table(stats["rejects_by_reason"]),
                 "example_length_tokens": md_table([lengths]),
                 "tokenizer_fingerprint": stats["tokenizer_fingerprint"],
