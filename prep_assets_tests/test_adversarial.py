@@ -51,7 +51,7 @@ class Case:
     files: dict[str, bytes]
     rejects: dict[str, dict[str, int]] = field(default_factory=dict)  # layer -> reason -> count (else none)
     failed: frozenset[str] = frozenset()
-    check: Callable[[CaseRun], None] | None = None
+    check: Callable[[CaseRun], bool | None] | None = None  # asserts, or returns False when wrong
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,10 @@ def cleaning_cases() -> list[Case]:
              {"a.jsonl": jl({"prompt": "q", "chosen": "  ", "rejected": "no"},
                             {"prompt": "q2", "chosen": "yes", "rejected": "no"})},
              {"silver": {"empty_completion": 1}}, check=kept_lines(2)),
+        Case("half_the_records_rejected_in_gold_fails_the_gold_gate", {**INSTRUCTION, "sequence": {"max_seq_len": 64}},
+             {"a.jsonl": jl(turn("q", "short"), turn("q" * 400, "too long for a row"), turn("q2", "fine"),
+                            turn("w " * 300, "long too"))},
+             {"gold": {"too_long": 2}}, frozenset({"tokenized_examples_reject_rate"})),
         Case("text_keeps_inner_lines_and_loses_trailing_spaces", TEXT,
              {"a.jsonl": jl({"text": "line one  \nline two \t\n\n"})},
              check=lambda run: gold_texts(run) == ["line one\nline two<|endoftext|>"]),
@@ -207,9 +211,46 @@ def reading_cases() -> list[Case]:
              frozenset({"raw_records_reject_rate"}),
              check=lambda run: sorted(json.loads(r["content"])["text"] for r in run.silver) == [
                  "fine text", "more fine text"]),
+        Case("lone_surrogate_in_a_json_array_element_loses_only_that_element", TEXT,
+             {"a.json": b"[" + b",".join(json.dumps(g).encode() for g in good) + b', {"text": "x \\udc80"}]'},
+             {"bronze": {"invalid_unicode": 1}}, check=lambda run: len(run.silver) == 20),  # all on line 1
+        Case("drop_whose_name_is_not_utf8_is_refused_and_the_others_still_run", TEXT,
+             {"caf\udce9.jsonl": jl(*good), "ok.jsonl": jl(*good[:3])},
+             check=lambda run: sorted({r["source_file"] for r in run.silver}) == ["ok.jsonl"]),
         Case("csv_with_a_duplicate_header_counts_every_data_row", TEXT,
              {"a.csv": b"text,text\na,b\nc,d\n\ne,f\n"}, {"bronze": {"csv_duplicate_header": 3}},
              frozenset({"raw_records_reject_rate"})),
+    ]
+
+
+NO_TOOLS_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chat_cases() -> list[Case]:
+    tools = [{"name": "get_weather", "description": "the weather", "parameters": {"type": "object"}}]
+    hanging = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}" + NO_TOOLS_TEMPLATE
+    huge = "{% for i in range(10000) %}{{ 'x' * 1000 }}{% endfor %}" + NO_TOOLS_TEMPLATE
+    two = jl(chat(("user", "hi"), ("assistant", "hello there")), chat(("user", "yo"), ("assistant", "hey")))
+    return [
+        Case("template_that_hangs_is_stopped_and_its_record_rejected",
+             {**CHAT, "tokenizer": {"chat_template": hanging, "chat_template_file": None}},
+             {"a.jsonl": jl(chat(("user", "hi"), ("assistant", "hello")))}, {"gold": {"chat_template_error": 1}},
+             frozenset({"tokenized_examples_reject_rate"}), check=reject_detail("gold", "time limit")),
+        Case("template_that_writes_megabytes_is_refused",
+             {**CHAT, "tokenizer": {"chat_template": huge, "chat_template_file": None}},
+             {"a.jsonl": jl(chat(("user", "hi"), ("assistant", "hello")))}, {"gold": {"chat_template_error": 1}},
+             frozenset({"tokenized_examples_reject_rate"}), check=reject_detail("gold", "size limit")),
+        Case("template_ignoring_tools_rejects_the_records_that_have_them",
+             {**CHAT, "tokenizer": {"chat_template": NO_TOOLS_TEMPLATE, "chat_template_file": None}},
+             {"a.jsonl": two + jl(chat(("user", "weather?"), ("assistant", "sunny"), tools=tools))},
+             {"gold": {"chat_template_dropped_tools": 1}}, frozenset({"tokenized_examples_reject_rate"}),
+             check=reject_detail("gold", "get_weather")),
+        Case("template_rendering_tools_keeps_them", {**CHAT, "sequence": {"max_seq_len": 512}},
+             {"a.jsonl": jl(chat(("user", "weather?"), ("assistant", "sunny"), tools=tools))}),
+        Case("assistant_content_led_by_newlines_is_kept_with_its_newlines", CHAT,
+             {"a.jsonl": jl(chat(("user", "hi"), ("assistant", "\n\nhello")), chat(("user", "a"), ("assistant", " b")))},
+             check=lambda run: len(run.gold) == 2),
     ]
 
 
@@ -276,7 +317,7 @@ def spec_cases() -> list[SpecCase]:
     ]
 
 
-CASES: list[Case] = cleaning_cases() + reading_cases() + tabular_cases()
+CASES: list[Case] = cleaning_cases() + reading_cases() + tabular_cases() + chat_cases()
 SPEC_CASES: list[SpecCase] = spec_cases()
 
 
@@ -306,13 +347,13 @@ def run_case(case: Case, data_dir: Path, tokenizer: Path) -> CaseRun:
     tok = {"path": str(tokenizer)}
     if sections["input"]["type"] in ("chat", "preference"):
         tok["chat_template_file"] = str(SAMPLE_DATA / "templates" / "chatml.jinja")
-    sections["tokenizer"] = {**tok, **sections.get("tokenizer", {})}
+    sections["tokenizer"] = {k: v for k, v in {**tok, **sections.get("tokenizer", {})}.items() if v is not None}
     (data_dir / "datasets").mkdir(parents=True)
     (data_dir / "datasets" / "adv.yaml").write_text(yaml.safe_dump(sections), encoding="utf-8")
     raw = data_dir / "raw" / "adv"
     raw.mkdir(parents=True)
     for name, data in case.files.items():
-        (raw / name).write_bytes(data)
+        (raw / name).write_bytes(data)  # a name with surrogate escapes is written as the bytes they stand for
     spec = load_spec(data_dir / "datasets" / "adv.yaml")
     paths = dataset_paths(data_dir, "adv")
     register_drops(paths)
@@ -357,7 +398,7 @@ def test_adversarial(case: Case, tmp_path: Path, trained_tokenizer: Path) -> Non
         assert got == case.rejects.get(layer, {}), (layer, run.rejects[layer])
     assert run.failed == set(case.failed)
     if case.check is not None:
-        case.check(run)
+        assert case.check(run) is not False, f"{case.id}: its check"  # a check asserts, or returns a bool
     RESULTS[case.id].correct = True
 
 
