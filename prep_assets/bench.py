@@ -52,10 +52,14 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from prep_assets.core import layers
+from prep_assets.core import shards as shards_layer
+from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, resolve_drop
+from prep_assets.core.lake import STATS as STATS_FILE
 from prep_assets.core.lake import dataset_paths, read_json
-from prep_assets.core.layers import STATS as STATS_FILE
 from prep_assets.core.packing import materialize_rows, plan_rows
+from prep_assets.core.shards import GoldArrays, build_packed_shards
+from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import DatasetSpec, parse_spec
 from prep_assets.core.tokenizer import load_pinned_info
 
@@ -99,9 +103,9 @@ def build_gold(source: Path, tokenizer: Path, max_seq_len: int, work: Path) -> t
     b, s, g = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold"))
     print(f"building gold of {source.name} once (cached in {work})", flush=True)
     t = time.perf_counter()
-    bronze = layers.build_raw_records(spec, drop, src, b)
+    bronze = build_raw_records(spec, drop, src, b)
     t_b = time.perf_counter() - t
-    silver = layers.build_clean_records(spec, b, s)
+    silver = build_clean_records(spec, b, s)
     t_s = time.perf_counter() - t - t_b
     gold = layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
     t_g = time.perf_counter() - t - t_b - t_s
@@ -131,7 +135,7 @@ def bench_packing(args: argparse.Namespace) -> int:
           f"{tokens:,} tokens; max_seq_len {L}")
     for layer, sec in gs["seconds"].items():
         print(_line(f"{layer} layer (when cached)", sec, tokens))
-    gold = layers.GoldArrays.of(pq.read_table(str(gold_dir / "examples.parquet"),
+    gold = GoldArrays.of(pq.read_table(str(gold_dir / "examples.parquet"),
                                               columns=["token_ids", "loss_mask", "token_type_ids"]))
     lengths = np.diff(gold.offsets)
     pad = load_pinned_info(tok_dir).pad_id
@@ -145,15 +149,16 @@ def bench_packing(args: argparse.Namespace) -> int:
         # rows built as the shards layer builds them, SHARD_CHUNK_ROWS at a time (0.29-0.37 s for the 100 MB
         # drop's 5,545 rows); all at once, the first touch of ~600 MB of fresh row grids made it 0.35-1.76 s
         num_rows = 0
-        for lo in range(0, plan.num_rows, layers.SHARD_CHUNK_ROWS):
-            num_rows += materialize_rows(plan.rows(lo, min(lo + layers.SHARD_CHUNK_ROWS, plan.num_rows)),
+        chunk = shards_layer.SHARD_CHUNK_ROWS
+        for lo in range(0, plan.num_rows, chunk):
+            num_rows += materialize_rows(plan.rows(lo, min(lo + chunk, plan.num_rows)),
                                          token_ids=gold.token_ids, loss_mask=gold.loss_mask,
                                          token_type_ids=gold.token_type_ids, offsets=gold.offsets, row_len=L,
                                          pad_id=pad).num_rows
         t_rows = time.perf_counter() - t - t_plan
         out = work / f"shards_{strategy}"
         t = time.perf_counter()
-        st = layers.build_packed_shards(spec, gold_dir, tok_dir, out)
+        st = build_packed_shards(spec, gold_dir, tok_dir, out)
         t_layer = time.perf_counter() - t
         m = st["totals"]
         print(f"\n{strategy}: {num_rows:,} rows (lower bound {bound:,}, x{num_rows / bound:.5f}), "
@@ -233,10 +238,10 @@ def bench_dedup(args: argparse.Namespace) -> int:
         bronze, silver = paths.partition_dir("bronze", drop.partition), work / f"silver_{mode}"
         if mode == "exact":
             t = time.perf_counter()
-            layers.build_raw_records(spec, drop, src, bronze)
+            build_raw_records(spec, drop, src, bronze)
             print(f"  bronze                 {time.perf_counter() - t:8.2f} s")
         t = time.perf_counter()
-        st = layers.build_clean_records(spec, bronze, silver)
+        st = build_clean_records(spec, bronze, silver)
         sec = time.perf_counter() - t
         figures[mode] = {"seconds": round(sec, 2), "mb_per_s": round(mb / sec, 2), "records_per_s": round(n / sec),
                          "kept": st["records"], "removed": st["rejects_by_reason"]}

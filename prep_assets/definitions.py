@@ -17,9 +17,11 @@ from dagster import (
 )
 
 from prep_assets.core.spec import DatasetSpec, scan_specs
-from prep_assets.defs.bronze import build_bronze
-from prep_assets.defs.checks import build_checks
-from prep_assets.defs.gold import build_gold, build_tokenizer_asset
+from prep_assets.defs.automation import automation_sensor
+from prep_assets.defs.bronze import bronze_asset
+from prep_assets.defs.checks import gate_checks
+from prep_assets.defs.executors import executor_from_env
+from prep_assets.defs.gold import gold_asset, tokenizer_asset
 from prep_assets.defs.keys import (
     DATASET_MANIFEST,
     PARTITIONED,
@@ -30,11 +32,9 @@ from prep_assets.defs.keys import (
     tokenizer_job_name,
 )
 from prep_assets.defs.resources import LakeResource, default_batch_size, default_data_dir
-from prep_assets.defs.automation import automation_sensor
-from prep_assets.defs.executors import executor_from_env
 from prep_assets.defs.sensors import build_drop_sensor, build_manifest_sensor
-from prep_assets.defs.shards import build_manifest_asset, build_shards
-from prep_assets.defs.silver import build_silver
+from prep_assets.defs.shards import manifest_asset, shards_asset
+from prep_assets.defs.silver import silver_asset
 
 
 def dataset_jobs(spec: DatasetSpec) -> list:
@@ -52,13 +52,13 @@ def dataset_jobs(spec: DatasetSpec) -> list:
 def dataset_assets(spec: DatasetSpec) -> list[AssetsDefinition]:
     """A dataset's assets and asset checks, unbound (as `materialize` takes them)."""
     return [
-        build_bronze(spec),
-        build_silver(spec),
-        build_tokenizer_asset(spec),
-        build_gold(spec),
-        build_shards(spec),
-        build_manifest_asset(spec),
-        *build_checks(spec),
+        bronze_asset(spec),
+        silver_asset(spec),
+        tokenizer_asset(spec),
+        gold_asset(spec),
+        shards_asset(spec),
+        manifest_asset(spec),
+        *gate_checks(spec),
     ]
 
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from prep_assets.core import layers
+from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, resolve_drop
-from prep_assets.core.lake import dataset_paths
+from prep_assets.core.lake import REJECTS, dataset_paths
+from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import parse_spec
 
 BOILERPLATE = ("Subscribe to our newsletter for weekly updates. All rights reserved. Terms of use and privacy "
@@ -104,11 +105,11 @@ def evaluate_near(source: Path, near: dict | None = None, work: Path | None = No
         (drop,), _ = register_drops(paths)
         _, src = resolve_drop(paths, drop.partition)
         bronze, silver = paths.partition_dir("bronze", drop.partition), paths.partition_dir("silver", drop.partition)
-        layers.build_raw_records(spec, drop, src, bronze)
+        build_raw_records(spec, drop, src, bronze)
         start = time.perf_counter()
-        layers.build_clean_records(spec, bronze, silver)
+        build_clean_records(spec, bronze, silver)
         seconds = time.perf_counter() - start
-        rejects = pq.read_table(silver / layers.REJECTS, columns=["source_line", "duplicate_of"]).to_pylist()
+        rejects = pq.read_table(silver / REJECTS, columns=["source_line", "duplicate_of"]).to_pylist()
     removed = {r["source_line"]: int(r["duplicate_of"].rsplit(":", 1)[1]) for r in rejects if r["duplicate_of"]}
     right = sum(1 for line, of in removed.items() if pairs.get(line) == of)
     return NearEval(len(rows) - len(pairs), len(pairs), len(removed), right, seconds)

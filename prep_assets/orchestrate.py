@@ -41,6 +41,7 @@ from prep_assets.core.lake import (
 from prep_assets.core.spec import DatasetSpec, scan_specs
 from prep_assets.core.tokenizer import FINGERPRINT_FILE, source_digest
 from prep_assets.definitions import build_definitions
+from prep_assets.defs.checks import unpassed_gates
 from prep_assets.defs.keys import (
     CLEAN_RECORDS,
     PACKED_SHARDS,
@@ -53,7 +54,6 @@ from prep_assets.defs.keys import (
     manifest_job_name,
     tokenizer_job_name,
 )
-from prep_assets.defs.checks import unpassed_gates
 from prep_assets.defs.partitions import drops_partitions
 
 _LAYER_OF = {RAW_RECORDS: "bronze", CLEAN_RECORDS: "silver", TOKENIZED_EXAMPLES: "gold", PACKED_SHARDS: "shards"}

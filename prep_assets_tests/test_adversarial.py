@@ -22,10 +22,14 @@ import pytest
 import yaml
 
 from prep_assets.core import layers
+from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
 from prep_assets.core.errors import SpecError
 from prep_assets.core.gates import gates_for, outcomes
-from prep_assets.core.lake import DatasetPaths, dataset_paths, read_json
+from prep_assets.core.lake import DatasetPaths, dataset_paths
+from prep_assets.core.manifest import build_manifest
+from prep_assets.core.shards import build_packed_shards
+from prep_assets.core.silver import build_silver
 from prep_assets.core.spec import DatasetSpec, load_spec, parse_spec
 from prep_assets_tests.conftest import SAMPLE_DATA
 
@@ -304,7 +308,7 @@ def spec_cases() -> list[SpecCase]:
                  "input.colour: unknown key"),
         SpecCase("spec_missing_tokenizer_path", "input: {type: text}\ntokenizer: {path: missing_dir}\n",
                  "tokenizer.path: 'missing_dir' is not a directory"),
-        SpecCase("spec_template_leaving_the_data_dir", f"input: {{type: chat}}\ntokenizer: {{path: tok, "
+        SpecCase("spec_template_leaving_the_data_dir", "input: {type: chat}\ntokenizer: {path: tok, "
                  "chat_template_file: ../../../../etc/passwd}\n", "leaves the data dir"),
         SpecCase("spec_template_via_dotdot_inside_path", "input: {type: chat}\ntokenizer: {path: tok, "
                  "chat_template_file: tok/../../outside.jinja}\n", "leaves the data dir"),
@@ -366,10 +370,10 @@ def run_case(case: Case, data_dir: Path, tokenizer: Path) -> CaseRun:
     for key in sorted(registered_drops(paths)):
         drop, source = resolve_drop(paths, key)
         b, s, g, sh = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold", "shards"))
-        layers.build_raw_records(spec, drop, source, b)
-        layers.build_silver(spec, paths, key)
+        build_raw_records(spec, drop, source, b)
+        build_silver(spec, paths, key)
         layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
-        layers.build_packed_shards(spec, g, paths.tokenizer_dir, sh)
+        build_packed_shards(spec, g, paths.tokenizer_dir, sh)
         for gate, outcome in outcomes(spec, paths, key, gates_for(spec)):
             if isinstance(outcome, Exception):
                 raise AssertionError(f"gate {gate.name} raised: {outcome!r}")
@@ -381,7 +385,7 @@ def run_case(case: Case, data_dir: Path, tokenizer: Path) -> CaseRun:
             rejects[layer] += _rows(d / "rejects.parquet")
         silver += _rows(s / "records.parquet")
         gold += _rows(g / "examples.parquet")
-    layers.build_manifest(spec, paths, sorted(registered_drops(paths)))
+    build_manifest(spec, paths, sorted(registered_drops(paths)))
     RESULTS[case.id].unaccounted = unaccounted
     return CaseRun(spec, paths, data_dir, rejects, gold, silver, failed)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from prep_assets import bench
-from prep_assets.core import layers
+from prep_assets.core import shards
 from prep_assets_tests.conftest import shared_path
 
 
@@ -28,7 +28,7 @@ def test_packing_benchmark_prints_figures_for_each_strategy(tmp_path: Path, caps
     rows, bound = _bfd_rows(out)
     assert rows > 0 and bound > 0  # (windows without a loss token are dropped: rows may fall below the bound)
     # rows are built a chunk at a time, as the shards layer builds them: 5-row chunks count the same rows
-    monkeypatch.setattr(layers, "SHARD_CHUNK_ROWS", 5)
+    monkeypatch.setattr(shards, "SHARD_CHUNK_ROWS", 5)
     assert bench.main(args) == 0
     out = capsys.readouterr().out
     assert "building gold" not in out  # gold reused

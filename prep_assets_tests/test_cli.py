@@ -229,9 +229,9 @@ def test_changed_file_supersedes_old_drop_and_changed_corpus_repins_tokenizer(tm
 
 def test_a_corrupted_published_file_is_rebuilt_and_the_manifest_never_names_different_bytes(
         in_process: Path, capsys: pytest.CaptureFixture[str]):
-    from prep_assets.core import layers
     from prep_assets.core.errors import ManifestError
     from prep_assets.core.lake import dataset_paths, sha256_file
+    from prep_assets.core.manifest import build_manifest
     from prep_assets.core.spec import load_spec
 
     data = in_process
@@ -245,7 +245,7 @@ def test_a_corrupted_published_file_is_rebuilt_and_the_manifest_never_names_diff
     shard.write_bytes(good[: len(good) // 2])  # truncated after publishing
     spec, paths = load_spec(data / "datasets" / "sample_text.yaml"), dataset_paths(data, "sample_text")
     with pytest.raises(ManifestError, match="part-00000.parquet: sha256 differs from the recorded one"):
-        layers.build_manifest(spec, paths, sorted(manifest["partitions"]))
+        build_manifest(spec, paths, sorted(manifest["partitions"]))
     assert json.loads((lake / "manifest.json").read_text()) == manifest  # the published one is untouched
     assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
     out = capsys.readouterr().out

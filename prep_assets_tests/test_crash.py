@@ -37,9 +37,13 @@ _CHILD = """
 import sys
 from pathlib import Path
 from prep_assets.core import layers
+from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import resolve_drop
 from prep_assets.core.faults import write_points_seen
-from prep_assets.core.lake import STAGING_DIR, dataset_paths, lock_path, sweep_stale_staging
+from prep_assets.core.lake import dataset_paths
+from prep_assets.core.manifest import build_manifest
+from prep_assets.core.shards import build_packed_shards
+from prep_assets.core.silver import build_silver
 from prep_assets.core.spec import load_spec
 
 layer, data, ds, part = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -48,17 +52,17 @@ if layer == "tokenizer":
     layers.build_tokenizer(spec, paths, data)
 elif layer == "bronze":
     drop, source = resolve_drop(paths, part)
-    layers.build_raw_records(spec, drop, source, paths.partition_dir("bronze", part))
+    build_raw_records(spec, drop, source, paths.partition_dir("bronze", part))
 elif layer == "silver":
-    layers.build_silver(spec, paths, part)
+    build_silver(spec, paths, part)
 elif layer == "gold":
     layers.build_tokenized_examples(spec, paths.partition_dir("silver", part), paths.tokenizer_dir,
                                     paths.partition_dir("gold", part))
 elif layer == "shards":
-    layers.build_packed_shards(spec, paths.partition_dir("gold", part), paths.tokenizer_dir,
-                               paths.partition_dir("shards", part))
+    build_packed_shards(spec, paths.partition_dir("gold", part), paths.tokenizer_dir,
+                        paths.partition_dir("shards", part))
 else:
-    layers.build_manifest(spec, paths, [part])
+    build_manifest(spec, paths, [part])
 print(write_points_seen())
 """
 

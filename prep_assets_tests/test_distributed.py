@@ -90,8 +90,8 @@ def test_backfill_of_6_drops_on_postgres_and_2_celery_workers_matches_the_single
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     pg_bin = require_services()
-    from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
     import psycopg2
+    from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 
     from prep_assets.defs.sensors import UNFINISHED, latest_event_id, manifest_covers
 

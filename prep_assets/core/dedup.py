@@ -17,7 +17,7 @@ already kept record reaches the threshold is removed, naming the earliest such k
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +26,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasketch import MinHash, MinHashLSH
 
-from prep_assets.core.sql import connect as sql_connect
+from prep_assets.core.clean import WORD
 from prep_assets.core.drops import Drop, DropSet, drop_order, earlier_drops
 from prep_assets.core.lake import DatasetPaths, read_json, staged_dir
-from prep_assets.core.clean import WORD
 from prep_assets.core.spec import DatasetSpec, NearDedupSpec
+from prep_assets.core.sql import connect as sql_connect
 
 INDEX_FILE = "hashes.parquet"
 INDEX_VERSION = "v2"  # bump when what silver hashes, or the index layout, changes in code

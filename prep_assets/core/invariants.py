@@ -22,9 +22,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from prep_assets.core.lake import read_json
 from prep_assets.core.sql import connect as sql_connect
 from prep_assets.core.sql import joins_as_written
-from prep_assets.core.lake import read_json
 
 SAMPLE = 20
 

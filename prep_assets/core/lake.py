@@ -25,11 +25,11 @@ import shutil
 import socket
 import uuid
 from collections.abc import Callable, Iterator
-from urllib.parse import unquote, urlsplit
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import orjson
 
@@ -219,6 +219,14 @@ def _writer_alive(tag: str) -> bool:
     return pid != os.getpid() and _pid_alive(pid)
 
 
+# The files of a published layer partition.
+RECORDS, REJECTS, EXAMPLES, STATS, ACCOUNTING = (
+    "records.parquet",
+    "rejects.parquet",
+    "examples.parquet",
+    "stats.json",
+    "accounting.json",
+)
 LAKE_DIR = "lake"
 STAGING_DIR = ".lake-staging"  # beside `lake/`: staged files never match a glob over the lake's published files
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prep_assets.core.arrays import offsets_from_lengths, ranges_index, within_offsets
+from prep_assets.core.arrays import offsets_from_lengths, within_offsets
 from prep_assets.core.records import TYPE_PADDING
 
 Bins = list[list[int]]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -140,3 +143,67 @@ def iter_batches(path: Path, *, batch_size: int, columns: list[str] | None = Non
 
 def num_rows(path: Path) -> int:
     return pq.ParquetFile(str(path)).metadata.num_rows
+
+
+DEFAULT_BATCH = 4096
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cycle collector off for a layer's records (bronze's and gold's record loops, silver's whole pass).
+    They make millions of short-lived objects (parsed JSON, token id lists) that nothing cycles through; with the
+    collector on, each full collection walks the whole process' heap (the Dagster process': large): gold took ~1 s
+    longer at 100 MB, bronze and silver 0.04-0.05 s each. Refcounting still frees everything; the collector is on
+    again afterwards, error or not."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _columns(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[str, list[Any]]:
+    return {name: [r[name] for r in rows] for name in schema.names}
+
+
+class ColumnBuffer:
+    """Collects rows as one list per column (no dict per row) and hands them to a sink in batches; `constant`
+    columns hold one value for every row. Positional `add` follows the sink schema's other columns, in order."""
+
+    def __init__(self, sink: ParquetSink, batch: int, constant: dict[str, Any]) -> None:
+        self.sink, self.batch, self.constant = sink, batch, constant
+        self.names = [n for n in sink.schema.names if n not in constant]
+        self.columns: list[list[Any]] = [[] for _ in self.names]
+
+    def add(self, *values: Any) -> None:
+        for column, value in zip(self.columns, values, strict=True):
+            column.append(value)
+        if len(self.columns[0]) >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        n = len(self.columns[0])
+        if n:
+            columns = dict(zip(self.names, self.columns, strict=True))
+            self.sink.write_rows({name: columns[name] if name in columns else [self.constant[name]] * n
+                                  for name in self.sink.schema.names})
+            self.columns = [[] for _ in self.names]
+
+
+class RowBuffer:
+    """Collects dict rows and hands them to a sink in batches."""
+
+    def __init__(self, sink: ParquetSink, batch: int) -> None:
+        self.sink, self.batch, self.rows = sink, batch, []  # type: ignore[var-annotated]
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.sink.write_rows(_columns(self.rows, self.sink.schema))
+            self.rows = []

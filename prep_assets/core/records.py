@@ -11,12 +11,11 @@ Content is stored as canonical JSON (see `lake.canonical_json`), which is also w
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import json
-import re
 
 import pyarrow as pa
 

@@ -3,8 +3,9 @@
 
 from dagster import AssetExecutionContext, AssetsDefinition, DataVersion, MaterializeResult, MetadataValue, asset
 
-from prep_assets.core import layers
+from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import resolve_drop
+from prep_assets.core.lake import RECORDS
 from prep_assets.core.records import BRONZE_SCHEMA
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.keys import RAW_RECORDS, asset_key, code_version
@@ -13,7 +14,7 @@ from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
 
-def build_bronze(spec: DatasetSpec) -> AssetsDefinition:
+def bronze_asset(spec: DatasetSpec) -> AssetsDefinition:
     @asset(
         key=asset_key(spec, RAW_RECORDS),
         partitions_def=drops_partitions(spec.name),
@@ -34,7 +35,7 @@ def build_bronze(spec: DatasetSpec) -> AssetsDefinition:
         out = paths.partition_dir("bronze", context.partition_key)
         with user_errors():
             drop, source = resolve_drop(paths, context.partition_key)
-            stats = layers.build_raw_records(spec, drop, source, out, batch_size=lake.batch_size)
+            stats = build_raw_records(spec, drop, source, out, batch_size=lake.batch_size)
         return MaterializeResult(
             metadata={
                 "worker": worker(),
@@ -47,7 +48,7 @@ def build_bronze(spec: DatasetSpec) -> AssetsDefinition:
                 "source_sha256": stats["sha256"],
                 "format": stats["format"],
                 "path": MetadataValue.path(str(out)),
-                "preview": preview(out / layers.RECORDS, ["record_id", "source_line", "content"]),
+                "preview": preview(out / RECORDS, ["record_id", "source_line", "content"]),
             },
             data_version=DataVersion(drop.sha256),
         )

@@ -11,11 +11,11 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckKey,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetCheckSeverity,
     AssetCheckSpec,
-    AssetChecksDefinition,
-    DagsterInstance,
     AssetKey,
+    DagsterInstance,
     MetadataValue,
     asset_check,
     multi_asset_check,
@@ -152,7 +152,7 @@ def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: lis
     return out
 
 
-def build_checks(spec: DatasetSpec) -> list[AssetChecksDefinition]:
+def gate_checks(spec: DatasetSpec) -> list[AssetChecksDefinition]:
     manifest = [_manifest_gate(spec)]
     if spec.clean.dedup_scope == "dataset":
         manifest.append(_manifest_duplicates_gate(spec))

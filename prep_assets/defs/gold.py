@@ -6,6 +6,7 @@ from typing import Any
 from dagster import AssetExecutionContext, AssetsDefinition, DataVersion, MaterializeResult, MetadataValue, asset
 
 from prep_assets.core import layers
+from prep_assets.core.lake import EXAMPLES
 from prep_assets.core.records import GOLD_SCHEMA
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import gold_condition, tokenizer_condition
@@ -15,7 +16,7 @@ from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
 
-def build_tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
+def tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
     source = spec.tokenizer.train and "trained byte-level BPE" or spec.tokenizer.path or spec.tokenizer.hub_id
 
     @asset(
@@ -55,7 +56,7 @@ def build_tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
     return tokenizer
 
 
-def build_gold(spec: DatasetSpec) -> AssetsDefinition:
+def gold_asset(spec: DatasetSpec) -> AssetsDefinition:
     @asset(
         key=asset_key(spec, TOKENIZED_EXAMPLES),
         automation_condition=gold_condition(asset_key(spec, TOKENIZER)),
@@ -100,7 +101,7 @@ def build_gold(spec: DatasetSpec) -> AssetsDefinition:
                 "example_length_tokens": md_table([lengths]),
                 "tokenizer_fingerprint": stats["tokenizer_fingerprint"],
                 "path": MetadataValue.path(str(out)),
-                "preview": preview(out / layers.EXAMPLES, ["example_id", "split", "num_tokens", "num_loss_tokens"]),
+                "preview": preview(out / EXAMPLES, ["example_id", "split", "num_tokens", "num_loss_tokens"]),
             }
         )
 

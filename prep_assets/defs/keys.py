@@ -6,11 +6,17 @@ from dagster import AssetKey
 
 from prep_assets.core.gates import (  # the partitioned layers' names live with the gates, re-exported here
     CLEAN_RECORDS as CLEAN_RECORDS,
+)
+from prep_assets.core.gates import (
     PACKED_SHARDS as PACKED_SHARDS,
+)
+from prep_assets.core.gates import (
     RAW_RECORDS as RAW_RECORDS,
+)
+from prep_assets.core.gates import (
     TOKENIZED_EXAMPLES as TOKENIZED_EXAMPLES,
 )
-from prep_assets.core.spec import CODE_VERSION, LAYER_SECTIONS, DatasetSpec, Layer
+from prep_assets.core.spec import DatasetSpec, Layer
 
 TOKENIZER = "tokenizer"
 DATASET_MANIFEST = "dataset_manifest"

@@ -9,16 +9,15 @@ silver again for drops whose earlier drops changed (a file replaced), run key = 
 
 import hashlib
 
-
 from dagster import (
     AssetKey,
     AssetRecordsFilter,
     AssetSelection,
     DagsterInstance,
     DagsterRunStatus,
-    RunsFilter,
     DefaultSensorStatus,
     RunRequest,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,

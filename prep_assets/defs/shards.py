@@ -11,13 +11,21 @@ from dagster import (
     asset,
 )
 
-from prep_assets.core import layers
 from prep_assets.core.drops import superseded_drops
+from prep_assets.core.manifest import build_manifest
 from prep_assets.core.records import SHARD_SCHEMA
+from prep_assets.core.shards import build_packed_shards
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import layer_condition
-from prep_assets.defs.keys import DATASET_MANIFEST, PACKED_SHARDS, TOKENIZED_EXAMPLES, TOKENIZER, asset_key, code_version
 from prep_assets.defs.checks import gates_pending, unpassed_gates
+from prep_assets.defs.keys import (
+    DATASET_MANIFEST,
+    PACKED_SHARDS,
+    TOKENIZED_EXAMPLES,
+    TOKENIZER,
+    asset_key,
+    code_version,
+)
 from prep_assets.defs.metadata import column_schema, decoded_row, md_table, user_errors, worker
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
@@ -34,7 +42,7 @@ _COUNTS = ("examples", "examples_split", "segments", "input_tokens", "gold_token
            "windows_dropped", "overlap_tokens")
 
 
-def build_shards(spec: DatasetSpec) -> AssetsDefinition:
+def shards_asset(spec: DatasetSpec) -> AssetsDefinition:
     @asset(
         key=asset_key(spec, PACKED_SHARDS),
         automation_condition=layer_condition(),
@@ -59,7 +67,7 @@ def build_shards(spec: DatasetSpec) -> AssetsDefinition:
         key = context.partition_key
         out = paths.partition_dir("shards", key)
         with user_errors():
-            stats = layers.build_packed_shards(spec, paths.partition_dir("gold", key), paths.tokenizer_dir, out,
+            stats = build_packed_shards(spec, paths.partition_dir("gold", key), paths.tokenizer_dir, out,
                                                batch_size=lake.batch_size)
         totals = stats["totals"]
         per_split = [{"split": s, **{c: m[c] for c in _SPLIT_COLUMNS}} for s, m in stats["splits"].items()]
@@ -88,7 +96,7 @@ def build_shards(spec: DatasetSpec) -> AssetsDefinition:
     return packed_shards
 
 
-def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
+def manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
     @asset(
         key=asset_key(spec, DATASET_MANIFEST),
         deps=[
@@ -121,7 +129,7 @@ def build_manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
                     # as built before those shards, so the manifest sensor asks again once they are done
                     shards_event_id = min(shards_event_id, pending - 1)
         with user_errors():
-            manifest = layers.build_manifest(spec, paths, [p for p in registered if p not in excluded])
+            manifest = build_manifest(spec, paths, [p for p in registered if p not in excluded])
         per_split = [
             {"split": s, "files": len(m["files"]), "exports": len(m["exports"]),
              **{c: m[c] for c in _SPLIT_COLUMNS}}

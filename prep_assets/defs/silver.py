@@ -3,8 +3,9 @@
 
 from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, MetadataValue, asset
 
-from prep_assets.core import layers
+from prep_assets.core.lake import RECORDS
 from prep_assets.core.records import SILVER_SCHEMA
+from prep_assets.core.silver import build_silver
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.keys import CLEAN_RECORDS, RAW_RECORDS, asset_key, code_version
@@ -13,7 +14,7 @@ from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
 
-def build_silver(spec: DatasetSpec) -> AssetsDefinition:
+def silver_asset(spec: DatasetSpec) -> AssetsDefinition:
     @asset(
         key=asset_key(spec, CLEAN_RECORDS),
         automation_condition=layer_condition(),
@@ -40,7 +41,7 @@ def build_silver(spec: DatasetSpec) -> AssetsDefinition:
         key = context.partition_key
         out = paths.partition_dir("silver", key)
         with user_errors():
-            stats = layers.build_silver(spec, paths, key, batch_size=lake.batch_size)
+            stats = build_silver(spec, paths, key, batch_size=lake.batch_size)
         return MaterializeResult(
             metadata={
                 "worker": worker(),
@@ -55,7 +56,7 @@ def build_silver(spec: DatasetSpec) -> AssetsDefinition:
                 "hash_collisions": stats["hash_collisions"],
                 "duplicates_of_earlier_drops": stats["duplicates_of_earlier_drops"],
                 "path": MetadataValue.path(str(out)),
-                "preview": preview(out / layers.RECORDS, ["record_id", "split", "content"]),
+                "preview": preview(out / RECORDS, ["record_id", "split", "content"]),
             }
         )
 

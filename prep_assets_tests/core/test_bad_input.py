@@ -1,7 +1,7 @@
 """Bad input, end to end through bronze: one generated fixture per edge case, exact outcomes asserted.
 
 Each case writes its drop's bytes under `tmp_path`, registers the drop, builds bronze with the real
-`layers.build_raw_records` and runs the real bronze gates of `core/gates.py` (the code the Dagster asset checks
+`build_raw_records` and runs the real bronze gates of `core/gates.py` (the code the Dagster asset checks
 run). For every case: the records kept (line and content), the rejects (line, reason, detail), that every reject
 row names its file, line, byte offset and reason (offsets checked against the bytes), that the accounting gate
 passes (`lines in = records + rejects + blank lines`), that nothing stored holds U+FFFD or a null turned into
@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from prep_assets.core import layers, readers
+from prep_assets.core import readers
+from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.gates import RAW_RECORDS, evaluate
@@ -154,7 +155,7 @@ def build_bronze(spec: DatasetSpec, paths: DatasetPaths) -> dict[str, dict[str, 
     snapshots: dict[str, dict[str, str]] = {}
     for drop in sorted(registered_drops(paths).values(), key=lambda d: d.seq):
         registered, source = resolve_drop(paths, drop.partition)
-        layers.build_raw_records(spec, registered, source, paths.partition_dir("bronze", drop.partition))
+        build_raw_records(spec, registered, source, paths.partition_dir("bronze", drop.partition))
         snapshots[drop.partition] = bronze_digests(paths, drop.partition)
     return snapshots
 

@@ -1,19 +1,20 @@
 """Exact dedup across drops (`clean.dedup_scope: dataset`): the earliest drop, then the first line, keeps a record."""
 
 import json
-import shutil
 import unicodedata
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from prep_assets.core import layers
+from prep_assets.core import silver
+from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.dedup import earlier_indexes
 from prep_assets.core.drops import earlier_drops, register_drops, registered_drops, resolve_drop
 from prep_assets.core.errors import DropError, SpecError
 from prep_assets.core.gates import evaluate
-from prep_assets.core.lake import dataset_paths, read_json
+from prep_assets.core.lake import dataset_paths
+from prep_assets.core.silver import build_clean_records, build_silver
 from prep_assets_tests.conftest import make_spec
 
 A = "Café notes: the river rose two feet overnight."
@@ -43,8 +44,8 @@ def _silver(paths, keys: list[str], spec=SPEC) -> dict[str, dict]:
     out = {}
     for key in keys:
         drop, src = resolve_drop(paths, key)
-        layers.build_raw_records(spec, drop, src, paths.partition_dir("bronze", key))
-        out[key] = layers.build_silver(spec, paths, key)
+        build_raw_records(spec, drop, src, paths.partition_dir("bronze", key))
+        out[key] = build_silver(spec, paths, key)
     return out
 
 
@@ -113,9 +114,9 @@ def test_earlier_drop_without_file_or_index_is_a_clear_error(tmp_path: Path):
     paths, keys = _lake(tmp_path)
     (paths.raw_dir / "a_2026-01.jsonl").unlink()
     drop, src = resolve_drop(paths, keys["b_2026-02.jsonl"])
-    layers.build_raw_records(SPEC, drop, src, paths.partition_dir("bronze", drop.partition))
+    build_raw_records(SPEC, drop, src, paths.partition_dir("bronze", drop.partition))
     with pytest.raises(DropError, match="missing"):
-        layers.build_silver(SPEC, paths, drop.partition)
+        build_silver(SPEC, paths, drop.partition)
 
 
 def test_gate_fails_when_a_kept_record_repeats_an_earlier_drop(tmp_path: Path):
@@ -123,8 +124,8 @@ def test_gate_fails_when_a_kept_record_repeats_an_earlier_drop(tmp_path: Path):
     a, b = keys["a_2026-01.jsonl"], keys["b_2026-02.jsonl"]
     _silver(paths, [a])
     drop, src = resolve_drop(paths, b)
-    layers.build_raw_records(SPEC, drop, src, paths.partition_dir("bronze", b))
-    layers.build_clean_records(SPEC, paths.partition_dir("bronze", b), paths.partition_dir("silver", b))  # drop-only
+    build_raw_records(SPEC, drop, src, paths.partition_dir("bronze", b))
+    build_clean_records(SPEC, paths.partition_dir("bronze", b), paths.partition_dir("silver", b))  # drop-only
     (gate,) = [o for o in evaluate(SPEC, paths, b, "clean_records") if o.name == "clean_records_unique_across_drops"]
     assert not gate.passed and gate.violations == 1
     assert gate.offending == [{"record_id": f"{b}:1", "location": "b_2026-02.jsonl:1", "earlier_record_id": f"{a}:2"}]
@@ -164,8 +165,8 @@ def test_an_earlier_drop_this_spec_cannot_read_holds_nothing(tmp_path: Path):
     spec = make_spec("ds", input={"type": "tabular"}, clean={"dedup": "exact", "dedup_scope": "dataset"})
     b = next(d for d in registered_drops(paths).values() if d.file == "b.csv")
     drop, src = resolve_drop(paths, b.partition)
-    layers.build_raw_records(spec, drop, src, paths.partition_dir("bronze", b.partition))
-    stats = layers.build_silver(spec, paths, b.partition)  # a.txt (no reader for tables) does not block b
+    build_raw_records(spec, drop, src, paths.partition_dir("bronze", b.partition))
+    stats = build_silver(spec, paths, b.partition)  # a.txt (no reader for tables) does not block b
     assert stats["records"] == 1 and stats["rejects_by_reason"] == {"duplicate": 1}
 
 
@@ -175,7 +176,7 @@ def test_silver_over_bronze_of_another_spec_is_refused(tmp_path: Path):
     _silver(paths, [a])
     other = make_spec("ds", input={"type": "text", "text_key": "body"}, clean={"dedup": "exact", "dedup_scope": "dataset"})
     with pytest.raises(DropError, match="bronze was built with another spec"):
-        layers.build_silver(other, paths, a)
+        build_silver(other, paths, a)
 
 
 def test_scope_dataset_without_dedup_is_a_spec_error():
@@ -199,7 +200,7 @@ def test_manifest_gate_names_a_duplicate_whose_copy_left_with_a_replaced_drop(tm
 
 
 def test_a_forced_hash_collision_keeps_both_distinct_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(layers, "content_digest", lambda canonical: "0" * 64)  # every record collides
+    monkeypatch.setattr(silver, "content_digest", lambda canonical: "0" * 64)  # every record collides
     paths, keys = _lake(tmp_path)
     a, b, c = (keys[n] for n in DROPS)
     stats = _silver(paths, [a, b, c])

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
 import pyarrow.parquet as pq
+import pytest
 
 from prep_assets.core.parquet_io import ParquetSink, token_columns
 from prep_assets.core.records import SHARD_SCHEMA

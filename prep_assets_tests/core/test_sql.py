@@ -3,8 +3,7 @@
 import duckdb
 import pytest
 
-from prep_assets.core import gates
-from prep_assets.core import sql
+from prep_assets.core import gates, sql
 from prep_assets_tests.core.test_gates import BY_ROWS, lake  # noqa: F401  (the fixture)
 
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from dagster import AssetCheckKey, AssetKey, AssetSelection, AssetsDefinition, DagsterInstance, materialize
+from dagster import AssetCheckKey, AssetKey, AssetsDefinition, AssetSelection, DagsterInstance, materialize
 
 from prep_assets.core import invariants as inv
 from prep_assets.core.drops import register_drops
@@ -78,12 +78,12 @@ def test_a_gate_that_raises_leaves_the_others_reporting_and_fails_the_step(drop)
 
 
 def test_gold_reject_rate_is_a_blocking_check_of_tokenized_examples_with_its_rate_and_reasons(tmp_path: Path):
-    from prep_assets.defs.checks import build_checks, outcome_result
+    from prep_assets.defs.checks import gate_checks, outcome_result
     from prep_assets_tests.conftest import make_spec
     from prep_assets_tests.core.test_invariants import _silver_and_gold_rejects
 
     spec = make_spec("t")
-    specs = [s for c in build_checks(spec) for s in c.check_specs]
+    specs = [s for c in gate_checks(spec) for s in c.check_specs]
     gold = next(s for s in specs if s.name == "tokenized_examples_reject_rate")
     assert gold.asset_key == AssetKey(["t", "tokenized_examples"]) and gold.blocking
     s, g = _silver_and_gold_rejects(tmp_path, 4, [("chat_template_dropped_message", 2), ("too_long", 3)])

@@ -1,0 +1,120 @@
+"""The dataset manifest: the shards of the drops it includes, checked against their checksums and gates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prep_assets.core import invariants as inv
+from prep_assets.core.errors import ManifestError
+from prep_assets.core.lake import (
+    STATS,
+    DatasetPaths,
+    partition_lock,
+    read_json,
+    sha256_file,
+    write_json_atomic,
+)
+from prep_assets.core.records import (
+    SHARD_SCHEMA,
+    SPLITS,
+)
+from prep_assets.core.shards import totals
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.tabular import initial_prefill
+
+
+def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> dict[str, Any]:
+    """The dataset manifest: every published shard and export of the given partitions, by split, with checksums
+    and the split metrics summed over partitions."""
+    tok = read_json(paths.tokenizer_dir / "fingerprint.json")
+    files: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
+    exports: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
+    metrics: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
+    parts: dict[str, Any] = {}
+    fingerprints = set()
+    tabular: dict[str, Any] | None = None
+    for partition in sorted(partitions):
+        stats_path = paths.partition_dir("shards", partition) / STATS
+        if not stats_path.is_file():
+            continue
+        stats = read_json(stats_path)
+        fingerprints.add(stats["tokenizer_fingerprint"])
+        parts[partition] = {"tokenizer_fingerprint": stats["tokenizer_fingerprint"], **stats["totals"]}
+        if "tabular" in stats:
+            tabular = _merge_tabular(tabular, stats["tabular"])
+        base = f"shards/{partition}"
+        for split, s in stats["splits"].items():
+            metrics[split].append(s)
+            files[split] += [{**f, "path": f"{base}/{f['path']}", "partition": partition} for f in s["files"]]
+            for fmt, e in sorted(s.get("exports", {}).items()):
+                where = {k: f"{base}/{e[k]}" for k in ("dir", "prefix") if k in e}
+                exports[split].append({**e, **where, "format": fmt, "partition": partition,
+                                       "files": [{**f, "path": f"{base}/{f['path']}"} for f in e["files"]]})
+    L = spec.sequence.max_seq_len
+    manifest = {
+        "dataset": spec.name,
+        "max_seq_len": L,
+        "strategy": spec.packing.strategy,
+        "config_hash": spec.fingerprint(),
+        "tokenizer_fingerprint": tok["fingerprint"],
+        "tokenizer_vocab_size": tok["info"]["vocab_size"],
+        "pad_id": tok["info"]["pad_id"],
+        "shard_tokenizer_fingerprints": sorted(fingerprints),
+        "partitions": parts,
+        "splits": {s: {**totals(metrics[s], L), "files": files[s], "exports": exports[s]} for s in SPLITS},
+        "schema": {f.name: str(f.type) for f in SHARD_SCHEMA},
+        **({"tabular": tabular} if tabular is not None else {}),
+    }
+    with partition_lock(paths.manifest_path):  # two refreshes at once take turns: each publishes a whole manifest
+        problems = manifest_file_problems(paths.root, manifest)
+        if problems:
+            raise ManifestError(f"{paths.manifest_path} not published, {len(problems)} file(s) differ from what "
+                                "their shards recorded (rebuild those drops): " + "; ".join(problems[:5]))
+        failed = [o for o in manifest_outcomes(spec, paths, manifest) if not o.passed]
+        if failed:  # the manifest's own gates judge it before trainers can read it
+            raise ManifestError(f"{paths.manifest_path} not published: " + "; ".join(
+                f"{o.name} failed ({o.violations} violation(s): {o.description})" for o in failed))
+        write_json_atomic(paths.manifest_path, manifest)
+    return manifest
+
+
+def manifest_outcomes(spec: DatasetSpec, paths: DatasetPaths, manifest: dict[str, Any]) -> list[inv.Outcome]:
+    """The manifest's gates, judged on a manifest (built or published): the asset checks run the same."""
+    parts = [{"partition": k, **v} for k, v in manifest["partitions"].items()]
+    outcomes = [inv.shards_one_tokenizer(parts, manifest["tokenizer_fingerprint"])]
+    if spec.clean.dedup_scope == "dataset":
+        partitions = sorted(manifest["partitions"])
+        outcomes.append(inv.duplicates_resolve_to_kept([paths.partition_dir("silver", k) for k in partitions]))
+    return outcomes
+
+
+def manifest_file_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """Every file a manifest names (shards and exports, paths relative to `root`) checked against the sha256 (and
+    size, where recorded) its shards step recorded: a manifest never names bytes that are not the recorded ones."""
+    entries = [f for split in manifest["splits"].values()
+               for f in [*split["files"], *(g for e in split["exports"] for g in e["files"])]]
+    problems = []
+    for entry in entries:
+        path = root / entry["path"]
+        if not path.is_file():
+            problems.append(f"{entry['path']}: missing")
+        elif "bytes" in entry and path.stat().st_size != entry["bytes"]:
+            problems.append(f"{entry['path']}: {path.stat().st_size} bytes, {entry['bytes']} recorded")
+        elif sha256_file(path) != entry["sha256"]:
+            problems.append(f"{entry['path']}: sha256 differs from the recorded one")
+    return problems
+
+
+def _merge_tabular(acc: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
+    """The dataset's tabular section: the first partition's schema (in partition order); `initial_prefill` per
+    group: the earliest 3 (by order_by) of the training records every partition kept for it."""
+    if acc is None:
+        acc = {**part, "initial_prefill": {} if part["mode"] == "sequential" else None}
+    if acc["initial_prefill"] is None:
+        return acc
+    gathered = {g: list(v) for g, v in acc["initial_prefill"].items()}
+    for group, records in (part.get("initial_prefill") or {}).items():
+        gathered.setdefault(group, []).extend(records)
+    acc["initial_prefill"] = initial_prefill(gathered, part.get("order_by"))
+    return acc

@@ -1,0 +1,224 @@
+"""Silver: records normalized, filtered and deduplicated, each with its split; every dropped one a reject."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from prep_assets.core import dedup
+from prep_assets.core.bronze import build_raw_records
+from prep_assets.core.clean import (
+    assign_split,
+    content_digest,
+    left_as_is,
+    normalize_content,
+    quality_verdict,
+    trained_roles,
+)
+from prep_assets.core.drops import Drop, resolve_drop
+from prep_assets.core.errors import DropError
+from prep_assets.core.lake import (
+    ACCOUNTING,
+    RECORDS,
+    REJECTS,
+    STATS,
+    DatasetPaths,
+    canonical_json,
+    loads_json,
+    read_json,
+    scratch_dir,
+    staged_dir,
+    write_json_atomic,
+)
+from prep_assets.core.parquet_io import DEFAULT_BATCH, ParquetSink, RowBuffer, gc_paused, iter_batches
+from prep_assets.core.records import (
+    SILVER_REJECT_SCHEMA,
+    SILVER_SCHEMA,
+    SPLITS,
+    content_texts,
+    near_dup_text,
+)
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.tabular import group_label
+
+
+def _split_key(spec: DatasetSpec, content: dict[str, Any], digest: str) -> str:
+    """What a record's split is drawn from: its content, or its group's value (no group in two splits)."""
+    group_by = spec.tabular.group_by if spec.tabular is not None else None
+    if group_by is None:
+        return digest
+    return "group:" + group_label(content["values"][content["columns"].index(group_by)])
+
+
+def build_clean_records(
+    spec: DatasetSpec, bronze_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH,
+    earlier: Sequence[Path] = (), index_dir: Path | None = None, near: bool = True,
+) -> dict[str, Any]:
+    """Silver: normalized, quality-filtered, deduplicated records with a deterministic split.
+
+    `earlier` are the dedup indexes of drops registered before this one (dedup_scope: dataset): their
+    contents are duplicates here too. With `index_dir`, this drop's index is published there. Equal hashes
+    are confirmed on the bytes: when two contents share one, the drop is processed again keying that hash by
+    its content, so a collision never removes a distinct record. `near=False` skips near dedup (for an index,
+    which holds exact contents only).
+    """
+    colliding: frozenset[str] = frozenset()
+    while True:
+        try:
+            with gc_paused():
+                return _clean_pass(spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir, near)
+        except dedup.HashCollision as found:
+            colliding |= found.digests
+
+
+def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: int, earlier: Sequence[Path],
+                colliding: frozenset[str], index_dir: Path | None, with_near: bool) -> dict[str, Any]:
+    clean = spec.clean
+    norm = clean.normalization
+    exact = dedup.ExactDedup(earlier, colliding) if clean.dedup != "none" else None
+    near = dedup.NearDuplicates(clean.near) if clean.dedup == "near" and with_near else None
+    trained = trained_roles(spec)
+    near_of: dict[str, str] = {}  # record removed as a near duplicate -> the kept record it is near
+    reasons: Counter[str] = Counter()
+    splits: Counter[str] = Counter()
+    chars = records_in = of_earlier = 0
+    with staged_dir(out_dir) as stage:
+        comp = spec.output.compression
+        with (
+            ParquetSink(stage / RECORDS, SILVER_SCHEMA, compression=comp) as keep_sink,
+            ParquetSink(stage / REJECTS, SILVER_REJECT_SCHEMA, compression=comp) as rej_sink,
+        ):
+            rejected = RowBuffer(rej_sink, batch_size)
+
+            cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "content"]
+            values: list[list[Any]] = []
+
+            def reject(i: int, reason: str, detail: str, canonical: str, digest: str | None = None,
+                       of: str | None = None) -> None:
+                """Row `i` of the batch (its provenance columns) goes to the rejects table."""
+                reasons[reason] += 1
+                rejected.add({**{c: values[j][i] for j, c in enumerate(cols[:-1])}, "reason": reason,
+                              "detail": detail, "duplicate_of": of, "content": canonical, "content_sha256": digest})
+
+            for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
+                as_is = left_as_is(batch.column("content")).tolist()
+                values[:] = [batch.column(c).to_pylist() for c in cols]  # a list per column: 4x faster than rows
+                # the kept rows: their provenance is taken from the batch (Arrow), the rest collected here
+                kept: list[int] = []
+                kept_content: list[str] = []
+                kept_digest: list[str] = []
+                kept_chars: list[int] = []
+                kept_split: list[str] = []
+                for i, (record_id, canonical, same) in enumerate(zip(values[0], values[-1], as_is)):
+                    records_in += 1
+                    content = loads_json(canonical)
+                    if not same:
+                        content = normalize_content(content, norm)
+                        canonical = canonical_json(content)
+                    texts = content_texts(content)
+                    verdict = quality_verdict(content, clean, texts, trained)
+                    if verdict is not None:
+                        reject(i, verdict.reason, verdict.detail, canonical)
+                        continue
+                    digest = content_digest(canonical)
+                    if exact is not None:
+                        first, in_earlier = exact.repeats(digest, canonical, record_id)
+                        if first is not None and first in near_of:  # a copy of a record removed as near duplicate
+                            reject(i, "near_duplicate", f"same content as {first}, a "
+                                   f"near duplicate of {near_of[first]}", canonical, digest, near_of[first])
+                            continue
+                        if first is not None:
+                            of_earlier += in_earlier
+                            reject(i, "duplicate", f"same content as {first}", canonical,
+                                   digest, first)
+                            continue
+                    if near is not None:
+                        match = near.match(record_id, near_dup_text(content))
+                        if match is not None:
+                            near_of[record_id] = match[0]
+                            reject(i, "near_duplicate", f"estimated Jaccard "
+                                   f"{match[1]:.3f} >= {clean.near.threshold} with {match[0]}", canonical, digest,
+                                   match[0])
+                            continue
+                    split = assign_split(_split_key(spec, content, digest), spec.split)
+                    splits[split] += 1
+                    n = sum(map(len, texts))
+                    chars += n
+                    kept.append(i)
+                    kept_content.append(canonical)
+                    kept_digest.append(digest)
+                    kept_chars.append(n)
+                    kept_split.append(split)
+                if kept:
+                    take = pa.array(kept, type=pa.int64())
+                    keep_sink.write(pa.Table.from_pydict({
+                        **{c: batch.column(c).take(take) for c in cols[:-1]}, "content": kept_content,
+                        "content_sha256": kept_digest, "num_chars": kept_chars, "split": kept_split,
+                    }, schema=SILVER_SCHEMA))
+            rejected.flush()
+        if exact is not None:
+            found = dedup.collisions(stage / RECORDS, stage / REJECTS, earlier) - colliding
+            if found:
+                raise dedup.HashCollision(found)  # the stage is discarded; the caller runs the pass again
+        stats = {
+            "records_in": records_in,
+            "records": keep_sink.rows,
+            "rejects": rej_sink.rows,
+            "rejects_by_reason": dict(sorted(reasons.items())),
+            "records_by_split": {s: splits[s] for s in SPLITS},
+            "chars": chars,
+            "dedup": clean.dedup,
+            "dedup_scope": clean.dedup_scope,
+            "duplicates_of_earlier_drops": of_earlier,
+            "earlier_drops": [path.parent.name for path in earlier],
+            "hash_collisions": len(colliding),
+        }
+        write_json_atomic(stage / STATS, stats)
+        if index_dir is not None and exact is not None:
+            dedup.write_index(index_dir, exact.first_seen.values(), stage / RECORDS, stage / REJECTS)
+    return stats
+
+
+def earlier_indexes(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH
+                    ) -> list[Path]:
+    """The dedup indexes of the drops registered before `partition`, earliest first. A drop without one for
+    this spec gets it from its raw file, so the answer never depends on which partitions were built before."""
+    out = []
+    for drop, path in dedup.earlier_indexes(spec, paths, partition):
+        if not path.is_file():
+            _index_drop(spec, paths, drop, path.parent, batch_size)
+        out.append(path)
+    return out
+
+
+def _index_drop(spec: DatasetSpec, paths: DatasetPaths, drop: Drop, out_dir: Path, batch_size: int) -> None:
+    """A drop's index from its raw file (bronze and silver built in a scratch dir, then discarded). A drop this
+    spec cannot read (its bronze fails) holds nothing: the same outcome however often it is tried."""
+    _, source = resolve_drop(paths, drop.partition)
+    with scratch_dir(paths.root / "dedup_scratch") as tmp:
+        bronze, silver = tmp / "bronze", tmp / "silver"
+        try:
+            build_raw_records(spec, drop, source, bronze, batch_size=batch_size)
+        except DropError:
+            dedup.write_empty_index(out_dir)
+            return
+        build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir, near=False)
+
+
+def build_silver(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH
+                 ) -> dict[str, Any]:
+    """A drop's silver; with `clean.dedup_scope: dataset`, also without copies of earlier drops' records."""
+    bronze, out = paths.partition_dir("bronze", partition), paths.partition_dir("silver", partition)
+    if spec.clean.dedup_scope != "dataset":
+        return build_clean_records(spec, bronze, out, batch_size=batch_size)
+    built_with = read_json(bronze / ACCOUNTING).get("spec_version") if (bronze / ACCOUNTING).is_file() else None
+    if built_with != spec.layer_version("bronze"):
+        raise DropError(f"drop {partition}: its bronze was built with another spec (or is missing); materialize "
+                        "raw_records first, so its dedup index matches the spec")
+    return build_clean_records(spec, bronze, out, batch_size=batch_size,
+                               earlier=earlier_indexes(spec, paths, partition, batch_size=batch_size),
+                               index_dir=dedup.index_dir(spec, paths, partition))
