@@ -109,8 +109,13 @@ def build_gold(source: Path, tokenizer: Path, max_seq_len: int, work: Path) -> t
     t_s = time.perf_counter() - t - t_b
     gold = layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
     t_g = time.perf_counter() - t - t_b - t_s
-    stats = {"records": bronze["records"], "kept": silver["records"], "examples": gold["examples"],
-             "tokens": gold["tokens"], "seconds": {"bronze": t_b, "silver": t_s, "gold": t_g}}
+    stats = {
+        "records": bronze["records"],
+        "kept": silver["records"],
+        "examples": gold["examples"],
+        "tokens": gold["tokens"],
+        "seconds": {"bronze": t_b, "silver": t_s, "gold": t_g},
+    }
     marker.write_text(json.dumps({"want": want, "gold": str(g), "stats": stats}), encoding="utf-8")
     return g, paths.tokenizer_dir, stats
 
@@ -131,38 +136,49 @@ def bench_packing(args: argparse.Namespace) -> int:
     L = args.max_seq_len
     gold_dir, tok_dir, gs = build_gold(source, tokenizer, L, work)
     tokens = gs["tokens"]
-    print(f"\n{source.name}: {gs['records']:,} records, {gs['kept']:,} kept, {gs['examples']:,} examples, "
-          f"{tokens:,} tokens; max_seq_len {L}")
+    print(
+        f"\n{source.name}: {gs['records']:,} records, {gs['kept']:,} kept, {gs['examples']:,} examples, "
+        f"{tokens:,} tokens; max_seq_len {L}"
+    )
     for layer, sec in gs["seconds"].items():
         print(_line(f"{layer} layer (when cached)", sec, tokens))
-    gold = GoldArrays.of(pq.read_table(str(gold_dir / "examples.parquet"),
-                                              columns=["token_ids", "loss_mask", "token_type_ids"]))
+    gold = GoldArrays.of(
+        pq.read_table(str(gold_dir / "examples.parquet"), columns=["token_ids", "loss_mask", "token_type_ids"])
+    )
     lengths = np.diff(gold.offsets)
     pad = load_pinned_info(tok_dir).pad_id
     bound = -(-int(lengths.sum()) // L)
     for strategy in args.strategies.split(","):
         spec = _spec(tokenizer, L, strategy)
         t = time.perf_counter()
-        plan = plan_rows(lengths, capacity=L, strategy=strategy, overflow="window", loss_mask=gold.loss_mask,
-                         shuffle_seed=(0, 0))
+        plan = plan_rows(
+            lengths, capacity=L, strategy=strategy, overflow="window", loss_mask=gold.loss_mask, shuffle_seed=(0, 0)
+        )
         t_plan = time.perf_counter() - t
         # rows built as the shards layer builds them, SHARD_CHUNK_ROWS at a time (0.29-0.37 s for the 100 MB
         # drop's 5,545 rows); all at once, the first touch of ~600 MB of fresh row grids made it 0.35-1.76 s
         num_rows = 0
         chunk = shards_layer.SHARD_CHUNK_ROWS
         for lo in range(0, plan.num_rows, chunk):
-            num_rows += materialize_rows(plan.rows(lo, min(lo + chunk, plan.num_rows)),
-                                         token_ids=gold.token_ids, loss_mask=gold.loss_mask,
-                                         token_type_ids=gold.token_type_ids, offsets=gold.offsets, row_len=L,
-                                         pad_id=pad).num_rows
+            num_rows += materialize_rows(
+                plan.rows(lo, min(lo + chunk, plan.num_rows)),
+                token_ids=gold.token_ids,
+                loss_mask=gold.loss_mask,
+                token_type_ids=gold.token_type_ids,
+                offsets=gold.offsets,
+                row_len=L,
+                pad_id=pad,
+            ).num_rows
         t_rows = time.perf_counter() - t - t_plan
         out = work / f"shards_{strategy}"
         t = time.perf_counter()
         st = build_packed_shards(spec, gold_dir, tok_dir, out)
         t_layer = time.perf_counter() - t
         m = st["totals"]
-        print(f"\n{strategy}: {num_rows:,} rows (lower bound {bound:,}, x{num_rows / bound:.5f}), "
-              f"sequence utilization {m['sequence_utilization']:.4f}, {m['examples_split']:,} examples split")
+        print(
+            f"\n{strategy}: {num_rows:,} rows (lower bound {bound:,}, x{num_rows / bound:.5f}), "
+            f"sequence utilization {m['sequence_utilization']:.4f}, {m['examples_split']:,} examples split"
+        )
         print(_line("plan", t_plan, tokens))
         print(_line("plan + materialize rows", t_plan + t_rows, tokens))
         print(_line("shards layer (read, pack, write)", t_layer, tokens))
@@ -233,8 +249,11 @@ def bench_dedup(args: argparse.Namespace) -> int:
     _, src = resolve_drop(paths, drop.partition)
     figures = {}
     for mode in ("exact", "near"):
-        spec = parse_spec({"input": {"type": "text"}, "tokenizer": {"path": "/unused"}, "clean": {"dedup": mode}},
-                          path=Path("dedup.yaml"), default_name="dedup")
+        spec = parse_spec(
+            {"input": {"type": "text"}, "tokenizer": {"path": "/unused"}, "clean": {"dedup": mode}},
+            path=Path("dedup.yaml"),
+            default_name="dedup",
+        )
         bronze, silver = paths.partition_dir("bronze", drop.partition), work / f"silver_{mode}"
         if mode == "exact":
             t = time.perf_counter()
@@ -243,10 +262,17 @@ def bench_dedup(args: argparse.Namespace) -> int:
         t = time.perf_counter()
         st = build_clean_records(spec, bronze, silver)
         sec = time.perf_counter() - t
-        figures[mode] = {"seconds": round(sec, 2), "mb_per_s": round(mb / sec, 2), "records_per_s": round(n / sec),
-                         "kept": st["records"], "removed": st["rejects_by_reason"]}
-        print(f"  silver dedup {mode:<6}    {sec:8.2f} s  {mb / sec:8.2f} MB/s  {n / sec:10,.0f} records/s  "
-              f"kept {st['records']:,}  removed {st['rejects_by_reason']}")
+        figures[mode] = {
+            "seconds": round(sec, 2),
+            "mb_per_s": round(mb / sec, 2),
+            "records_per_s": round(n / sec),
+            "kept": st["records"],
+            "removed": st["rejects_by_reason"],
+        }
+        print(
+            f"  silver dedup {mode:<6}    {sec:8.2f} s  {mb / sec:8.2f} MB/s  {n / sec:10,.0f} records/s  "
+            f"kept {st['records']:,}  removed {st['rejects_by_reason']}"
+        )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of this process: {peak:,.0f} MiB")
     print(json.dumps({"corpus_mb": round(mb, 1), "records": n, **figures, "peak_rss_mib": round(peak)}))
@@ -261,8 +287,10 @@ def bench_near(args: argparse.Namespace) -> int:
         print(f"error: {source} not found", file=sys.stderr)
         return 2
     r = evaluate_near(source)
-    print(f"{source.name}: {r.documents} documents + {r.copies} near copies; removed {r.removed} "
-          f"({r.removed_copies} copies): precision {r.precision:.3f}, recall {r.recall:.3f}, {r.seconds:.2f} s")
+    print(
+        f"{source.name}: {r.documents} documents + {r.copies} near copies; removed {r.removed} "
+        f"({r.removed_copies} copies): precision {r.precision:.3f}, recall {r.recall:.3f}, {r.seconds:.2f} s"
+    )
     return 0
 
 
@@ -328,7 +356,7 @@ class RssSampler:
                 self.samples.append((time.time(), int(f.read().split()[1]) * self._page_mib))
                 self._stop.wait(0.02)
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._thread.start()
         return self
 
@@ -351,10 +379,18 @@ def _step_peaks(instance: Any, run_id: str, rss: RssSampler) -> dict[str, dict[s
             continue
         if ev.event_type == DagsterEventType.STEP_START:
             spans[entry.step_key] = [entry.timestamp, entry.timestamp]
-        elif ev.event_type in (DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE) and entry.step_key in spans:
+        elif (
+            ev.event_type in (DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE) and entry.step_key in spans
+        ):
             spans[entry.step_key][1] = entry.timestamp
-    return {k: {"s": round(b - a, 2), "rss_start_mib": round(rss.peak(a - 0.05, a + 0.05)),
-                "peak_mib": round(rss.peak(a, b))} for k, (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0])}
+    return {
+        k: {
+            "s": round(b - a, 2),
+            "rss_start_mib": round(rss.peak(a - 0.05, a + 0.05)),
+            "peak_mib": round(rss.peak(a, b)),
+        }
+        for k, (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0])
+    }
 
 
 def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
@@ -376,9 +412,14 @@ def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
         tok = materialize(assets, selection=[AssetKey(["bench", TOKENIZER])], instance=instance, resources=resources)
         start = time.perf_counter()
         with RssSampler() as rss:
-            result = materialize(assets, selection=AssetSelection.assets(*(AssetKey(["bench", n]) for n in PARTITIONED)),
-                                 partition_key=drop.partition, instance=instance, resources=resources,
-                                 raise_on_error=False)
+            result = materialize(
+                assets,
+                selection=AssetSelection.assets(*(AssetKey(["bench", n]) for n in PARTITIONED)),
+                partition_key=drop.partition,
+                instance=instance,
+                resources=resources,
+                raise_on_error=False,
+            )
         wall = time.perf_counter() - start
         peaks = _step_peaks(instance, result.run_id, rss)
     steps: dict[str, float] = {}
@@ -387,9 +428,20 @@ def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
         steps[layer] = steps.get(layer, 0.0) + event.event_specific_data.duration_ms / 1000  # type: ignore[union-attr]
     checks = result.get_asset_check_evaluations()
     gold = read_json(paths.partition_dir("gold", drop.partition) / STATS_FILE)
-    print(json.dumps({"success": result.success and tok.success, "wall_s": wall, "layers_s": steps, "steps": peaks,
-                      "checks": len(checks), "checks_passed": sum(c.passed for c in checks),
-                      "tokens": gold["tokens"], "examples": gold["examples"]}))
+    print(
+        json.dumps(
+            {
+                "success": result.success and tok.success,
+                "wall_s": wall,
+                "layers_s": steps,
+                "steps": peaks,
+                "checks": len(checks),
+                "checks_passed": sum(c.passed for c in checks),
+                "tokens": gold["tokens"],
+                "examples": gold["examples"],
+            }
+        )
+    )
     return 0 if result.success else 1
 
 
@@ -398,8 +450,11 @@ def _e2e_run(work: Path, tokenizer: Path, max_seq_len: int) -> dict[str, Any] | 
     import subprocess
 
     shutil.rmtree(work / "data" / "lake", ignore_errors=True)
-    child = subprocess.run([sys.executable, "-m", "prep_assets.bench", "_e2e_child", str(work), str(tokenizer),
-                            str(max_seq_len)], capture_output=True, text=True)
+    child = subprocess.run(
+        [sys.executable, "-m", "prep_assets.bench", "_e2e_child", str(work), str(tokenizer), str(max_seq_len)],
+        capture_output=True,
+        text=True,
+    )
     if child.returncode != 0 or not child.stdout.strip():
         print(child.stdout[-2000:], child.stderr[-4000:], file=sys.stderr)
         return None
@@ -421,8 +476,11 @@ def bench_e2e(args: argparse.Namespace) -> int:
     # This machine's speed drifts by +-10% within minutes, so the bare tokenizer is timed before the first run,
     # between runs and after the last, and each run is held against the mean of the two timings around it.
     bare_tokens, bare_s = bare_tokenizer(corpus, tokenizer)
-    print(f"bare tokenizer (encode_batch_fast): {bare_tokens:,} tokens in {bare_s:.2f} s = "
-          f"{bare_tokens / bare_s / 1e6:.3f} M tokens/s", flush=True)
+    print(
+        f"bare tokenizer (encode_batch_fast): {bare_tokens:,} tokens in {bare_s:.2f} s = "
+        f"{bare_tokens / bare_s / 1e6:.3f} M tokens/s",
+        flush=True,
+    )
     results = []
     for k in range(args.repeat):
         run = _e2e_run(work, tokenizer, args.max_seq_len)
@@ -432,35 +490,60 @@ def bench_e2e(args: argparse.Namespace) -> int:
         mean_s = (before_s + bare_s) / 2
         e2e = run["tokens"] / run["wall_s"]
         ratio = e2e * mean_s / bare_tokens
-        results.append({**run, "e2e": e2e, "bare": bare_tokens / mean_s, "ratio": ratio, "before_s": before_s,
-                        "after_s": bare_s})
-        print(f"run {k + 1}/{args.repeat}: end to end through Dagster (bronze -> shards, {run['checks_passed']}/"
-              f"{run['checks']} checks passed): {run['tokens']:,} tokens in {run['wall_s']:.2f} s = "
-              f"{e2e / 1e6:.3f} M tokens/s")
-        print(f"  bare tokenizer after it: {bare_s:.2f} s = {bare_tokens / bare_s / 1e6:.3f} M tokens/s; the mean "
-              f"around the run {mean_s:.2f} s = {bare_tokens / mean_s / 1e6:.3f} M tokens/s")
+        results.append(
+            {**run, "e2e": e2e, "bare": bare_tokens / mean_s, "ratio": ratio, "before_s": before_s, "after_s": bare_s}
+        )
+        print(
+            f"run {k + 1}/{args.repeat}: end to end through Dagster (bronze -> shards, {run['checks_passed']}/"
+            f"{run['checks']} checks passed): {run['tokens']:,} tokens in {run['wall_s']:.2f} s = "
+            f"{e2e / 1e6:.3f} M tokens/s"
+        )
+        print(
+            f"  bare tokenizer after it: {bare_s:.2f} s = {bare_tokens / bare_s / 1e6:.3f} M tokens/s; the mean "
+            f"around the run {mean_s:.2f} s = {bare_tokens / mean_s / 1e6:.3f} M tokens/s"
+        )
         for layer, sec in run["layers_s"].items():
             print(f"  {layer:<20} {sec:8.2f} s")
         print("  steps (time; the process' RSS when the step started -> its peak during the step):")
         for step, st in run["steps"].items():
             print(f"    {step:<58} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
-        print(f"  end-to-end / bare tokenizer: {ratio:.3f} (against the timing before alone: "
-              f"{e2e * before_s / bare_tokens:.3f}, after alone: {e2e * bare_s / bare_tokens:.3f})", flush=True)
+        print(
+            f"  end-to-end / bare tokenizer: {ratio:.3f} (against the timing before alone: "
+            f"{e2e * before_s / bare_tokens:.3f}, after alone: {e2e * bare_s / bare_tokens:.3f})",
+            flush=True,
+        )
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     ratios = sorted(r["ratio"] for r in results)
     mid = sorted(results, key=lambda r: r["ratio"])[(len(results) - 1) // 2]  # the median run (the lower middle)
     if len(results) > 1:
-        print(f"end-to-end / bare tokenizer over {len(results)} runs: median {mid['ratio']:.3f}, "
-              f"min {ratios[0]:.3f}, max {ratios[-1]:.3f} ({', '.join(f'{r:.3f}' for r in (x['ratio'] for x in results))})")
+        print(
+            f"end-to-end / bare tokenizer over {len(results)} runs: median {mid['ratio']:.3f}, "
+            f"min {ratios[0]:.3f}, max {ratios[-1]:.3f} "
+            f"({', '.join(f'{r:.3f}' for r in (x['ratio'] for x in results))})"
+        )
     print(f"peak RSS of the pipeline process: {peak:,.0f} MiB")
-    print(json.dumps({"corpus_mb": round(mb, 1), "rows": rows, "max_seq_len": args.max_seq_len, "strategy": "bfd",
-                      "runs": len(results), "ratio": round(mid["ratio"], 3),
-                      "ratios": [round(r["ratio"], 3) for r in results],
-                      "bare_tokens_per_s": round(mid["bare"]), "bare_tokens_per_s_before": round(bare_tokens / mid["before_s"]),
-                      "bare_tokens_per_s_after": round(bare_tokens / mid["after_s"]),
-                      "e2e_tokens_per_s": round(mid["e2e"]), "wall_s": round(mid["wall_s"], 2),
-                      "layers_s": {k: round(v, 2) for k, v in mid["layers_s"].items()},
-                      "peak_rss_mib": round(peak), "checks_passed": mid["checks_passed"], "checks": mid["checks"]}))
+    print(
+        json.dumps(
+            {
+                "corpus_mb": round(mb, 1),
+                "rows": rows,
+                "max_seq_len": args.max_seq_len,
+                "strategy": "bfd",
+                "runs": len(results),
+                "ratio": round(mid["ratio"], 3),
+                "ratios": [round(r["ratio"], 3) for r in results],
+                "bare_tokens_per_s": round(mid["bare"]),
+                "bare_tokens_per_s_before": round(bare_tokens / mid["before_s"]),
+                "bare_tokens_per_s_after": round(bare_tokens / mid["after_s"]),
+                "e2e_tokens_per_s": round(mid["e2e"]),
+                "wall_s": round(mid["wall_s"], 2),
+                "layers_s": {k: round(v, 2) for k, v in mid["layers_s"].items()},
+                "peak_rss_mib": round(peak),
+                "checks_passed": mid["checks_passed"],
+                "checks": mid["checks"],
+            }
+        )
+    )
     return 0 if all(r["success"] for r in results) else 1
 
 
@@ -469,8 +552,9 @@ def long_document(n_bytes: int, tokenizer: Path, seed: int = 0) -> str:
     import random
 
     vocab = json.loads((tokenizer / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
-    words = sorted(w[1:] for w in vocab if w.startswith("\u0120") and w[1:].isalpha() and w[1:].islower()
-                   and 2 <= len(w) - 1 <= 5)
+    words = sorted(
+        w[1:] for w in vocab if w.startswith("\u0120") and w[1:].isalpha() and w[1:].islower() and 2 <= len(w) - 1 <= 5
+    )
     rng = random.Random(seed)
     out, size = [], 0
     while size < n_bytes:
@@ -481,9 +565,13 @@ def long_document(n_bytes: int, tokenizer: Path, seed: int = 0) -> str:
 
 
 def longdoc_spec(tokenizer: Path, max_seq_len: int) -> dict[str, Any]:
-    return {"input": {"type": "text", "text_key": "text"}, "clean": {"max_chars": 1 << 40},
-            "tokenizer": {"path": str(tokenizer)}, "sequence": {"max_seq_len": max_seq_len},
-            "packing": {"strategy": "full"}}
+    return {
+        "input": {"type": "text", "text_key": "text"},
+        "clean": {"max_chars": 1 << 40},
+        "tokenizer": {"path": str(tokenizer)},
+        "sequence": {"max_seq_len": max_seq_len},
+        "packing": {"strategy": "full"},
+    }
 
 
 def _longdoc_child(work: Path) -> int:
@@ -504,21 +592,37 @@ def _longdoc_child(work: Path) -> int:
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions(f"{spec.name}_drops", [drop.partition])
         with RssSampler() as rss:
-            tok = materialize(assets, selection=[AssetKey([spec.name, TOKENIZER])], instance=instance,
-                              resources=resources)
+            tok = materialize(
+                assets, selection=[AssetKey([spec.name, TOKENIZER])], instance=instance, resources=resources
+            )
             start = time.perf_counter()
-            result = materialize(assets, selection=AssetSelection.assets(
-                *(AssetKey([spec.name, n]) for n in PARTITIONED)), partition_key=drop.partition, instance=instance,
-                resources=resources, raise_on_error=False)
+            result = materialize(
+                assets,
+                selection=AssetSelection.assets(*(AssetKey([spec.name, n]) for n in PARTITIONED)),
+                partition_key=drop.partition,
+                instance=instance,
+                resources=resources,
+                raise_on_error=False,
+            )
             wall = time.perf_counter() - start
         peaks = _step_peaks(instance, result.run_id, rss)
     checks = result.get_asset_check_evaluations()
     gold = read_json(paths.partition_dir("gold", drop.partition) / STATS_FILE)
-    print(json.dumps({"success": result.success and tok.success, "wall_s": wall, "steps": peaks,
-                      "checks": len(checks), "checks_passed": sum(c.passed for c in checks),
-                      "failed": [c.check_name for c in checks if not c.passed], "tokens": gold["tokens"],
-                      "failed_steps": [e.step_key for e in result.all_events if e.is_step_failure],
-                      "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
+    print(
+        json.dumps(
+            {
+                "success": result.success and tok.success,
+                "wall_s": wall,
+                "steps": peaks,
+                "checks": len(checks),
+                "checks_passed": sum(c.passed for c in checks),
+                "failed": [c.check_name for c in checks if not c.passed],
+                "tokens": gold["tokens"],
+                "failed_steps": [e.step_key for e in result.all_events if e.is_step_failure],
+                "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            }
+        )
+    )
     return 0 if result.success else 1
 
 
@@ -535,21 +639,25 @@ def bench_longdoc(args: argparse.Namespace) -> int:
     data = work / "data"
     (data / "datasets").mkdir(parents=True)
     (data / "raw" / "longdoc").mkdir(parents=True)
-    (data / "datasets" / "longdoc.yaml").write_text(yaml.safe_dump(longdoc_spec(tokenizer, args.max_seq_len)),
-                                                    encoding="utf-8")
+    (data / "datasets" / "longdoc.yaml").write_text(
+        yaml.safe_dump(longdoc_spec(tokenizer, args.max_seq_len)), encoding="utf-8"
+    )
     doc = long_document(int(args.mb * 1e6), tokenizer)
     (data / "raw" / "longdoc" / "doc.jsonl").write_text(json.dumps({"text": doc}) + "\n", encoding="utf-8")
     print(f"one document of {len(doc) / 1e6:.2f} MB, packing full at max_seq_len {args.max_seq_len}", flush=True)
-    child = subprocess.run([sys.executable, "-m", "prep_assets.bench", "_longdoc_child", str(work)],
-                           capture_output=True, text=True)
+    child = subprocess.run(
+        [sys.executable, "-m", "prep_assets.bench", "_longdoc_child", str(work)], capture_output=True, text=True
+    )
     if not child.stdout.strip():
         print(child.stderr[-4000:], file=sys.stderr)
         return 1
     run = json.loads(child.stdout.strip().splitlines()[-1])
     failed = f" (failed: {', '.join(run['failed'])})" if run["failed"] else ""
     failed += f"; FAILED steps (a gate raised?): {', '.join(run['failed_steps'])}" if run["failed_steps"] else ""
-    print(f"bronze -> shards through Dagster: {run['tokens']:,} tokens in {run['wall_s']:.2f} s, "
-          f"{run['checks_passed']}/{run['checks']} checks passed{failed}")
+    print(
+        f"bronze -> shards through Dagster: {run['tokens']:,} tokens in {run['wall_s']:.2f} s, "
+        f"{run['checks_passed']}/{run['checks']} checks passed{failed}"
+    )
     print("  steps (time; the process' RSS when the step started -> its peak during the step):")
     for step, st in run["steps"].items():
         print(f"    {step:<58} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
@@ -566,8 +674,9 @@ def _at_least_one(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prep_assets.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m prep_assets.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="what", required=True)
     pk = sub.add_parser("packing", help="tokens/s of each packing strategy over ~20M real tokens")
     pk.add_argument("--source", default=str(DEFAULT_SOURCE), help="a prompt/completion JSONL(.gz) drop")
@@ -578,7 +687,9 @@ def main(argv: list[str] | None = None) -> int:
     pk.set_defaults(fn=bench_packing)
     dd = sub.add_parser("dedup", help="exact and near dedup throughput on a ~100 MB text drop")
     dd.add_argument("--mb", type=float, default=100.0)
-    dd.add_argument("--work", help="where the corpus and silver are written (default: $TMPDIR/prep_assets_bench_dedup)")
+    dd.add_argument(
+        "--work", help="where the corpus and silver are written (default: $TMPDIR/prep_assets_bench_dedup)"
+    )
     dd.set_defaults(fn=bench_dedup)
     nr = sub.add_parser("near", help="near-dedup precision and recall on a labelled set from real documents")
     nr.add_argument("--source", default=str(TEXT_DIR / "c4_demo.jsonl"))
@@ -590,8 +701,12 @@ def main(argv: list[str] | None = None) -> int:
     ee.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
     ee.add_argument("--max-seq-len", type=int, default=4096)
     ee.add_argument("--work", help="where the drop and the lake are written (default: $TMPDIR/prep_assets_bench_e2e)")
-    ee.add_argument("--repeat", type=_at_least_one, default=1,
-                    help="measured runs (the JSON gives the median run's figures; peak RSS is the highest of all)")
+    ee.add_argument(
+        "--repeat",
+        type=_at_least_one,
+        default=1,
+        help="measured runs (the JSON gives the median run's figures; peak RSS is the highest of all)",
+    )
     ee.set_defaults(fn=bench_e2e)
     ld = sub.add_parser("longdoc", help="one long document packed `full` through every layer and gate, with peak RSS")
     ld.add_argument("--mb", type=float, default=6.0)

@@ -1,10 +1,10 @@
 """`prep-assets`: the headless way in. It goes through Dagster, never around it.
 
-    prep-assets run [--dataset NAME] [--data-dir DIR] [--all]
-        register new drops as partitions and materialize every layer that is missing or out of date,
-        as Dagster runs recorded in the instance under $DAGSTER_HOME (visible in the UI afterwards).
-    prep-assets decode SHARD [--row N] [--format text|json]
-        print a packed row as text with masked spans, segments and padding marked.
+prep-assets run [--dataset NAME] [--data-dir DIR] [--all]
+    register new drops as partitions and materialize every layer that is missing or out of date,
+    as Dagster runs recorded in the instance under $DAGSTER_HOME (visible in the UI afterwards).
+prep-assets decode SHARD [--row N] [--format text|json]
+    print a packed row as text with masked spans, segments and padding marked.
 """
 
 from __future__ import annotations
@@ -71,14 +71,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"FAILED {r['job']} {r.get('partition') or ''}: {r['error']}", file=sys.stderr)
     for name, error in sorted(report["errors"].items()):
         print(f"FAILED dataset {name}: {error}", file=sys.stderr)
-    print(f"\n{len(report['runs'])} run(s), {len(failed)} failed, {len(report['errors'])} dataset(s) in error; "
-          f"open the UI: DAGSTER_HOME={home} PREP_ASSETS_DATA_DIR={data_dir} "
-          f"{Path(sys.executable).parent / 'dagster'} dev -w workspace.yaml -h 127.0.0.1 -p 3000")
+    print(
+        f"\n{len(report['runs'])} run(s), {len(failed)} failed, {len(report['errors'])} dataset(s) in error; "
+        f"open the UI: DAGSTER_HOME={home} PREP_ASSETS_DATA_DIR={data_dir} "
+        f"{Path(sys.executable).parent / 'dagster'} dev -w workspace.yaml -h 127.0.0.1 -p 3000"
+    )
     return 1 if failed or report["errors"] else 0
 
 
-_SUMMARY_COLUMNS = ("dataset", "partition", "bronze", "silver", "gold", "examples", "tokens", "loss_tokens",
-                    "sequences", "utilization", "checks")
+_SUMMARY_COLUMNS = (
+    "dataset",
+    "partition",
+    "bronze",
+    "silver",
+    "gold",
+    "examples",
+    "tokens",
+    "loss_tokens",
+    "sequences",
+    "utilization",
+    "checks",
+)
 _SUMMARY_LEGEND = "bronze, silver, gold: records in/kept/rejected at that layer"
 
 
@@ -101,8 +114,9 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prep-assets", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="prep-assets", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="register drops and materialize every stale layer through Dagster")
     run.add_argument("--dataset", help="only this dataset (default: all specs in <data-dir>/datasets)")

@@ -69,9 +69,13 @@ def spec_error_asset(name: str, error: str) -> AssetsDefinition:
     """Stands in the graph for a dataset whose spec does not load: its description and every materialization
     show the error, while every other dataset loads and runs as usual."""
 
-    @asset(key=AssetKey([name, SPEC_ERROR]), group_name=name, kinds={"yaml"},
-           description=f"The spec of dataset {name!r} does not load, so none of its layers exist:\n\n{error}",
-           metadata={"error": MetadataValue.md(f"```\n{error}\n```")})
+    @asset(
+        key=AssetKey([name, SPEC_ERROR]),
+        group_name=name,
+        kinds={"yaml"},
+        description=f"The spec of dataset {name!r} does not load, so none of its layers exist:\n\n{error}",
+        metadata={"error": MetadataValue.md(f"```\n{error}\n```")},
+    )
     def _broken() -> None:
         raise Failure(description=f"dataset {name!r}: its spec does not load:\n{error}")
 

@@ -23,8 +23,10 @@ from prep_assets.core.lake import REJECTS, dataset_paths
 from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import parse_spec
 
-BOILERPLATE = ("Subscribe to our newsletter for weekly updates. All rights reserved. Terms of use and privacy "
-               "policy apply to this page.")
+BOILERPLATE = (
+    "Subscribe to our newsletter for weekly updates. All rights reserved. Terms of use and privacy "
+    "policy apply to this page."
+)
 EDITS = ("words", "paragraphs", "boilerplate")
 
 
@@ -62,8 +64,9 @@ class NearEval:
         return self.removed_copies / self.copies if self.copies else 1.0
 
 
-def labelled_rows(source: Path, *, min_words: int = 80, copy_share: float = 0.5, seed: int = 0
-                  ) -> tuple[list[str], dict[int, int]]:
+def labelled_rows(
+    source: Path, *, min_words: int = 80, copy_share: float = 0.5, seed: int = 0
+) -> tuple[list[str], dict[int, int]]:
     """Distinct documents of at least `min_words` words plus near copies of a share of them, shuffled together.
     Returns the rows and, for each pair, the later line (1-based) -> the earlier one: what should be removed,
     naming what."""
@@ -77,8 +80,9 @@ def labelled_rows(source: Path, *, min_words: int = 80, copy_share: float = 0.5,
                 docs.append(text)
     rng = random.Random(seed)
     picked = sorted(rng.sample(range(len(docs)), int(len(docs) * copy_share)))
-    items = [(i, t) for i, t in enumerate(docs)] + [(i, near_copy(docs[i], EDITS[n % len(EDITS)], rng))
-                                                    for n, i in enumerate(picked)]
+    items = [(i, t) for i, t in enumerate(docs)] + [
+        (i, near_copy(docs[i], EDITS[n % len(EDITS)], rng)) for n, i in enumerate(picked)
+    ]
     rng.shuffle(items)
     first: dict[int, int] = {}
     pairs: dict[int, int] = {}
@@ -95,13 +99,20 @@ def evaluate_near(source: Path, near: dict | None = None, work: Path | None = No
     rows, pairs = labelled_rows(source)
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         data = Path(tmp)
-        spec = parse_spec({"input": {"type": "text"}, "tokenizer": {"path": "/unused"},
-                           "clean": {"dedup": "near", **({"near": near} if near else {})}},
-                          path=Path("near.yaml"), default_name="near")
+        spec = parse_spec(
+            {
+                "input": {"type": "text"},
+                "tokenizer": {"path": "/unused"},
+                "clean": {"dedup": "near", **({"near": near} if near else {})},
+            },
+            path=Path("near.yaml"),
+            default_name="near",
+        )
         paths = dataset_paths(data, "near")
         paths.raw_dir.mkdir(parents=True)
-        (paths.raw_dir / "labelled.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows),
-                                                       encoding="utf-8")
+        (paths.raw_dir / "labelled.jsonl").write_text(
+            "".join(json.dumps({"text": r}) + "\n" for r in rows), encoding="utf-8"
+        )
         (drop,), _ = register_drops(paths)
         _, src = resolve_drop(paths, drop.partition)
         bronze, silver = paths.partition_dir("bronze", drop.partition), paths.partition_dir("silver", drop.partition)

@@ -70,8 +70,16 @@ def _latest(instance: DagsterInstance, key: AssetKey, partition: str | None) -> 
     return {"tags": dict(mat.tags or {}), "metadata": {k: getattr(v, "value", v) for k, v in mat.metadata.items()}}
 
 
-def _fresh(instance: DagsterInstance, spec: DatasetSpec, name: str, layer: str, partition: str | None,
-           output: Path, fingerprint: str | None, log: Callable[[str], None] = print) -> bool:
+def _fresh(
+    instance: DagsterInstance,
+    spec: DatasetSpec,
+    name: str,
+    layer: str,
+    partition: str | None,
+    output: Path,
+    fingerprint: str | None,
+    log: Callable[[str], None] = print,
+) -> bool:
     latest = _latest(instance, asset_key(spec, name), partition)
     if latest is None or not output.exists():
         return False
@@ -85,8 +93,13 @@ def _fresh(instance: DagsterInstance, spec: DatasetSpec, name: str, layer: str, 
     return recorded is None or fingerprint is None or recorded == fingerprint
 
 
-def partition_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths, partition: str,
-                         log: Callable[[str], None] = print) -> bool:
+def partition_up_to_date(
+    instance: DagsterInstance,
+    spec: DatasetSpec,
+    paths: DatasetPaths,
+    partition: str,
+    log: Callable[[str], None] = print,
+) -> bool:
     """Every layer materialized with today's code version and tokenizer, its files the bytes recorded when it was
     published, and every gate passed on it (and with dedup_scope dataset, silver built against the drops that
     count as earlier today)."""
@@ -100,8 +113,13 @@ def partition_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: Da
     return not unpassed_gates(instance, spec, [partition])[partition]
 
 
-def tokenizer_up_to_date(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths, data_dir: Path,
-                         log: Callable[[str], None] = print) -> bool:
+def tokenizer_up_to_date(
+    instance: DagsterInstance,
+    spec: DatasetSpec,
+    paths: DatasetPaths,
+    data_dir: Path,
+    log: Callable[[str], None] = print,
+) -> bool:
     """Pinned with today's code version from sources that have not changed since, its files as published."""
     if not _fresh(instance, spec, TOKENIZER, "tokenizer", None, paths.tokenizer_dir, None, log):
         return False
@@ -118,8 +136,11 @@ def _fingerprint(paths: DatasetPaths) -> str | None:
 
 
 def _failure(result: ExecuteInProcessResult) -> str:
-    reasons = [f"check {e.check_name} failed" + (f": {e.description}" if e.description else "")
-               for e in result.get_asset_check_evaluations() if not e.passed]
+    reasons = [
+        f"check {e.check_name} failed" + (f": {e.description}" if e.description else "")
+        for e in result.get_asset_check_evaluations()
+        if not e.passed
+    ]
     for event in result.all_events:
         if event.is_step_failure and event.step_failure_data is not None:
             error = event.step_failure_data.user_failure_data
@@ -130,7 +151,10 @@ def _failure(result: ExecuteInProcessResult) -> str:
 
 def _launch(defs: Definitions, instance: DagsterInstance, job: str, partition: str | None = None) -> dict[str, Any]:
     result = defs.resolve_job_def(job).execute_in_process(
-        instance=instance, partition_key=partition, raise_on_error=False, run_config=_QUIET,
+        instance=instance,
+        partition_key=partition,
+        raise_on_error=False,
+        run_config=_QUIET,
         tags={PROCESS_TAG: process_tag()},
     )
     checks = result.get_asset_check_evaluations()
@@ -147,6 +171,7 @@ def _launch(defs: Definitions, instance: DagsterInstance, job: str, partition: s
 
 def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dict[str, Any] | None) -> dict[str, Any]:
     """One drop's line of the run summary: where its records went at each layer, and what it became."""
+
     def stats(layer: str, name: str) -> dict[str, Any]:
         path = paths.partition_dir(layer, partition) / name
         return read_json(path) if path.is_file() else {}
@@ -162,13 +187,17 @@ def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dic
     gold_in = s.get("records", "")
     gold_rejects = g.get("rejects", "")
     return {
-        "dataset": spec.name, "partition": partition,
+        "dataset": spec.name,
+        "partition": partition,
         "bronze": flow(b.get("records", 0) + b.get("rejects", 0) if b else "", b.get("records"), b.get("rejects")),
         "silver": flow(s.get("records_in", ""), s.get("records"), s.get("rejects")),
         "gold": flow(gold_in if g else "", gold_in - gold_rejects if g else "", gold_rejects),
-        "examples": g.get("examples", ""), "tokens": g.get("tokens", ""),
-        "loss_tokens": g.get("loss_tokens", ""), "sequences": p.get("sequences", ""),
-        "utilization": p.get("sequence_utilization", ""), "checks": checks,
+        "examples": g.get("examples", ""),
+        "tokens": g.get("tokens", ""),
+        "loss_tokens": g.get("loss_tokens", ""),
+        "sequences": p.get("sequences", ""),
+        "utilization": p.get("sequence_utilization", ""),
+        "checks": checks,
     }
 
 
@@ -227,8 +256,15 @@ def _fail_dead_runs(instance: DagsterInstance, log: Callable[[str], None]) -> No
             log(f"marked run {run.run_id} ({run.job_name}) failed: its process {tag} is gone")
 
 
-def _run_dataset(defs: Definitions, instance: DagsterInstance, spec: DatasetSpec, data_dir: Path, rerun_all: bool,
-                 log: Callable[[str], None], report: dict[str, Any]) -> None:
+def _run_dataset(
+    defs: Definitions,
+    instance: DagsterInstance,
+    spec: DatasetSpec,
+    data_dir: Path,
+    rerun_all: bool,
+    log: Callable[[str], None],
+    report: dict[str, Any],
+) -> None:
     rows, runs = report["rows"], report["runs"]
     paths = dataset_paths(data_dir, spec.name)
     for left in sweep_stale_staging(paths.root):

@@ -44,8 +44,10 @@ class DagsterDev:
             if ready():
                 return
             time.sleep(2)
-        pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; dagster dev log tail:\n"
-                    + self.log.read_text(errors="replace")[-3000:])
+        pytest.fail(
+            f"timed out after {timeout:.0f}s waiting for {what}; dagster dev log tail:\n"
+            + self.log.read_text(errors="replace")[-3000:]
+        )
 
     def up(self) -> bool:
         try:
@@ -64,8 +66,14 @@ def dagster_dev(home: Path, data: Path, log: Path) -> Iterator[DagsterDev]:
     env = {**os.environ, "DAGSTER_HOME": str(home), "PREP_ASSETS_DATA_DIR": str(data)}
     server = DagsterDev(free_port(), env, log)
     with log.open("wb") as out:
-        proc = subprocess.Popen([str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(server.port)],
-                                cwd=PROJECT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(server.port)],
+            cwd=PROJECT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         server.wait("the webserver", server.up, 120)
         yield server

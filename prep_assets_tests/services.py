@@ -36,8 +36,9 @@ def postgres_bin() -> Path | None:
 def require_services() -> Path:
     """The PostgreSQL bin dir; skips (with what to install) where PostgreSQL or Redis is absent."""
     pg = postgres_bin()
-    missing = [name for name, ok in (("postgresql", pg is not None), ("redis-server", shutil.which("redis-server")))
-               if not ok]
+    missing = [
+        name for name, ok in (("postgresql", pg is not None), ("redis-server", shutil.which("redis-server"))) if not ok
+    ]
     if missing:
         pytest.skip(f"needs Debian's {' and '.join(missing)} (apt-get install {' '.join(missing)}; .ci/run does)")
     assert pg is not None
@@ -58,8 +59,13 @@ class Postgres:
 
     def env(self) -> dict[str, str]:
         """The variables production/dagster.yaml reads."""
-        return {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": str(self.port), "DAGSTER_PG_USER": self.user,
-                "DAGSTER_PG_PASSWORD": "", "DAGSTER_PG_DB": self.db}
+        return {
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_PORT": str(self.port),
+            "DAGSTER_PG_USER": self.user,
+            "DAGSTER_PG_PASSWORD": "",
+            "DAGSTER_PG_DB": self.db,
+        }
 
 
 @contextmanager
@@ -69,28 +75,44 @@ def postgres(bindir: Path, db: str = "dagster") -> Iterator[Postgres]:
     datadir, port, user = root / "data", free_port(), "prep"
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
-    run = lambda *cmd: subprocess.run(_as_postgres([str(bindir / cmd[0]), *cmd[1:]]), check=True,  # noqa: E731
-                                      capture_output=True, text=True, cwd=root)
+    run = lambda *cmd: subprocess.run(
+        _as_postgres([str(bindir / cmd[0]), *cmd[1:]]),
+        check=True,  # noqa: E731
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
     try:
         run("initdb", "-D", str(datadir), "-U", user, "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
         opts = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off -c max_connections=200"
         try:  # stopped even when the start timed out with the server half up
             run("pg_ctl", "-D", str(datadir), "-l", str(root / "server.log"), "-w", "-t", "60", "-o", opts, "start")
-            subprocess.run([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", user, db],
-                           check=True, capture_output=True, text=True)
+            subprocess.run(
+                [str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", user, db],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             yield Postgres(port, user, db, datadir)
         finally:
-            subprocess.run(_as_postgres([str(bindir / "pg_ctl"), "-D", str(datadir), "-m", "fast", "-w", "-t", "60",
-                                         "stop"]), capture_output=True, cwd=root)
+            subprocess.run(
+                _as_postgres([str(bindir / "pg_ctl"), "-D", str(datadir), "-m", "fast", "-w", "-t", "60", "stop"]),
+                capture_output=True,
+                cwd=root,
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 @contextmanager
-def started(cmd: list[str], env: dict[str, str], log: Path, *, first: int = signal.SIGTERM) -> Iterator[subprocess.Popen]:
+def started(
+    cmd: list[str], env: dict[str, str], log: Path, *, first: int = signal.SIGTERM
+) -> Iterator[subprocess.Popen]:
     """A process (and everything it starts) in its own session, output to `log`; the group is stopped on exit."""
     with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, cwd=PROJECT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=PROJECT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         yield proc
     finally:

@@ -17,11 +17,23 @@ def _bfd_rows(out: str) -> tuple[int, int]:
     return rows, bound
 
 
-def test_packing_benchmark_prints_figures_for_each_strategy(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                            monkeypatch: pytest.MonkeyPatch):
+def test_packing_benchmark_prints_figures_for_each_strategy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
     src = shared_path("datasets/instruction/gdp_generative_tuning.jsonl")
-    args = ["packing", "--source", str(src), "--tokenizer", str(shared_path("tokenizers/gpt2")),
-            "--max-seq-len", "512", "--strategies", "bfd,full", "--work", str(tmp_path / "work")]
+    args = [
+        "packing",
+        "--source",
+        str(src),
+        "--tokenizer",
+        str(shared_path("tokenizers/gpt2")),
+        "--max-seq-len",
+        "512",
+        "--strategies",
+        "bfd,full",
+        "--work",
+        str(tmp_path / "work"),
+    ]
     assert bench.main(args) == 0
     out = capsys.readouterr().out
     assert "bfd: " in out and "full: " in out and out.count("M tokens/s") == 3 + 2 * 3
@@ -49,13 +61,16 @@ def test_dedup_benchmark_prints_throughput_for_exact_and_near(tmp_path: Path, ca
 
 
 def test_e2e_benchmark_prints_ratio_layers_and_peak_rss_of_each_run_and_the_median(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     import json
 
     shared_path("datasets/bench/bench_pc.jsonl.gz")
     shared_path("tokenizers/gpt2")
-    assert bench.main(["e2e", "--mb", "1", "--max-seq-len", "1024", "--work", str(tmp_path / "work"),
-                       "--repeat", "2"]) == 0
+    assert (
+        bench.main(["e2e", "--mb", "1", "--max-seq-len", "1024", "--work", str(tmp_path / "work"), "--repeat", "2"])
+        == 0
+    )
     out = capsys.readouterr().out
     figures = json.loads(out.strip().splitlines()[-1])
     assert figures["runs"] == 2 and len(figures["ratios"]) == 2 and figures["ratio"] == min(figures["ratios"])
@@ -74,14 +89,24 @@ def test_e2e_benchmark_refuses_fewer_than_one_run(capsys: pytest.CaptureFixture[
 
 @pytest.mark.slow
 def test_longdoc_benchmark_one_long_document_passes_every_gate_within_bounded_memory(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
     """~1 MB of text (~240k GPT-2 tokens) in one document, packed `full` into ~940 rows: every gate passes with
     DuckDB held to 128 MB (joining the whole example once per segment asked for more), the run under 1 GiB."""
     from prep_assets.core import sql
 
     monkeypatch.setenv(sql.MEMORY_ENV, "128MB")  # inherited by the benchmark's child process
-    args = ["longdoc", "--mb", "1", "--max-seq-len", "256", "--tokenizer", str(shared_path("tokenizers/gpt2")),
-            "--work", str(tmp_path / "work")]
+    args = [
+        "longdoc",
+        "--mb",
+        "1",
+        "--max-seq-len",
+        "256",
+        "--tokenizer",
+        str(shared_path("tokenizers/gpt2")),
+        "--work",
+        str(tmp_path / "work"),
+    ]
     assert bench.main(args) == 0
     out = capsys.readouterr().out
     assert re.search(r"1\.00 MB", out) and "18/18 checks passed" in out

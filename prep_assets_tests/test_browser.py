@@ -22,8 +22,16 @@ from prep_assets_tests.servers import dagster_dev
 pytestmark = pytest.mark.slow
 DS = "sample_instruct"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = Path(os.environ.get("PREP_ASSETS_ARTIFACTS") or PROJECT / ".artifacts" / "browser")
 
 
@@ -31,7 +39,9 @@ ARTIFACTS = Path(os.environ.get("PREP_ASSETS_ARTIFACTS") or PROJECT / ".artifact
 def browser():
     if CHROMIUM is None:
         pytest.skip("needs Chromium (Debian: apt-get install chromium); .ci/run installs it")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install -e '.[dev]')")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="needs the playwright package (pip install -e '.[dev]')"
+    )
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
@@ -58,8 +68,14 @@ def _materialized_sample(tmp_path: Path) -> tuple[Path, Path]:
     shutil.copyfile(SAMPLE_DATA / "datasets" / f"{DS}.yaml", data / "datasets" / f"{DS}.yaml")
     shutil.copytree(SAMPLE_DATA / "raw" / DS, data / "raw" / DS)
     env = {**os.environ, "DAGSTER_HOME": str(home)}
-    done = subprocess.run([sys.executable, "-m", "prep_assets.cli", "run", "--data-dir", str(data)], cwd=PROJECT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "prep_assets.cli", "run", "--data-dir", str(data)],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (home / ".nux" / "nux.yaml").is_file()
     return data, home
@@ -97,7 +113,9 @@ def test_lineage_metadata_checks_and_a_materialization_from_the_ui(tmp_path: Pat
         assert "num_tokens" in text and f"{gold['tokens']}" in text
         assert "example_length_tokens" in text and "p90" in text
         page.goto(f"{server.url}/assets/{DS}/tokenized_examples?view=checks")
-        page.get_by_text("tokenized_examples_mask_aligned", exact=True).first.wait_for(state="attached")  # names are middle-truncated
+        page.get_by_text("tokenized_examples_mask_aligned", exact=True).first.wait_for(
+            state="attached"
+        )  # names are middle-truncated
         text = page.locator("body").inner_text()
         for check in ("accounted", "have_loss_tokens", "ids_in_vocab", "mask_aligned", "within_max_len"):
             assert f"tokenized_examples_{check}" in text

@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slow
 def _run(args: list[str], home: Path, cwd: Path, **env_over: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DAGSTER_HOME": str(home), **env_over}
     env.pop("PREP_ASSETS_DATA_DIR", None)
-    return subprocess.run([sys.executable, "-m", "prep_assets.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "prep_assets.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
@@ -77,8 +78,11 @@ def _rows(lake_ds: Path, layer: str, table: str) -> list[dict]:
 
 def _lake_digests(data: Path) -> dict[str, str]:
     lake = data / "lake"
-    return {str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(lake.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(lake.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -92,7 +96,9 @@ def in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_run_exits_non_zero_when_a_gate_fails(in_process: Path, capsys: pytest.CaptureFixture[str]):
     data = in_process
-    spec = (data / "datasets" / "sample_text.yaml").read_text().replace("max_reject_rate: 0.05", "max_reject_rate: 0.0")
+    spec = (
+        (data / "datasets" / "sample_text.yaml").read_text().replace("max_reject_rate: 0.05", "max_reject_rate: 0.0")
+    )
     write_dataset(data, "strict", {}, {"notes.jsonl": b'{"text": "a fine line of text here"}\n{broken\n'})
     (data / "datasets" / "strict.yaml").write_text(spec, encoding="utf-8")
     code = main(["run", "--data-dir", str(data), "--dataset", "strict"])
@@ -112,14 +118,16 @@ def test_unknown_dataset_and_bad_spec_are_clear_errors(in_process: Path, capsys:
 
 
 def test_a_broken_spec_a_missing_tokenizer_and_an_undecodable_drop_name_stop_only_their_own_dataset(
-        in_process: Path, capsys: pytest.CaptureFixture[str]):
+    in_process: Path, capsys: pytest.CaptureFixture[str]
+):
     data = in_process
     for name in ("sample_chat", "sample_instruct", "sample_pref", "sample_sensors"):
         (data / "datasets" / f"{name}.yaml").unlink()
     (data / "datasets" / "typo.yaml").write_text("input: {type: text, colour: red}\ntokenizer: {path: x}\n")
     (data / "datasets" / "no_tok.yaml").write_text("input: {type: text}\ntokenizer: {path: tokenizers/missing}\n")
     (data / "datasets" / "escape.yaml").write_text(
-        "input: {type: chat}\ntokenizer: {path: /nonexistent-abs, chat_template_file: ../../../../etc/passwd}\n")
+        "input: {type: chat}\ntokenizer: {path: /nonexistent-abs, chat_template_file: ../../../../etc/passwd}\n"
+    )
     raw = data / "raw" / "sample_text"
     with open(os.path.join(os.fsencode(raw), b"caf\xe9.jsonl"), "wb") as f:  # Latin-1 bytes: not UTF-8
         f.write(b'{"text": "a line in a file whose name is not UTF-8"}\n')
@@ -127,7 +135,9 @@ def test_a_broken_spec_a_missing_tokenizer_and_an_undecodable_drop_name_stop_onl
     out = capsys.readouterr()
     assert code == 1 and "Traceback" not in out.err
     assert "FAILED dataset typo: " in out.err and "input.colour: unknown key" in out.err
-    assert "FAILED dataset no_tok: " in out.err and "tokenizer.path: 'tokenizers/missing' is not a directory" in out.err
+    assert (
+        "FAILED dataset no_tok: " in out.err and "tokenizer.path: 'tokenizers/missing' is not a directory" in out.err
+    )
     assert "leaves the data dir" in out.err and "../../../../etc/passwd" in out.err
     assert "'caf\\udce9.jsonl': refused, its name is not valid UTF-8" in out.out
     assert out.out.count("sample_text ") == 2 and "0 failed, 3 dataset(s) in error" in out.out
@@ -166,9 +176,9 @@ def test_decode_names_where_a_continued_segment_starts(in_process: Path, capsys:
     assert f"from token {rows[row][0]} ·" in capsys.readouterr().out
 
 
-
 def test_decode_of_a_row_in_any_row_group_and_any_read_batch_agrees_with_decoding_every_row(
-        in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     data = in_process
     assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
     shard = sorted((data / "lake" / "sample_text" / "shards").glob("*/train/part-00000.parquet"))[0]
@@ -187,6 +197,7 @@ def test_decode_of_a_row_in_any_row_group_and_any_read_batch_agrees_with_decodin
     monkeypatch.setattr(decode, "_ROWS_PER_READ", 2)  # a row group read in batches of 2: rows past the first batch
     whole = list(decode_rows(shard, tok))
     assert [decode_row(shard, row, tok) for row in range(len(whole))] == whole
+
 
 def test_failed_gate_keeps_partition_out_of_manifest_and_stale_until_fixed(tmp_path: Path):
     data = copy_sample_data(tmp_path / "data")
@@ -228,7 +239,8 @@ def test_changed_file_supersedes_old_drop_and_changed_corpus_repins_tokenizer(tm
 
 
 def test_a_corrupted_published_file_is_rebuilt_and_the_manifest_never_names_different_bytes(
-        in_process: Path, capsys: pytest.CaptureFixture[str]):
+    in_process: Path, capsys: pytest.CaptureFixture[str]
+):
     from prep_assets.core.errors import ManifestError
     from prep_assets.core.lake import dataset_paths, sha256_file
     from prep_assets.core.manifest import build_manifest
@@ -257,7 +269,8 @@ def test_a_corrupted_published_file_is_rebuilt_and_the_manifest_never_names_diff
 
 
 def test_a_run_left_started_by_a_killed_process_is_marked_failed_on_the_next_run(
-        in_process: Path, capsys: pytest.CaptureFixture[str]):
+    in_process: Path, capsys: pytest.CaptureFixture[str]
+):
     from dagster import DagsterRun
 
     from prep_assets.core.lake import process_tag
@@ -268,8 +281,14 @@ def test_a_run_left_started_by_a_killed_process_is_marked_failed_on_the_next_run
     dead_tag = "999999999-" + process_tag().split("-", 1)[1]  # a pid no process has, on this machine
     with DagsterInstance.get() as instance:
         for run_id, tag in (("deadrun", dead_tag), ("liverun", process_tag())):
-            instance.add_run(DagsterRun(job_name="sample_text_drops", run_id=run_id,
-                                        status=DagsterRunStatus.STARTED, tags={PROCESS_TAG: tag}))
+            instance.add_run(
+                DagsterRun(
+                    job_name="sample_text_drops",
+                    run_id=run_id,
+                    status=DagsterRunStatus.STARTED,
+                    tags={PROCESS_TAG: tag},
+                )
+            )
     assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
     assert "marked run deadrun (sample_text_drops) failed" in capsys.readouterr().out
     with DagsterInstance.get() as instance:

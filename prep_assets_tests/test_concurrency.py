@@ -20,8 +20,14 @@ PAIRS = 20
 def _start(data: Path, home: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     env.pop("PREP_ASSETS_DATA_DIR", None)
-    return subprocess.Popen([sys.executable, "-m", "prep_assets.cli", "run", "--data-dir", str(data), *extra],
-                            cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "prep_assets.cli", "run", "--data-dir", str(data), *extra],
+        cwd=PROJECT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(proc: subprocess.Popen) -> str:
@@ -42,8 +48,13 @@ def _pairs(tmp_path: Path) -> list[tuple[str, tuple[Path, tuple[str, ...]], tupl
     pairs = []
     for i in range(PAIRS):
         fresh = tmp_path / f"home_fresh_{i}"
-        kind = {3: "fresh home, both", 7: "other home", 11: "--all beside a plain run", 15: "other home",
-                18: "fresh home, both"}.get(i, "same home")
+        kind = {
+            3: "fresh home, both",
+            7: "other home",
+            11: "--all beside a plain run",
+            15: "other home",
+            18: "fresh home, both",
+        }.get(i, "same home")
         a, b = {
             "same home": ((used, ()), (used, ())),
             "other home": ((used, ()), (other, ())),
@@ -67,5 +78,7 @@ def test_overlapping_runs_end_with_the_manifests_of_a_single_run(tmp_path: Path,
         assert all("0 failed, 0 dataset(s) in error" in o for o in outs), (i, kind)
         kinds.append(kind)
     with capsys.disabled():
-        print(f"\nconcurrency: {len(kinds)} overlapping pairs ({', '.join(sorted(set(kinds)))}), "
-              f"{len(kinds)} manifests equal to a single run's")
+        print(
+            f"\nconcurrency: {len(kinds)} overlapping pairs ({', '.join(sorted(set(kinds)))}), "
+            f"{len(kinds)} manifests equal to a single run's"
+        )

@@ -30,8 +30,12 @@ from prep_assets_tests.conftest import PROJECT, SAMPLE_DATA
 pytestmark = pytest.mark.slow
 DS = "sample_instruct"
 LAYERS = ("tokenizer", "bronze", "silver", "gold", "shards", "manifest")
-GATE_ASSET = {"bronze": "raw_records", "silver": "clean_records", "gold": "tokenized_examples",
-              "shards": "packed_shards"}
+GATE_ASSET = {
+    "bronze": "raw_records",
+    "silver": "clean_records",
+    "gold": "tokenized_examples",
+    "shards": "packed_shards",
+}
 
 _CHILD = """
 import sys
@@ -73,8 +77,14 @@ def _child(layer: str, data: Path, partition: str, crash_at: int | None = None) 
         env[CRASH_ENV] = str(crash_at)
     else:
         env[CRASH_ENV] = "0"  # counts write points, never crashes
-    return subprocess.run([sys.executable, "-c", _CHILD, layer, str(data), DS, partition], cwd=PROJECT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD, layer, str(data), DS, partition],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _output(data: Path, layer: str, partition: str) -> Path:
@@ -134,7 +144,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict
 
 @pytest.mark.parametrize("layer", LAYERS)
 def test_sigkill_at_every_stage_of_a_layer_leaves_old_or_nothing_and_the_rerun_is_identical(
-        layer: str, reference, tmp_path: Path):
+    layer: str, reference, tmp_path: Path
+):
     ref_data, partition, digests, points = reference
     n = points[layer]
     assert n >= 2 if layer not in ("manifest", "tokenizer") else n >= 1, f"{layer}: only {n} write point(s)"
@@ -144,7 +155,7 @@ def test_sigkill_at_every_stage_of_a_layer_leaves_old_or_nothing_and_the_rerun_i
         data = tmp_path / f"k{k}-{'rebuild' if previous else 'first'}"
         shutil.copytree(ref_data, data)
         out = _output(data, layer, partition)
-        for later in LAYERS[LAYERS.index(layer) + 1:]:  # downstream outputs are not this test's subject
+        for later in LAYERS[LAYERS.index(layer) + 1 :]:  # downstream outputs are not this test's subject
             target = _output(data, later, partition)
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
         if not previous:
@@ -178,8 +189,9 @@ def test_two_runs_of_one_partition_at_once_take_turns_and_equal_one_run(referenc
     fcntl.flock(fd, fcntl.LOCK_EX)  # as a run of this partition holding it would
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
     args = [sys.executable, "-c", _CHILD, "gold", str(data), DS, partition]
-    procs = [subprocess.Popen(args, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(args, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)
+    ]
     try:
         time.sleep(8)  # long enough for both to tokenize and reach the publish
         assert not out.exists() and all(p.poll() is None for p in procs)  # both wait for the lock
@@ -195,8 +207,12 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False
     where.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_a_full_disk_fails_with_the_path_and_keeps_the_previous_output(reference, tmp_path: Path):
@@ -217,7 +233,9 @@ def test_a_full_disk_fails_with_the_path_and_keeps_the_previous_output(reference
         with pytest.raises(WriteError) as err:
             layers.build_tokenized_examples(spec, paths.partition_dir("silver", partition), paths.tokenizer_dir, out)
         message = str(err.value)
-        assert str(out) in message and "No space left on device" in message and "previous output is unchanged" in message
+        assert (
+            str(out) in message and "No space left on device" in message and "previous output is unchanged" in message
+        )
         assert _digests(out) == digests["gold"] and _leftovers(data) == []
         filler.unlink()
         layers.build_tokenized_examples(spec, paths.partition_dir("silver", partition), paths.tokenizer_dir, out)

@@ -52,9 +52,25 @@ def test_drops_reach_the_manifest_unattended_and_a_backfill_rebuilds_a_changed_s
         spec_path.write_text(spec_path.read_text().replace("seed: 0", "seed: 7"))
         client = DagsterGraphQLClient("127.0.0.1", port_number=server.port)
         client.reload_repository_location("prep_assets")
-        done = subprocess.run([str(DAGSTER), "job", "backfill", "-j", f"{DS}_drops", "--partitions", ",".join(keys),
-                               "--noprompt", "-w", "workspace.yaml"], cwd=PROJECT, env=server.env, capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run(
+            [
+                str(DAGSTER),
+                "job",
+                "backfill",
+                "-j",
+                f"{DS}_drops",
+                "--partitions",
+                ",".join(keys),
+                "--noprompt",
+                "-w",
+                "workspace.yaml",
+            ],
+            cwd=PROJECT,
+            env=server.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
         def rebuilt() -> bool:

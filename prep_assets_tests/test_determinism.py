@@ -55,8 +55,11 @@ RUNS = {  # name: (PYTHONHASHSEED, drop order, records per batch)
 
 def _lake_digests(data: Path) -> dict[str, str]:
     lake = data / "lake"
-    return {str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(lake.rglob("*")) if p.is_file() and not p.name.startswith(".")}
+    return {
+        str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(lake.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
 
 
 def test_drop_order_hash_seed_and_batch_size_change_no_output_byte(tmp_path: Path):
@@ -64,8 +67,16 @@ def test_drop_order_hash_seed_and_batch_size_change_no_output_byte(tmp_path: Pat
     for name, (seed, order, batch) in RUNS.items():
         data = copy_sample_data(tmp_path / name)
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        procs[name] = (data, subprocess.Popen([sys.executable, "-c", _CHILD, str(data), order, str(batch), *DATASETS],
-                                              cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        procs[name] = (
+            data,
+            subprocess.Popen(
+                [sys.executable, "-c", _CHILD, str(data), order, str(batch), *DATASETS],
+                cwd=PROJECT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            ),
+        )
     digests = {}
     for name, (data, proc) in procs.items():
         _, err = proc.communicate(timeout=600)

@@ -51,20 +51,28 @@ def _make_data(data: Path) -> list[str]:
     raw.mkdir(parents=True)
     size = -(-len(lines) // DROPS)
     for i in range(DROPS):
-        (raw / f"arithmetic_2026-12-0{i + 1}.jsonl").write_bytes(b"".join(lines[i * size:(i + 1) * size]))
+        (raw / f"arithmetic_2026-12-0{i + 1}.jsonl").write_bytes(b"".join(lines[i * size : (i + 1) * size]))
     return sorted(p.name for p in raw.iterdir())
 
 
 def _lake_digests(data: Path) -> dict[str, str]:
     lake = data / "lake"
-    return {str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(lake.rglob("*"))
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(lake).parts)}
+    return {
+        str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(lake.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(lake).parts)
+    }
 
 
 def _dagster(args: list[str], env: dict[str, str]) -> str:
-    done = subprocess.run([str(BIN / "dagster"), *args, "-w", "workspace.yaml"], cwd=PROJECT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(BIN / "dagster"), *args, "-w", "workspace.yaml"],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout + done.stderr
 
@@ -82,8 +90,9 @@ def _wait(what: str, ready, timeout: float, procs: dict[Path, subprocess.Popen])
     if not dead and ready():
         return
     tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in procs if p.exists())
-    pytest.fail(f"{'exited: ' + ', '.join(dead) if dead else f'timed out after {timeout:.0f}s'} "
-                f"waiting for {what}\n{tails}")
+    pytest.fail(
+        f"{'exited: ' + ', '.join(dead) if dead else f'timed out after {timeout:.0f}s'} waiting for {what}\n{tails}"
+    )
 
 
 def test_backfill_of_6_drops_on_postgres_and_2_celery_workers_matches_the_single_process_run(
@@ -100,9 +109,14 @@ def test_backfill_of_6_drops_on_postgres_and_2_celery_workers_matches_the_single
     files = _make_data(ref)
     shutil.copytree(ref, dist)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "PREP_ASSETS_"))}
-    done = subprocess.run([str(BIN / "prep-assets"), "run", "--data-dir", str(ref), "--dataset", DATASET],
-                          cwd=PROJECT, env={**base, "DAGSTER_HOME": str(tmp_path / "ref_home")},
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(BIN / "prep-assets"), "run", "--data-dir", str(ref), "--dataset", DATASET],
+        cwd=PROJECT,
+        env={**base, "DAGSTER_HOME": str(tmp_path / "ref_home")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     reference = _lake_digests(ref)
 
@@ -113,9 +127,16 @@ def test_backfill_of_6_drops_on_postgres_and_2_celery_workers_matches_the_single
     logs.mkdir()
     # redis carries the same DAGSTER_HOME as every other process started here: the leak check below sees it too
     with postgres(pg_bin) as pg, redis_server(logs / "redis.log", {**base, "DAGSTER_HOME": str(home)}) as broker:
-        env = {**base, **pg.env(), "DAGSTER_HOME": str(home), "PREP_ASSETS_DATA_DIR": dist.as_uri(),
-               "PREP_ASSETS_EXECUTOR": "celery", "PREP_ASSETS_CELERY_BROKER": broker,
-               "PREP_ASSETS_CELERY_BACKEND": broker, "PATH": f"{BIN}{os.pathsep}{base.get('PATH', '')}"}
+        env = {
+            **base,
+            **pg.env(),
+            "DAGSTER_HOME": str(home),
+            "PREP_ASSETS_DATA_DIR": dist.as_uri(),
+            "PREP_ASSETS_EXECUTOR": "celery",
+            "PREP_ASSETS_CELERY_BROKER": broker,
+            "PREP_ASSETS_CELERY_BACKEND": broker,
+            "PATH": f"{BIN}{os.pathsep}{base.get('PATH', '')}",
+        }
         for k, v in env.items():
             monkeypatch.setenv(k, v)
         instance = DagsterInstance.get()
@@ -130,12 +151,27 @@ def test_backfill_of_6_drops_on_postgres_and_2_celery_workers_matches_the_single
         # queued before the daemon starts, so automation sees the tokenizer in progress and does not request it
         _dagster(["job", "launch", "-j", f"{DATASET}_tokenizer"], env)
 
-        worker_cmd = [str(BIN / "dagster-celery"), "worker", "start", "-A", "dagster_celery.app",
-                      "-y", str(PROJECT / "production" / "celery.yaml"), "--loglevel", "INFO"]
-        with (started([*worker_cmd, "-n", "w1", "--", "--concurrency", "1"], env, logs / "w1.log") as w1,
-              started([*worker_cmd, "-n", "w2", "--", "--concurrency", "1"], env, logs / "w2.log") as w2,
-              started([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], env, logs / "daemon.log",
-                      first=signal.SIGINT) as daemon):
+        worker_cmd = [
+            str(BIN / "dagster-celery"),
+            "worker",
+            "start",
+            "-A",
+            "dagster_celery.app",
+            "-y",
+            str(PROJECT / "production" / "celery.yaml"),
+            "--loglevel",
+            "INFO",
+        ]
+        with (
+            started([*worker_cmd, "-n", "w1", "--", "--concurrency", "1"], env, logs / "w1.log") as w1,
+            started([*worker_cmd, "-n", "w2", "--", "--concurrency", "1"], env, logs / "w2.log") as w2,
+            started(
+                [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+                env,
+                logs / "daemon.log",
+                first=signal.SIGINT,
+            ) as daemon,
+        ):
             all_logs = {logs / "daemon.log": daemon, logs / "w1.log": w1, logs / "w2.log": w2}
             seen: dict[int, set[int]] = {w1.pid: set(), w2.pid: set()}
 
@@ -149,18 +185,33 @@ def test_backfill_of_6_drops_on_postgres_and_2_celery_workers_matches_the_single
                 assert not failed, f"runs failed: {failed}"
                 return bool(run_list) and all(r.status == DagsterRunStatus.SUCCESS for r in run_list)
 
-            _wait("the tokenizer run", lambda: finished([r for r in runs() if r.job_name == f"{DATASET}_tokenizer"]),
-                  300, all_logs)
-            out = _dagster(["job", "backfill", "-j", f"{DATASET}_drops", "--partitions", ",".join(keys),
-                            "--noprompt"], env)
+            _wait(
+                "the tokenizer run",
+                lambda: finished([r for r in runs() if r.job_name == f"{DATASET}_tokenizer"]),
+                300,
+                all_logs,
+            )
+            out = _dagster(
+                ["job", "backfill", "-j", f"{DATASET}_drops", "--partitions", ",".join(keys), "--noprompt"], env
+            )
             backfill = re.search(r"Launched backfill job `([^`]+)`", out)
             assert backfill, out
-            _wait("the backfill's 6 runs", lambda: finished(b := runs(**{"dagster/backfill": backfill.group(1)}))
-                  and len(b) == DROPS, 900, all_logs)
+            _wait(
+                "the backfill's 6 runs",
+                lambda: finished(b := runs(**{"dagster/backfill": backfill.group(1)})) and len(b) == DROPS,
+                900,
+                all_logs,
+            )
             shards, manifest = AssetKey([DATASET, "packed_shards"]), AssetKey([DATASET, "dataset_manifest"])
-            _wait("the manifest sensor's refresh",
-                  lambda: manifest_covers(instance, manifest) >= (latest_event_id(instance, shards) or 0)
-                  and not instance.get_run_records(RunsFilter(statuses=UNFINISHED)), 300, all_logs)
+            _wait(
+                "the manifest sensor's refresh",
+                lambda: (
+                    manifest_covers(instance, manifest) >= (latest_event_id(instance, shards) or 0)
+                    and not instance.get_run_records(RunsFilter(statuses=UNFINISHED))
+                ),
+                300,
+                all_logs,
+            )
 
             # every layer of every drop materialized, each by a worker process (host:pid metadata)
             pids_by_layer = {}
@@ -178,7 +229,10 @@ def test_backfill_of_6_drops_on_postgres_and_2_celery_workers_matches_the_single
             assert daemon.poll() is None
 
         # runs and events are in PostgreSQL
-        with psycopg2.connect(host="127.0.0.1", port=pg.port, user=pg.user, dbname=pg.db) as conn, conn.cursor() as cur:
+        with (
+            psycopg2.connect(host="127.0.0.1", port=pg.port, user=pg.user, dbname=pg.db) as conn,
+            conn.cursor() as cur,
+        ):
             cur.execute("SELECT status, count(*) FROM runs GROUP BY status")
             statuses = dict(cur.fetchall())
             cur.execute("SELECT count(*) FROM event_logs WHERE dagster_event_type = 'ASSET_MATERIALIZATION'")
@@ -194,10 +248,14 @@ def test_backfill_of_6_drops_on_postgres_and_2_celery_workers_matches_the_single
         distributed = _lake_digests(dist)
         differing = sorted(k for k in reference.keys() | distributed.keys() if reference.get(k) != distributed.get(k))
         assert not differing, differing[:10]
-        assert any(k.startswith(f"{DATASET}/shards/") for k in distributed) and f"{DATASET}/manifest.json" in distributed
-        print(f"distributed: {DROPS} drops, {statuses['SUCCESS']} runs and {steps} steps in PostgreSQL, "
-              f"{materializations} materializations, step pids {sorted(step_pids)} in {WORKERS} workers, "
-              f"{len(distributed)} files identical to the single-process run")
+        assert (
+            any(k.startswith(f"{DATASET}/shards/") for k in distributed) and f"{DATASET}/manifest.json" in distributed
+        )
+        print(
+            f"distributed: {DROPS} drops, {statuses['SUCCESS']} runs and {steps} steps in PostgreSQL, "
+            f"{materializations} materializations, step pids {sorted(step_pids)} in {WORKERS} workers, "
+            f"{len(distributed)} files identical to the single-process run"
+        )
 
     left = processes_with_env("DAGSTER_HOME", str(home))
     assert not left, f"processes left running: {left}"

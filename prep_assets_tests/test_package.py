@@ -13,8 +13,9 @@ def _pool(env_pool: str | None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
     if env_pool:
         env["ARROW_DEFAULT_MEMORY_POOL"] = env_pool
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=PROJECT, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, cwd=PROJECT, capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()
 
 

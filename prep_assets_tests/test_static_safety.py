@@ -12,8 +12,38 @@ SQL_WORDS = re.compile(r"\b(SELECT|FROM|WHERE|JOIN|GROUP BY|ORDER BY|read_parque
 # Names an f-string SQL may interpolate: fixed query fragments written in the code (constants, or locals
 # assembled from literals in the same function). Paths, partition keys, values and column names from data are
 # never among them: they are bound as $parameters. A new name here must be such a fragment.
-SQL_FRAGMENTS = {"_MOD_2_64", "_FIXED_BROKEN", "_LAYOUT_DIFFERS", "_ROW_HASH", "_EXPECTED", "pieces", "flags", "broken_any", "_ROWS_NAMED", "_GOLD_ROW_SUMS", "_SEG_AT", "_LOCATION", "_SEGMENTS", "_SPLIT_OF_FILE", "_TOKENS", "_ROWS", "_HASHES", "_SEGMENTS_WITH_SLICES", "hashes", "segments", "columns", "ids",
-                 "kept_ids", "kept_where", "order", "rows", "segments", "source", "sql", "w", "where"}
+SQL_FRAGMENTS = {
+    "_MOD_2_64",
+    "_FIXED_BROKEN",
+    "_LAYOUT_DIFFERS",
+    "_ROW_HASH",
+    "_EXPECTED",
+    "pieces",
+    "flags",
+    "broken_any",
+    "_ROWS_NAMED",
+    "_GOLD_ROW_SUMS",
+    "_SEG_AT",
+    "_LOCATION",
+    "_SEGMENTS",
+    "_SPLIT_OF_FILE",
+    "_TOKENS",
+    "_ROWS",
+    "_HASHES",
+    "_SEGMENTS_WITH_SLICES",
+    "hashes",
+    "segments",
+    "columns",
+    "ids",
+    "kept_ids",
+    "kept_where",
+    "order",
+    "rows",
+    "source",
+    "sql",
+    "w",
+    "where",
+}
 
 
 def _code(path: Path) -> str:
@@ -21,7 +51,12 @@ def _code(path: Path) -> str:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
             body[0] = ast.Pass()
     return ast.unparse(tree)
 
@@ -30,10 +65,15 @@ def test_no_pickle_no_remote_code_no_unsandboxed_templates():
     offenders = []
     for path in SOURCES:
         code = _code(path)
-        for pattern in (r"\bimport pickle\b|\bpickle\.", r"trust_remote_code\s*=\s*True", r"allow_pickle\s*=\s*True",
-                        r"\bcloudpickle\b|\bdill\b|\bjoblib\b", r"torch\.load\(",
-                        # chat templates render only through transformers' sandboxed Jinja environment
-                        r"\bimport jinja2\b|\bfrom jinja2\b|\beval\(|\bexec\("):
+        for pattern in (
+            r"\bimport pickle\b|\bpickle\.",
+            r"trust_remote_code\s*=\s*True",
+            r"allow_pickle\s*=\s*True",
+            r"\bcloudpickle\b|\bdill\b|\bjoblib\b",
+            r"torch\.load\(",
+            # chat templates render only through transformers' sandboxed Jinja environment
+            r"\bimport jinja2\b|\bfrom jinja2\b|\beval\(|\bexec\(",
+        ):
             if re.search(pattern, code):
                 offenders.append(f"{path.relative_to(PROJECT)}: {pattern}")
     assert not offenders, offenders
@@ -44,7 +84,9 @@ def test_np_load_always_refuses_pickles():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and ast.unparse(node.func) in ("np.load", "numpy.load"):
                 kwargs = {k.arg: ast.unparse(k.value) for k in node.keywords}
-                assert kwargs.get("allow_pickle") == "False", f"{path}:{node.lineno}: np.load without allow_pickle=False"
+                assert kwargs.get("allow_pickle") == "False", (
+                    f"{path}:{node.lineno}: np.load without allow_pickle=False"
+                )
 
 
 def test_sql_f_strings_interpolate_only_fixed_fragments():

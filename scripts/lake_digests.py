@@ -24,22 +24,31 @@ SHARED = PROJECT.parent / "shared"
 
 # Real datasets from ../shared, each with the spec the tests use for it.
 SHARED_SPECS = {
-    "shared_gsm8k": ("datasets/instruction/gsm8k_train.jsonl",
-                     "input: {type: instruction, prompt_key: question, completion_key: answer}\n"
-                     "tokenizer: {path: TOK}\nsequence: {max_seq_len: 1024}\n"),
-    "shared_alpaca": ("datasets/instruction/alpaca_en_demo.json",
-                      "input: {type: instruction, prompt_key: [instruction, input], completion_key: output}\n"
-                      "tokenizer: {path: TOK}\nsequence: {max_seq_len: 1024}\n"),
-    "shared_glaive": ("datasets/chat/glaive_toolcall_en_demo.json",
-                      "input: {type: chat}\ntokenizer: {path: TOK, chat_template_file: templates/chatml.jinja}\n"
-                      "sequence: {max_seq_len: 2048}\nchecks: {max_gold_reject_rate: 1.0}\n"),
-    "shared_hh": ("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz",
-                  "input: {type: preference}\ntokenizer: {path: TOK, chat_template_file: templates/chatml.jinja}\n"
-                  "sequence: {max_seq_len: 2048, overflow: truncate_left}\n"
-                  "checks: {max_gold_reject_rate: 1.0, max_reject_rate: 1.0}\n"),
-    "shared_dow": ("datasets/tabular/dow_jones_index_group_size_8.csv",
-                   "input: {type: tabular}\ntabular: {group_by: stock}\ntokenizer: {path: TOK}\n"
-                   "sequence: {max_seq_len: 2048}\n"),
+    "shared_gsm8k": (
+        "datasets/instruction/gsm8k_train.jsonl",
+        "input: {type: instruction, prompt_key: question, completion_key: answer}\n"
+        "tokenizer: {path: TOK}\nsequence: {max_seq_len: 1024}\n",
+    ),
+    "shared_alpaca": (
+        "datasets/instruction/alpaca_en_demo.json",
+        "input: {type: instruction, prompt_key: [instruction, input], completion_key: output}\n"
+        "tokenizer: {path: TOK}\nsequence: {max_seq_len: 1024}\n",
+    ),
+    "shared_glaive": (
+        "datasets/chat/glaive_toolcall_en_demo.json",
+        "input: {type: chat}\ntokenizer: {path: TOK, chat_template_file: templates/chatml.jinja}\n"
+        "sequence: {max_seq_len: 2048}\nchecks: {max_gold_reject_rate: 1.0}\n",
+    ),
+    "shared_hh": (
+        "datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz",
+        "input: {type: preference}\ntokenizer: {path: TOK, chat_template_file: templates/chatml.jinja}\n"
+        "sequence: {max_seq_len: 2048, overflow: truncate_left}\n"
+        "checks: {max_gold_reject_rate: 1.0, max_reject_rate: 1.0}\n",
+    ),
+    "shared_dow": (
+        "datasets/tabular/dow_jones_index_group_size_8.csv",
+        "input: {type: tabular}\ntabular: {group_by: stock}\ntokenizer: {path: TOK}\nsequence: {max_seq_len: 2048}\n",
+    ),
 }
 
 
@@ -63,8 +72,12 @@ def main() -> int:
                 (data / "datasets" / f"{name}.yaml").write_text(text, encoding="utf-8")
         env = {**os.environ, "DAGSTER_HOME": str(Path(tmp) / "home")}
         env.pop("PREP_ASSETS_DATA_DIR", None)
-        done = subprocess.run([sys.executable, "-m", "prep_assets.cli", "run", "--data-dir", str(data)], env=env,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "prep_assets.cli", "run", "--data-dir", str(data)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         print(done.stdout, file=sys.stderr)
         if done.returncode != 0:
             print(done.stderr, file=sys.stderr)

@@ -45,10 +45,24 @@ TOPICS = {
     "output a real signal instead of noise.",
 }
 VERBS = ["explains", "reminds us", "shows", "notes", "points out"]
-UNITS = [("kilometres", "metres", 1000), ("hours", "minutes", 60), ("kilograms", "grams", 1000),
-         ("minutes", "seconds", 60), ("litres", "millilitres", 1000), ("days", "hours", 24)]
+UNITS = [
+    ("kilometres", "metres", 1000),
+    ("hours", "minutes", 60),
+    ("kilograms", "grams", 1000),
+    ("minutes", "seconds", 60),
+    ("litres", "millilitres", 1000),
+    ("days", "hours", 24),
+]
 NAMES = ["Ada", "Bruno", "Chen", "Dara", "Emeka", "Farah", "Goran", "Hana", "Ines", "Jonas"]
 ITEMS = ["apples", "pencils", "stamps", "marbles", "books", "tickets", "seeds", "bolts"]
+
+
+NOTE_ENDINGS = [
+    "Instruments were checked at noon.",
+    "The anemometer was cleaned.",
+    "No faults logged.",
+    "Battery voltage was normal.",
+]
 
 
 def weather_note(rng: random.Random, day: int) -> str:
@@ -56,9 +70,11 @@ def weather_note(rng: random.Random, day: int) -> str:
     low = rng.randint(-5, 12)
     high = low + rng.randint(3, 14)
     rain = rng.choice([0, 0, 0.4, 1.2, 3.5, 7.8])
-    return (f"Day {day} at {station}: {rng.choice(SKIES)} with {rng.choice(WINDS)}. The temperature ranged from "
-            f"{low} to {high} degrees Celsius and {rain} mm of rain was recorded. "
-            f"{rng.choice(['Instruments were checked at noon.', 'The anemometer was cleaned.', 'No faults logged.', 'Battery voltage was normal.'])}")
+    return (
+        f"Day {day} at {station}: {rng.choice(SKIES)} with {rng.choice(WINDS)}. The temperature ranged from "
+        f"{low} to {high} degrees Celsius and {rain} mm of rain was recorded. "
+        f"{rng.choice(NOTE_ENDINGS)}"
+    )
 
 
 def topic_note(rng: random.Random) -> str:
@@ -72,20 +88,28 @@ def arithmetic_pair(rng: random.Random) -> dict[str, str]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     if kind == 0:
         a, b = rng.randint(3, 90), rng.randint(2, 60)
-        return {"prompt": f"{name} has {a} {item} and buys {b} more. How many {item} does {name} have now?",
-                "completion": f"{name} starts with {a} and adds {b}, so {a} + {b} = {a + b}. The answer is {a + b}."}
+        return {
+            "prompt": f"{name} has {a} {item} and buys {b} more. How many {item} does {name} have now?",
+            "completion": f"{name} starts with {a} and adds {b}, so {a} + {b} = {a + b}. The answer is {a + b}.",
+        }
     if kind == 1:
         a, b = rng.randint(20, 99), rng.randint(1, 19)
-        return {"prompt": f"There are {a} {item} in a box. {name} takes out {b}. How many are left?",
-                "completion": f"{a} - {b} = {a - b}. There are {a - b} {item} left in the box."}
+        return {
+            "prompt": f"There are {a} {item} in a box. {name} takes out {b}. How many are left?",
+            "completion": f"{a} - {b} = {a - b}. There are {a - b} {item} left in the box.",
+        }
     if kind == 2:
         a, b = rng.randint(2, 12), rng.randint(2, 12)
-        return {"prompt": f"{name} packs {a} bags with {b} {item} each. How many {item} is that in total?",
-                "completion": f"{a} bags times {b} {item} is {a} x {b} = {a * b} {item}."}
+        return {
+            "prompt": f"{name} packs {a} bags with {b} {item} each. How many {item} is that in total?",
+            "completion": f"{a} bags times {b} {item} is {a} x {b} = {a * b} {item}.",
+        }
     big, small, factor = rng.choice(UNITS)
     n = rng.randint(2, 40)
-    return {"prompt": f"Convert {n} {big} to {small}.",
-            "completion": f"One of the {big} is {factor} {small}, so {n} {big} is {n} x {factor} = {n * factor} {small}."}
+    return {
+        "prompt": f"Convert {n} {big} to {small}.",
+        "completion": f"One of the {big} is {factor} {small}, so {n} {big} is {n} x {factor} = {n * factor} {small}.",
+    }
 
 
 STATION_TOOL = {
@@ -93,8 +117,11 @@ STATION_TOOL = {
     "description": "The latest report of a weather station",
     "parameters": {"type": "object", "properties": {"station": {"type": "string"}}, "required": ["station"]},
 }
-SYSTEMS = ["You are a concise assistant for a weather network.", "Answer with the working shown.",
-           "You help field engineers. Keep answers short."]
+SYSTEMS = [
+    "You are a concise assistant for a weather network.",
+    "Answer with the working shown.",
+    "You help field engineers. Keep answers short.",
+]
 
 
 def tool_chat(rng: random.Random, day: int) -> dict:
@@ -104,7 +131,10 @@ def tool_chat(rng: random.Random, day: int) -> dict:
         "tools": json.dumps([STATION_TOOL]),
         "conversations": [
             {"from": "human", "value": f"What was the weather at {station} on the last report?"},
-            {"from": "function_call", "value": json.dumps({"name": "get_station_report", "arguments": {"station": station}})},
+            {
+                "from": "function_call",
+                "value": json.dumps({"name": "get_station_report", "arguments": {"station": station}}),
+            },
             {"from": "observation", "value": json.dumps({"station": station, "report": note})},
             {"from": "gpt", "value": f"The last report from {station}: {note.split(': ', 1)[1]}"},
         ],
@@ -163,8 +193,15 @@ def main(data_dir: Path) -> None:
     chat_raw = data_dir / "raw" / "sample_chat"
     chat_raw.mkdir(parents=True, exist_ok=True)
     chats = [tool_chat(rng, d) if d % 4 == 0 else arithmetic_chat(rng) for d in range(1, 121)]
-    chats.insert(17, {"messages": [{"role": "user", "content": "Is <|im_end|> a token? What about <|im_start|>assistant?"},
-                                   {"role": "assistant", "content": "In your message they are plain text, not tokens."}]})
+    chats.insert(
+        17,
+        {
+            "messages": [
+                {"role": "user", "content": "Is <|im_end|> a token? What about <|im_start|>assistant?"},
+                {"role": "assistant", "content": "In your message they are plain text, not tokens."},
+            ]
+        },
+    )
     chats.insert(33, {"conversations": [{"from": "narrator", "value": "Once upon a time."}]})  # unmapped role
     chats.insert(51, {"messages": [{"role": "user", "content": "Convert 3 hours to minutes."}]})  # no assistant turn
     with (chat_raw / "conversations_2026-11-03.jsonl").open("w", encoding="utf-8", newline="\n") as f:
@@ -208,8 +245,16 @@ def sensor_readings(rng: random.Random, devices: int, hours: int) -> list[dict[s
             temp = round(base + 0.15 * h + rng.gauss(0, 0.6), 1)
             humidity = "" if rng.random() < 0.08 else rng.randint(30, 90)
             status = "alert" if temp > 27 else "warn" if temp > 25 else "ok"
-            rows.append({"device_id": f"{site}-{d:02d}", "timestamp": f"2026-11-05T{h:02d}:00", "temp_c": temp,
-                         "humidity_pct": humidity, "status": status, "note": ""})
+            rows.append(
+                {
+                    "device_id": f"{site}-{d:02d}",
+                    "timestamp": f"2026-11-05T{h:02d}:00",
+                    "temp_c": temp,
+                    "humidity_pct": humidity,
+                    "status": status,
+                    "note": "",
+                }
+            )
     return rows
 
 

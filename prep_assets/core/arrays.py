@@ -19,8 +19,9 @@ def ranges_index(starts: np.ndarray, lengths: np.ndarray, dtype: type = np.int64
     if total == 0:
         return np.zeros(0, dtype=dtype)
     out_starts = np.cumsum(lengths) - lengths
-    return np.arange(total, dtype=dtype) - np.repeat((out_starts - np.asarray(starts, dtype=np.int64)).astype(dtype),
-                                                     lengths)
+    return np.arange(total, dtype=dtype) - np.repeat(
+        (out_starts - np.asarray(starts, dtype=np.int64)).astype(dtype), lengths
+    )
 
 
 def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
@@ -69,5 +70,12 @@ def percentiles(values: Any) -> dict[str, float]:
     if len(v) == 0:
         return {"count": 0, "min": 0, "mean": 0.0, "p50": 0, "p90": 0, "p99": 0, "max": 0}
     q = np.percentile(v, [50, 90, 99], method="lower")
-    return {"count": int(len(v)), "min": int(v.min()), "mean": round(float(v.mean()), 2), "p50": int(q[0]),
-            "p90": int(q[1]), "p99": int(q[2]), "max": int(v.max())}
+    return {
+        "count": int(len(v)),
+        "min": int(v.min()),
+        "mean": round(float(v.mean()), 2),
+        "p50": int(q[0]),
+        "p90": int(q[1]),
+        "p99": int(q[2]),
+        "max": int(v.max()),
+    }

@@ -51,8 +51,11 @@ def _extractor(spec: DatasetSpec, fmt: str, source: Path, drop: Drop) -> Extract
         raise DropError(f"{drop.file}: tabular input reads rows (csv, parquet, jsonl, json), not txt lines")
     if fmt == "parquet":
         return TabularExtractor(tab, drop.file)
-    items = (r.value for r in read_drop(source, fmt, max_line_bytes=spec.input.max_line_bytes, acct=Accounting())
-             if isinstance(r, RawItem))
+    items = (
+        r.value
+        for r in read_drop(source, fmt, max_line_bytes=spec.input.max_line_bytes, acct=Accounting())
+        if isinstance(r, RawItem)
+    )
     if fmt == "csv":
         overrides = {**({tab.group_by: "string"} if tab.group_by else {}), **tab.column_types}
         return TabularExtractor(tab, drop.file, csv_types=infer_column_types(items, tab.null_values, overrides))
@@ -79,8 +82,10 @@ def _unstorable(row: dict[str, Any]) -> tuple[str, str] | None:
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as exc:
-                return "invalid_unicode", (f"{name}: lone surrogate \\u{ord(value[exc.start]):04x} at character "
-                                           f"{exc.start}: UTF-8 cannot encode it")
+                return "invalid_unicode", (
+                    f"{name}: lone surrogate \\u{ord(value[exc.start]):04x} at character "
+                    f"{exc.start}: UTF-8 cannot encode it"
+                )
     return None
 
 
@@ -88,8 +93,13 @@ class _BronzeRecords(ColumnBuffer):
     """Bronze's records; a row the Parquet writer refuses becomes a reject through `reject` rather than the
     drop's failure (the readers reject such values first: this is only the last line)."""
 
-    def __init__(self, sink: ParquetSink, batch: int, constant: dict[str, Any],
-                 reject: Callable[[dict[str, Any], str, str], None]) -> None:
+    def __init__(
+        self,
+        sink: ParquetSink,
+        batch: int,
+        constant: dict[str, Any],
+        reject: Callable[[dict[str, Any], str, str], None],
+    ) -> None:
         super().__init__(sink, batch, constant)
         self.reject = reject
 
@@ -129,14 +139,33 @@ def build_raw_records(
 
             def reject(line: int, offset: int, reason: str, detail: str, excerpt: str) -> None:
                 reasons[reason] += 1
-                rejects.add({**where, "source_line": line, "byte_offset": offset, "reason": reason,
-                             "detail": _shown(detail), "excerpt": _shown(excerpt[:160])})
+                rejects.add(
+                    {
+                        **where,
+                        "source_line": line,
+                        "byte_offset": offset,
+                        "reason": reason,
+                        "detail": _shown(detail),
+                        "excerpt": _shown(excerpt[:160]),
+                    }
+                )
 
-            records = _BronzeRecords(rec_sink, batch_size, where, lambda row, reason, detail: reject(
-                row["source_line"], row["byte_offset"], reason, detail, row["record"]))
+            records = _BronzeRecords(
+                rec_sink,
+                batch_size,
+                where,
+                lambda row, reason, detail: reject(
+                    row["source_line"], row["byte_offset"], reason, detail, row["record"]
+                ),
+            )
             with gc_paused():
-                for item in read_drop(source, fmt, max_line_bytes=spec.input.max_line_bytes, acct=acct,
-                                      max_gzip_ratio=spec.input.max_gzip_ratio):
+                for item in read_drop(
+                    source,
+                    fmt,
+                    max_line_bytes=spec.input.max_line_bytes,
+                    acct=acct,
+                    max_gzip_ratio=spec.input.max_gzip_ratio,
+                ):
                     if isinstance(item, RawReject):
                         reject(item.line, item.byte_offset, item.reason, item.detail, item.excerpt)
                         continue
@@ -147,8 +176,9 @@ def build_raw_records(
                     try:
                         canonical = canonical_json(content)
                     except (ValueError, RecursionError) as exc:
-                        reject(item.line, item.byte_offset, "unstorable_value", f"{type(exc).__name__}: {exc}",
-                               item.text)
+                        reject(
+                            item.line, item.byte_offset, "unstorable_value", f"{type(exc).__name__}: {exc}", item.text
+                        )
                         continue
                     record_id = f"{drop.partition}:{item.line}"
                     if acct.unit == "element":  # several array elements may share a line

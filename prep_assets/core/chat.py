@@ -113,8 +113,9 @@ class RenderGuard:
                 for tid, (number, deadline) in self._running.items():
                     if now > deadline and (tid, number) not in self._fired:
                         self._fired.add((tid, number))
-                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
-                                                                   ctypes.py_object(_RenderTimeout))
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                            ctypes.c_ulong(tid), ctypes.py_object(_RenderTimeout)
+                        )
             if idle >= 60:
                 with self._lock:  # under the lock, so a render arming now sees this thread as gone
                     if not self._running:
@@ -150,8 +151,9 @@ class TemplateRenderLimit(Exception):
 class ChatTemplate:
     """The pinned tokenizer's chat template (or the spec's), rendered through transformers."""
 
-    def __init__(self, pt: PinnedTokenizer, template: str | None = None, *,
-                 render_seconds: float = RENDER_SECONDS) -> None:
+    def __init__(
+        self, pt: PinnedTokenizer, template: str | None = None, *, render_seconds: float = RENDER_SECONDS
+    ) -> None:
         self.pt = pt
         self.template = template
         if template is None and not getattr(pt.hf, "chat_template", None):
@@ -168,12 +170,21 @@ class ChatTemplate:
         self.guard = RenderGuard(render_seconds)
         self._time_limits_in_a_row = 0
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               *, add_generation_prompt: bool = False) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = False,
+    ) -> str:
         """The template's rendering; raises TemplateRenderLimit past the time or size limit."""
+
         def run() -> str:
             return self.pt.hf.apply_chat_template(
-                messages, tools=tools, chat_template=self.template, add_generation_prompt=add_generation_prompt,
+                messages,
+                tools=tools,
+                chat_template=self.template,
+                add_generation_prompt=add_generation_prompt,
                 tokenize=False,
             )
 
@@ -182,22 +193,33 @@ class ChatTemplate:
         except _RenderTimeout:
             self._time_limits_in_a_row += 1
             if self._time_limits_in_a_row >= TIME_LIMITS_IN_A_ROW:
-                raise TokenizerError(f"the chat template did not finish rendering within {self.guard.seconds:g} s "
-                                     f"for {self._time_limits_in_a_row} conversations in a row (time limit exceeded); "
-                                     f"fix its loops ({_TEMPLATE_SOURCE_HINT})") from None
-            raise TemplateRenderLimit(f"the chat template did not finish rendering within {self.guard.seconds:g} s "
-                                      "(time limit exceeded); fix the template's loops") from None
+                raise TokenizerError(
+                    f"the chat template did not finish rendering within {self.guard.seconds:g} s "
+                    f"for {self._time_limits_in_a_row} conversations in a row (time limit exceeded); "
+                    f"fix its loops ({_TEMPLATE_SOURCE_HINT})"
+                ) from None
+            raise TemplateRenderLimit(
+                f"the chat template did not finish rendering within {self.guard.seconds:g} s "
+                "(time limit exceeded); fix the template's loops"
+            ) from None
         self._time_limits_in_a_row = 0
         assert isinstance(out, str)
         size = sum(len(m.get("content") or "") for m in messages) + len(json.dumps(tools or []))
         cap = max(RENDER_MIN_CHARS, RENDER_INPUT_FACTOR * size)
         if len(out) > cap:
-            raise TemplateRenderLimit(f"the chat template rendered {len(out):,} characters for {size:,} characters "
-                                      f"of conversation (size limit {cap:,} exceeded); fix the template")
+            raise TemplateRenderLimit(
+                f"the chat template rendered {len(out):,} characters for {size:,} characters "
+                f"of conversation (size limit {cap:,} exceeded); fix the template"
+            )
         return out
 
-    def _try_render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                    *, add_generation_prompt: bool = False) -> str | Invalid:
+    def _try_render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool = False,
+    ) -> str | Invalid:
         try:
             return self.render(messages, tools, add_generation_prompt=add_generation_prompt)
         except TemplateRenderLimit as exc:
@@ -206,17 +228,24 @@ class ChatTemplate:
             raise
         except Exception as exc:  # Jinja raises TemplateError, raise_exception() and type errors alike
             roles = [m.get("role") for m in messages]
-            return Invalid("chat_template_error", f"the chat template cannot render this conversation (roles "
-                           f"{roles[:12]}{'...' if len(roles) > 12 else ''}): {exc}")
+            return Invalid(
+                "chat_template_error",
+                f"the chat template cannot render this conversation (roles "
+                f"{roles[:12]}{'...' if len(roles) > 12 else ''}): {exc}",
+            )
 
-    def spans(self, messages: list[dict[str, str]], trained: list[bool],
-              tools: list[dict[str, Any]] | None = None) -> RenderedChat | Invalid:
+    def spans(
+        self, messages: list[dict[str, str]], trained: list[bool], tools: list[dict[str, Any]] | None = None
+    ) -> RenderedChat | Invalid:
         """Render the conversation and locate every message, and the trained turns with their end of turn."""
         if tools and self._added_re is not None:
             hit = self._added_re.search(json.dumps(tools, ensure_ascii=False))
             if hit:  # the template writes tools as its own text: a special string there would become a token
-                return Invalid("special_token_in_tools", f"the tool definitions contain the special-token string "
-                               f"{hit.group()!r}, which the template would emit as a real special token")
+                return Invalid(
+                    "special_token_in_tools",
+                    f"the tool definitions contain the special-token string "
+                    f"{hit.group()!r}, which the template would emit as a real special token",
+                )
         texts = [m["content"] for m in messages]
         marks = _marks(texts)
         if marks is None:
@@ -224,15 +253,17 @@ class ChatTemplate:
         open_, close = marks
         cores = [t.strip() for t in texts]
         leads = [t[: len(t) - len(t.lstrip())] for t in texts]
-        trails = [t[len(t.rstrip()):] if t.strip() else "" for t in texts]  # whitespace-only: all of it is lead
+        trails = [t[len(t.rstrip()) :] if t.strip() else "" for t in texts]  # whitespace-only: all of it is lead
         holders = [f"{lead}{open_}{i}{close}{trail}" for i, (lead, trail) in enumerate(zip(leads, trails))]
         skeleton = self._try_render(_with_contents(messages, holders), tools)
         if isinstance(skeleton, Invalid):
             return skeleton
         found = list(re.finditer(re.escape(open_) + r"(\d+)" + re.escape(close), skeleton))
         if [int(m.group(1)) for m in found] != list(range(len(messages))):
-            return Invalid("chat_template_dropped_message",
-                           _dropped_detail(messages, [int(m.group(1)) for m in found], self.source))
+            return Invalid(
+                "chat_template_dropped_message",
+                _dropped_detail(messages, [int(m.group(1)) for m in found], self.source),
+            )
         if tools:
             dropped = self._dropped_tools(messages, holders, tools, skeleton)
             if dropped is not None:
@@ -247,7 +278,7 @@ class ChatTemplate:
         for i, m in enumerate(found):
             lead = _kept_edge(skeleton, m.start(), leads[i], before=True)
             trail = _kept_edge(skeleton, m.end(), trails[i], before=False)
-            between = skeleton[cursor: m.start() - len(lead)]
+            between = skeleton[cursor : m.start() - len(lead)]
             parts += [between, lead + cores[i] + trail]
             start = length + len(between)
             length = start + len(lead) + len(cores[i]) + len(trail)
@@ -263,14 +294,18 @@ class ChatTemplate:
         if real != text:
             empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
             if empty:  # the skeleton's placeholders are never empty, so a test on emptiness differs only here
-                return Invalid("chat_template_mismatch",
-                               f"messages {empty} are empty and the template renders empty messages differently "
-                               "(it skips them); drop empty messages from the records, or give a template that "
-                               f"renders them ({_TEMPLATE_SOURCE_HINT})")
-            return Invalid("chat_template_mismatch",
-                           "the template changes message content (it rewrites, escapes or reorders it), so its "
-                           "characters cannot be located; give a template that writes each content as it is or "
-                           f"trimmed ({_TEMPLATE_SOURCE_HINT})")
+                return Invalid(
+                    "chat_template_mismatch",
+                    f"messages {empty} are empty and the template renders empty messages differently "
+                    "(it skips them); drop empty messages from the records, or give a template that "
+                    f"renders them ({_TEMPLATE_SOURCE_HINT})",
+                )
+            return Invalid(
+                "chat_template_mismatch",
+                "the template changes message content (it rewrites, escapes or reorders it), so its "
+                "characters cannot be located; give a template that writes each content as it is or "
+                f"trimmed ({_TEMPLATE_SOURCE_HINT})",
+            )
         trained_content: list[tuple[int, int]] = []
         trained_eot: list[tuple[int, int]] = []
         cuts: set[int] = set()
@@ -280,9 +315,9 @@ class ChatTemplate:
                 return partial
             mark = f"{open_}{i}{close}"
             at = partial.rfind(mark)
-            after = partial[at + len(mark):] if at >= 0 else ""
-            eot = _common_prefix(after, skeleton[found[i].end():])
-            eot = eot[mark_ends[i] - found[i].end():].rstrip()  # past the content's own trailing whitespace
+            after = partial[at + len(mark) :] if at >= 0 else ""
+            eot = _common_prefix(after, skeleton[found[i].end() :])
+            eot = eot[mark_ends[i] - found[i].end() :].rstrip()  # past the content's own trailing whitespace
             start = self._turn_start(messages, i, tools, real, spans, core_starts, cuts)
             if isinstance(start, Invalid):
                 return start
@@ -292,8 +327,9 @@ class ChatTemplate:
             cuts.update((start, spans[i][1] + len(eot)))  # no token joins template text to trained text
         return RenderedChat(text, spans, trained_content, trained_eot, tuple(sorted(cuts)))
 
-    def _dropped_tools(self, messages: list[dict[str, str]], holders: list[str], tools: list[dict[str, Any]],
-                       skeleton: str) -> Invalid | None:
+    def _dropped_tools(
+        self, messages: list[dict[str, str]], holders: list[str], tools: list[dict[str, Any]], skeleton: str
+    ) -> Invalid | None:
         """Tools given but not in the rendering: the skeleton holds no content, so any name found is the template's."""
         names = [n for n in (_tool_name(t) for t in tools) if n]
         if names:
@@ -302,15 +338,25 @@ class ChatTemplate:
             missing = ["(unnamed)"] if skeleton == self._try_render(_with_contents(messages, holders), None) else []
         if not missing:
             return None
-        return Invalid("chat_template_dropped_tools",
-                       f"the record gives {len(tools)} tool definition(s) but the chat template's rendering leaves "
-                       f"out {missing[:5]} (the template ignores `tools`, or renders them only in some "
-                       "conversations); "
-                       f"give a template that renders tools ({_TEMPLATE_SOURCE_HINT}, e.g. data/templates/"
-                       "chatml.jinja), or stop reading tools (input.tools_key)")
+        return Invalid(
+            "chat_template_dropped_tools",
+            f"the record gives {len(tools)} tool definition(s) but the chat template's rendering leaves "
+            f"out {missing[:5]} (the template ignores `tools`, or renders them only in some "
+            "conversations); "
+            f"give a template that renders tools ({_TEMPLATE_SOURCE_HINT}, e.g. data/templates/"
+            "chatml.jinja), or stop reading tools (input.tools_key)",
+        )
 
-    def _turn_start(self, messages: list[dict[str, Any]], i: int, tools: list[dict[str, Any]] | None, real: str,
-                    spans: list[tuple[int, int]], core_starts: list[int], cuts: set[int]) -> int | Invalid:
+    def _turn_start(
+        self,
+        messages: list[dict[str, Any]],
+        i: int,
+        tools: list[dict[str, Any]] | None,
+        real: str,
+        spans: list[tuple[int, int]],
+        core_starts: list[int],
+        cuts: set[int],
+    ) -> int | Invalid:
         """Where an assistant turn's trained characters start: right after the generation prompt.
 
         The history rendered with add_generation_prompt=True must be a prefix of the conversation (else the
@@ -324,19 +370,23 @@ class ChatTemplate:
             return spans[i][0]
         prompt = self._try_render(messages[:i], tools, add_generation_prompt=True)
         if isinstance(prompt, Invalid):
-            return Invalid(prompt.reason, f"the history before message {i + 1} (assistant), rendered for generation: "
-                           f"{prompt.detail}")
+            return Invalid(
+                prompt.reason,
+                f"the history before message {i + 1} (assistant), rendered for generation: {prompt.detail}",
+            )
         if not real.startswith(prompt):
             at = len(os.path.commonprefix([real, prompt]))
-            return Invalid("chat_template_history_differs",
-                           f"the template renders the history before message {i + 1} (assistant) for generation "
-                           f"differently from the same history inside the conversation (from character {at}: "
-                           f"{prompt[at: at + 40]!r} vs {real[at: at + 40]!r}), so this turn would be trained on a "
-                           "context inference never gives it (Mistral's template moves the tools and the system "
-                           "prompt to the last user message); give a template that renders the history in place "
-                           f"({_TEMPLATE_SOURCE_HINT}) or split the conversation into one record per assistant turn")
+            return Invalid(
+                "chat_template_history_differs",
+                f"the template renders the history before message {i + 1} (assistant) for generation "
+                f"differently from the same history inside the conversation (from character {at}: "
+                f"{prompt[at : at + 40]!r} vs {real[at : at + 40]!r}), so this turn would be trained on a "
+                "context inference never gives it (Mistral's template moves the tools and the system "
+                "prompt to the last user message); give a template that renders the history in place "
+                f"({_TEMPLATE_SOURCE_HINT}) or split the conversation into one record per assistant turn",
+            )
         cuts.add(len(prompt))
-        if spans[i - 1][1] <= len(prompt) <= core_starts[i] and not real[len(prompt): core_starts[i]].strip():
+        if spans[i - 1][1] <= len(prompt) <= core_starts[i] and not real[len(prompt) : core_starts[i]].strip():
             return len(prompt)
         return spans[i][0]
 
@@ -353,7 +403,7 @@ class ChatTemplate:
             cursor = 0
             for s, e in [*_template_specials(rc, self._added_re), (len(rc.text), len(rc.text))]:
                 if s > cursor:
-                    inner = rc.cuts[bisect.bisect_right(rc.cuts, cursor): bisect.bisect_left(rc.cuts, s)]
+                    inner = rc.cuts[bisect.bisect_right(rc.cuts, cursor) : bisect.bisect_left(rc.cuts, s)]
                     bounds = [cursor, *inner, s]
                     if inner:
                         wholes.append((r, cursor, s, len(jobs), len(jobs) + len(bounds) - 1))
@@ -366,11 +416,13 @@ class ChatTemplate:
         if self.pt.continuation is self.pt.encoder:  # starts encode like continuations: one call
             groups = [(list(range(len(jobs))), self.pt.encoder)]
         else:
-            groups = [([i for i, p in enumerate(jobs) if p[1] == 0], self.pt.encoder),
-                      ([i for i, p in enumerate(jobs) if p[1] != 0], self.pt.continuation)]
+            groups = [
+                ([i for i, p in enumerate(jobs) if p[1] == 0], self.pt.encoder),
+                ([i for i, p in enumerate(jobs) if p[1] != 0], self.pt.continuation),
+            ]
         encodings: list[Any] = [None] * len(jobs)
         for group, encoder in groups:
-            texts = [rendered[jobs[i][0]].text[jobs[i][1]: jobs[i][2]] for i in group]
+            texts = [rendered[jobs[i][0]].text[jobs[i][1] : jobs[i][2]] for i in group]
             for i, enc in zip(group, encoder.encode_batch(texts, add_special_tokens=False), strict=True):
                 encodings[i] = enc
         per_record: list[list[tuple[int, int, int]]] = [list(s) for s in specials]
@@ -421,27 +473,37 @@ def _dropped_detail(messages: list[dict[str, str]], found: list[int], source: st
     for i in missing:
         role = roles[i]
         if not _role_known(source, role):
-            causes.append(f"message {i + 1} ({role}) was left out: the template has no `{role}` role; map the source "
-                          f"role that becomes `{role}` to one it renders with input.role_map (e.g. observation: "
-                          f"user), or give a template that renders `{role}` ({_TEMPLATE_SOURCE_HINT})")
+            causes.append(
+                f"message {i + 1} ({role}) was left out: the template has no `{role}` role; map the source "
+                f"role that becomes `{role}` to one it renders with input.role_map (e.g. observation: "
+                f"user), or give a template that renders `{role}` ({_TEMPLATE_SOURCE_HINT})"
+            )
         elif role == "system":
-            causes.append(f"message {i + 1} (system) was left out: the template writes the system prompt only in "
-                          "some conversations (Mistral's: inside the last message, and only when that is a user "
-                          "message, so never when the conversation ends with the assistant); remove the system "
-                          f"prompt (input.system_key) or give a template that renders it ({_TEMPLATE_SOURCE_HINT})")
+            causes.append(
+                f"message {i + 1} (system) was left out: the template writes the system prompt only in "
+                "some conversations (Mistral's: inside the last message, and only when that is a user "
+                "message, so never when the conversation ends with the assistant); remove the system "
+                f"prompt (input.system_key) or give a template that renders it ({_TEMPLATE_SOURCE_HINT})"
+            )
         else:
-            causes.append(f"message {i + 1} ({role}) was left out although the template knows the role (it renders "
-                          f"`{role}` only in some positions); give a template that renders every message "
-                          f"({_TEMPLATE_SOURCE_HINT})")
+            causes.append(
+                f"message {i + 1} ({role}) was left out although the template knows the role (it renders "
+                f"`{role}` only in some positions); give a template that renders every message "
+                f"({_TEMPLATE_SOURCE_HINT})"
+            )
     for i in repeated:
-        causes.append(f"message {i + 1} ({roles[i]}) was rendered {found.count(i)} times; masks need each message "
-                      f"once: give a template that renders it once ({_TEMPLATE_SOURCE_HINT})")
+        causes.append(
+            f"message {i + 1} ({roles[i]}) was rendered {found.count(i)} times; masks need each message "
+            f"once: give a template that renders it once ({_TEMPLATE_SOURCE_HINT})"
+        )
     if not causes:
         moved = next(k for k, (a, b) in enumerate(zip(found, range(n), strict=False)) if a != b)
         i = found[moved]
-        causes.append(f"message {i + 1} ({roles[i]}) was moved out of order (rendered in position {moved + 1}): the "
-                      "template places it elsewhere (Mistral's puts the system prompt into the last user message); "
-                      f"give a template that renders messages in order ({_TEMPLATE_SOURCE_HINT})")
+        causes.append(
+            f"message {i + 1} ({roles[i]}) was moved out of order (rendered in position {moved + 1}): the "
+            "template places it elsewhere (Mistral's puts the system prompt into the last user message); "
+            f"give a template that renders messages in order ({_TEMPLATE_SOURCE_HINT})"
+        )
     return f"roles {roles}: " + "; ".join(causes[:3]) + (f"; and {len(causes) - 3} more" if len(causes) > 3 else "")
 
 
@@ -449,7 +511,7 @@ def _kept_edge(skeleton: str, at: int, edge: str, *, before: bool) -> str:
     """The content's leading (or trailing) whitespace if the template kept it next to the placeholder."""
     if not edge:
         return ""
-    kept = skeleton[at - len(edge): at] if before else skeleton[at: at + len(edge)]
+    kept = skeleton[at - len(edge) : at] if before else skeleton[at : at + len(edge)]
     return edge if kept == edge else ""
 
 

@@ -52,9 +52,16 @@ def normalize_content(content: dict[str, Any], norm: NormalizeSpec) -> dict[str,
     joined right after it: a document, a completion (its EOS follows), a message (the template's delimiters
     follow); a prompt keeps its trailing whitespace, so cleaning never glues a prompt to its completion."""
     if "turns" in content:
-        return {**content, "turns": [{"prompt": normalize_text(t["prompt"], norm, strip_end=False),
-                                      "completion": normalize_text(t["completion"], norm)}
-                                     for t in content["turns"]]}
+        return {
+            **content,
+            "turns": [
+                {
+                    "prompt": normalize_text(t["prompt"], norm, strip_end=False),
+                    "completion": normalize_text(t["completion"], norm),
+                }
+                for t in content["turns"]
+            ],
+        }
     return map_content_texts(content, lambda s: normalize_text(s, norm))
 
 
@@ -107,23 +114,35 @@ def _empty_turn(content: dict[str, Any], trained: frozenset[str]) -> Verdict | N
     if "turns" in content:
         empty = [i + 1 for i, t in enumerate(content["turns"]) if not t["completion"].strip()]
         if empty:
-            return Verdict("empty_completion", f"turn(s) {empty} have an empty or whitespace-only completion "
-                           "(clean.keep_empty_turns: true keeps them)")
+            return Verdict(
+                "empty_completion",
+                f"turn(s) {empty} have an empty or whitespace-only completion "
+                "(clean.keep_empty_turns: true keeps them)",
+            )
     for branch in ("chosen", "rejected"):
         if branch in content and not any(m["content"].strip() for m in content[branch]):
-            return Verdict("empty_completion", f"the {branch} branch is empty or whitespace only "
-                           "(clean.keep_empty_turns: true keeps it)")
+            return Verdict(
+                "empty_completion",
+                f"the {branch} branch is empty or whitespace only (clean.keep_empty_turns: true keeps it)",
+            )
     for key in ("messages", "chosen", "rejected"):
-        empty = [f"{key}[{i}] ({m['role']})" for i, m in enumerate(content.get(key, []))
-                 if m["role"] in trained and not m["content"].strip()]
+        empty = [
+            f"{key}[{i}] ({m['role']})"
+            for i, m in enumerate(content.get(key, []))
+            if m["role"] in trained and not m["content"].strip()
+        ]
         if empty:
-            return Verdict("empty_completion", f"trained message(s) {', '.join(empty[:5])} are empty or whitespace "
-                           "only (clean.keep_empty_turns: true keeps them)")
+            return Verdict(
+                "empty_completion",
+                f"trained message(s) {', '.join(empty[:5])} are empty or whitespace "
+                "only (clean.keep_empty_turns: true keeps them)",
+            )
     return None
 
 
-def quality_verdict(content: dict[str, Any], clean: CleanSpec, texts: list[str] | None = None,
-                    trained: frozenset[str] = frozenset()) -> Verdict | None:
+def quality_verdict(
+    content: dict[str, Any], clean: CleanSpec, texts: list[str] | None = None, trained: frozenset[str] = frozenset()
+) -> Verdict | None:
     """None to keep the record, else why it goes to the rejects table. `texts`: its `content_texts`, if at hand;
     `trained`: the chat roles that are training targets (`trained_roles`)."""
     texts = content_texts(content) if texts is None else texts
@@ -178,19 +197,25 @@ def heuristic_verdict(text: str, q: QualitySpec) -> Verdict | None:
         if q.max_repeated_ngram_fraction is not None:
             frac = repeated_ngram_fraction(words, q.repeated_ngram_size)
             if frac > q.max_repeated_ngram_fraction:
-                return Verdict("repeated_ngrams", f"{frac:.3f} of word characters in repeated "
-                               f"{q.repeated_ngram_size}-grams > {q.max_repeated_ngram_fraction}")
+                return Verdict(
+                    "repeated_ngrams",
+                    f"{frac:.3f} of word characters in repeated "
+                    f"{q.repeated_ngram_size}-grams > {q.max_repeated_ngram_fraction}",
+                )
     if q.max_repeated_line_fraction is not None:
         lines = [line.strip() for line in text.split("\n") if line.strip()]
         frac = (len(lines) - len(set(lines))) / len(lines) if lines else 0.0
         if frac > q.max_repeated_line_fraction:
-            return Verdict("repeated_lines", f"{frac:.3f} of lines repeat an earlier line > "
-                           f"{q.max_repeated_line_fraction}")
+            return Verdict(
+                "repeated_lines", f"{frac:.3f} of lines repeat an earlier line > {q.max_repeated_line_fraction}"
+            )
     if q.max_non_alnum_fraction is not None and text:
         frac = (len(text) - len(_NON_ALNUM.sub("", text))) / len(text)
         if frac > q.max_non_alnum_fraction:
-            return Verdict("non_alphanumeric", f"{frac:.3f} of characters are neither alphanumeric nor space > "
-                           f"{q.max_non_alnum_fraction}")
+            return Verdict(
+                "non_alphanumeric",
+                f"{frac:.3f} of characters are neither alphanumeric nor space > {q.max_non_alnum_fraction}",
+            )
     return None
 
 

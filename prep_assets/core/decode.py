@@ -79,11 +79,23 @@ def _decode(shard: Path, row: int, r: dict[str, Any], tok: PreTrainedTokenizerBa
             while end + 1 < len(idx) and mask[idx[end + 1]] == mask[idx[start]]:
                 end += 1
             tokens = ids[idx[start : end + 1]].tolist()
-            spans.append({"trained": bool(mask[idx[start]]), "tokens": len(tokens),
-                          "text": tok.decode(tokens, skip_special_tokens=False)})
+            spans.append(
+                {
+                    "trained": bool(mask[idx[start]]),
+                    "tokens": len(tokens),
+                    "text": tok.decode(tokens, skip_special_tokens=False),
+                }
+            )
             start = end + 1
-        segments.append({"segment": n, "example_id": example_id, "example_offset": int(offset),
-                         "tokens": int(len(idx)), "spans": spans})
+        segments.append(
+            {
+                "segment": n,
+                "example_id": example_id,
+                "example_offset": int(offset),
+                "tokens": int(len(idx)),
+                "spans": spans,
+            }
+        )
     return {
         "shard": str(shard),
         "row": row,
@@ -96,14 +108,17 @@ def _decode(shard: Path, row: int, r: dict[str, Any], tok: PreTrainedTokenizerBa
 
 def render_text(decoded: dict[str, Any]) -> str:
     """Human-readable: masked text in «…», one header line per segment, padding counted at the end."""
-    lines = [f"{decoded['shard']} row {decoded['row']}: {decoded['length']} tokens, "
-             f"{decoded['num_loss_tokens']} trained, {decoded['padding_tokens']} padding "
-             f"(masked text in {MASK_OPEN}{MASK_CLOSE})"]
+    lines = [
+        f"{decoded['shard']} row {decoded['row']}: {decoded['length']} tokens, "
+        f"{decoded['num_loss_tokens']} trained, {decoded['padding_tokens']} padding "
+        f"(masked text in {MASK_OPEN}{MASK_CLOSE})"
+    ]
     for s in decoded["segments"]:
         where = f" from token {s['example_offset']}" if s["example_offset"] else ""
         lines.append(f"--- segment {s['segment']} · {s['example_id']}{where} · {s['tokens']} tokens ---")
-        lines.append("".join(sp["text"] if sp["trained"] else f"{MASK_OPEN}{sp['text']}{MASK_CLOSE}"
-                             for sp in s["spans"]))
+        lines.append(
+            "".join(sp["text"] if sp["trained"] else f"{MASK_OPEN}{sp['text']}{MASK_CLOSE}" for sp in s["spans"])
+        )
     if decoded["padding_tokens"]:
         lines.append(f"--- padding × {decoded['padding_tokens']} ---")
     return "\n".join(lines)

@@ -71,13 +71,17 @@ class ExactDedup:
 
 
 # a drop's silver rows with a content hash: the paths are bound as $records / $rejects
-_ROWS = ("(SELECT record_id, content_sha256, content FROM read_parquet($records) UNION ALL "
-         "SELECT record_id, content_sha256, content FROM read_parquet($rejects) WHERE content_sha256 IS NOT NULL)")
+_ROWS = (
+    "(SELECT record_id, content_sha256, content FROM read_parquet($records) UNION ALL "
+    "SELECT record_id, content_sha256, content FROM read_parquet($rejects) WHERE content_sha256 IS NOT NULL)"
+)
 
 
 # the same rows' hashes only: what finds the repeated hashes without reading any content
-_HASHES = ("(SELECT content_sha256 FROM read_parquet($records) UNION ALL "
-           "SELECT content_sha256 FROM read_parquet($rejects) WHERE content_sha256 IS NOT NULL)")
+_HASHES = (
+    "(SELECT content_sha256 FROM read_parquet($records) UNION ALL "
+    "SELECT content_sha256 FROM read_parquet($rejects) WHERE content_sha256 IS NOT NULL)"
+)
 
 
 def collisions(records: Path, rejects: Path, earlier: Sequence[Path]) -> frozenset[str]:
@@ -90,8 +94,10 @@ def collisions(records: Path, rejects: Path, earlier: Sequence[Path]) -> frozens
     rows = f"SELECT content_sha256, content FROM {_ROWS}"
     if earlier:  # an earlier drop's hash counts where this drop has it too
         params["earlier"] = [str(p) for p in earlier]
-        hashes = (f"SELECT content_sha256 FROM ({hashes} UNION ALL SELECT content_sha256 FROM read_parquet($earlier)) "
-                  f"WHERE content_sha256 IN (SELECT content_sha256 FROM {_HASHES})")
+        hashes = (
+            f"SELECT content_sha256 FROM ({hashes} UNION ALL SELECT content_sha256 FROM read_parquet($earlier)) "
+            f"WHERE content_sha256 IN (SELECT content_sha256 FROM {_HASHES})"
+        )
         rows += " UNION ALL SELECT content_sha256, content FROM read_parquet($earlier)"
     sql = f"""
         WITH multi AS (SELECT content_sha256 FROM ({hashes}) GROUP BY content_sha256 HAVING count(*) > 1)
@@ -105,8 +111,10 @@ def collisions(records: Path, rejects: Path, earlier: Sequence[Path]) -> frozens
 def write_index(out_dir: Path, first_ids: Iterable[str], records: Path, rejects: Path) -> None:
     """Publish a drop's index: each content's first record and bytes, sorted (reruns write the same file)."""
     firsts = pa.table({"record_id": pa.array(list(first_ids), pa.string())})
-    sql = (f"SELECT content_sha256, record_id, content FROM {_ROWS} "
-           "WHERE record_id IN (SELECT record_id FROM firsts) ORDER BY content_sha256, content")
+    sql = (
+        f"SELECT content_sha256, record_id, content FROM {_ROWS} "
+        "WHERE record_id IN (SELECT record_id FROM firsts) ORDER BY content_sha256, content"
+    )
     with sql_connect() as con:
         con.register("firsts", firsts)
         reader = con.sql(sql, params={"records": str(records), "rejects": str(rejects)}).to_arrow_reader()
@@ -138,8 +146,7 @@ def earlier_indexes(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> l
     return [(d, index_dir(spec, paths, d.partition) / INDEX_FILE) for d in earlier_drops(paths, partition)]
 
 
-def earlier_set_changed(spec: DatasetSpec, paths: DatasetPaths, partition: str, drops: DropSet | None = None
-                        ) -> bool:
+def earlier_set_changed(spec: DatasetSpec, paths: DatasetPaths, partition: str, drops: DropSet | None = None) -> bool:
     """Dataset scope: the drop's silver was built against other earlier drops than those that count now (one was
     superseded since, i.e. its file replaced), so it must be rebuilt; False where there is no silver yet."""
     stats = paths.partition_dir("silver", partition) / "stats.json"
@@ -156,8 +163,11 @@ def stale_silver(spec: DatasetSpec, paths: DatasetPaths) -> dict[str, list[str]]
         return {}
     drops = DropSet.read(paths)
     live = sorted((d for d in drops.drops.values() if d.partition not in drops.superseded), key=drop_order)
-    return {d.partition: [e.partition for e in drops.earlier(d.partition)] for d in live
-            if earlier_set_changed(spec, paths, d.partition, drops)}
+    return {
+        d.partition: [e.partition for e in drops.earlier(d.partition)]
+        for d in live
+        if earlier_set_changed(spec, paths, d.partition, drops)
+    }
 
 
 def merge_indexes(files: Sequence[Path]) -> dict[str, str]:
@@ -185,6 +195,7 @@ def _by_content(files: Sequence[Path], digests: frozenset[str]) -> dict[str, str
 
 
 # ---------------------------------------------------------------- near
+
 
 def shingles(text: str, unit: str, n: int) -> list[bytes]:
     """The distinct word (lower-cased letters, marks and digits) or character n-grams of a text; a text shorter
@@ -226,4 +237,3 @@ class NearDuplicates:
         self.signatures[slot] = m.hashvalues
         self.ids.append(record_id)
         return None
-

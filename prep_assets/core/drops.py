@@ -137,8 +137,13 @@ class _Registry:
             if twin.file != path.name:
                 notes.append(f"{path.name!r}: same bytes as drop {twin.partition} ({twin.file!r}); not a new drop")
             return None
-        drop = Drop(partition=partition_key(path.name, digest), file=path.name, sha256=digest,
-                    size=path.stat().st_size, seq=self.next_seq)
+        drop = Drop(
+            partition=partition_key(path.name, digest),
+            file=path.name,
+            sha256=digest,
+            size=path.stat().st_size,
+            seq=self.next_seq,
+        )
         write_json_atomic(self.paths.drops_dir / f"{drop.partition}.json", asdict(drop))
         self.by_hash[digest] = drop
         self.next_seq += 1
@@ -251,8 +256,10 @@ class DropSet:
         if partition not in self.drops:
             raise DropError(f"partition {partition!r} is not a registered drop of {raw_dir} (run `prep-assets run`)")
         me = drop_order(self.drops[partition])
-        return sorted((d for d in self.drops.values() if drop_order(d) < me and d.partition not in self.superseded),
-                      key=drop_order)
+        return sorted(
+            (d for d in self.drops.values() if drop_order(d) < me and d.partition not in self.superseded),
+            key=drop_order,
+        )
 
 
 def earlier_drops(paths: DatasetPaths, partition: str) -> list[Drop]:

@@ -52,9 +52,13 @@ class MemmapWriter:
     def __init__(self, dest: Path, rel: str, row_len: int, vocab_size: int) -> None:
         dest.mkdir(parents=True, exist_ok=True)
         self.dest, self.rel, self.row_len, self.rows = dest, rel, row_len, 0
-        self.dtypes = {"input_ids": memmap_token_dtype(vocab_size).newbyteorder("<"), "loss_mask": np.dtype(np.uint8),
-                       "position_ids": np.dtype("<i4"), "segment_ids": np.dtype("<i4"),
-                       "token_type_ids": np.dtype(np.uint8)}
+        self.dtypes = {
+            "input_ids": memmap_token_dtype(vocab_size).newbyteorder("<"),
+            "loss_mask": np.dtype(np.uint8),
+            "position_ids": np.dtype("<i4"),
+            "segment_ids": np.dtype("<i4"),
+            "token_type_ids": np.dtype(np.uint8),
+        }
         self._files = {name: (dest / f"{name}.bin").open("wb") for name in self.NAMES}
 
     def append(self, rows: PackedRows) -> None:
@@ -69,7 +73,11 @@ class MemmapWriter:
         for name, f in self._files.items():
             f.close()
             path = self.dest / f"{name}.bin"
-            meta["arrays"][name] = {"file": path.name, "dtype": self.dtypes[name].newbyteorder("=").name, "shape": shape}
+            meta["arrays"][name] = {
+                "file": path.name,
+                "dtype": self.dtypes[name].newbyteorder("=").name,
+                "shape": shape,
+            }
             files.append(_file_entry(path, f"{self.rel}/{path.name}"))
         write_json_atomic(self.dest / "meta.json", meta)
         files.append(_file_entry(self.dest / "meta.json", f"{self.rel}/meta.json"))
@@ -83,8 +91,9 @@ def write_memmap(dest: Path, rel: str, rows: PackedRows, vocab_size: int) -> dic
     return writer.close()
 
 
-def write_megatron(prefix: Path, rel: str, token_ids: np.ndarray | Iterable[np.ndarray], offsets: np.ndarray,
-                   vocab_size: int) -> dict[str, Any]:
+def write_megatron(
+    prefix: Path, rel: str, token_ids: np.ndarray | Iterable[np.ndarray], offsets: np.ndarray, vocab_size: int
+) -> dict[str, Any]:
     """Documents (token_ids split at `offsets`) as `<prefix>.bin` + `<prefix>.idx` in the MMIDIDX layout.
     `token_ids` may come as consecutive chunks (a spilled split is written without being held in memory)."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -105,5 +114,10 @@ def write_megatron(prefix: Path, rel: str, token_ids: np.ndarray | Iterable[np.n
         f.write(pointers.tobytes(order="C"))
         f.write(documents.tobytes(order="C"))
     files = [_file_entry(prefix.with_suffix(s), f"{rel}{s}") for s in (".bin", ".idx")]
-    return {"prefix": rel, "documents": int(len(lengths)), "tokens": int(offsets[-1] - offsets[0]),
-            "dtype": dtype.name, "files": files}
+    return {
+        "prefix": rel,
+        "documents": int(len(lengths)),
+        "tokens": int(offsets[-1] - offsets[0]),
+        "dtype": dtype.name,
+        "files": files,
+    }

@@ -57,8 +57,14 @@ def _files(paths: list[Path]) -> list[str]:
     return [str(p) for p in paths]
 
 
-def _violating_rows(source: str, where: str, columns: str, params: dict[str, Any], order: str = "source_line",
-                    tables: dict[str, pa.Table] | None = None) -> tuple[int, list[dict[str, Any]]]:
+def _violating_rows(
+    source: str,
+    where: str,
+    columns: str,
+    params: dict[str, Any],
+    order: str = "source_line",
+    tables: dict[str, pa.Table] | None = None,
+) -> tuple[int, list[dict[str, Any]]]:
     """(count, first SAMPLE rows) of `source` matching `where`; `source` and `where` are our own SQL text, and
     `tables` Arrow tables the SQL names (registered under those fixed names).
 
@@ -75,8 +81,9 @@ def _bound(sql: str, params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k in used}
 
 
-def _violations_in(con: Any, source: str, where: str, columns: str, params: dict[str, Any],
-                   order: str) -> tuple[int, list[dict[str, Any]]]:
+def _violations_in(
+    con: Any, source: str, where: str, columns: str, params: dict[str, Any], order: str
+) -> tuple[int, list[dict[str, Any]]]:
     """`_violating_rows` on an open connection (whose temp tables `source` may name)."""
     sql = f"CREATE TEMP TABLE violations AS SELECT * FROM {source} WHERE {where}"
     con.execute(sql, _bound(sql, params))
@@ -95,8 +102,14 @@ def _rows_in(con: Any, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]
 _LOCATION = "source_file || ':' || source_line AS location"
 
 
-def _one_to_one(upstream: Path, outputs: tuple[Path, Path], name: str, description: str, kept_where: str = "true",
-                kept_ids: str = "record_id") -> Outcome:
+def _one_to_one(
+    upstream: Path,
+    outputs: tuple[Path, Path],
+    name: str,
+    description: str,
+    kept_where: str = "true",
+    kept_ids: str = "record_id",
+) -> Outcome:
     """Each upstream record_id is exactly once among the two output tables (kept + rejected); `kept_ids` is the
     SQL naming the kept rows' record ids (our own text, e.g. an unnest of a list column)."""
     p = {"u": str(upstream), "a": str(outputs[0]), "b": str(outputs[1])}
@@ -109,9 +122,14 @@ def _one_to_one(upstream: Path, outputs: tuple[Path, Path], name: str, descripti
         FROM up FULL OUTER JOIN cnt USING (record_id) WHERE coalesce(cnt.n, 0) <> 1 OR up.record_id IS NULL
     """
     n, bad = _violating_rows(f"({sql})", "true", "*", p, order="record_id")
-    facts = {k: _scalar(f"SELECT count(*) FROM (SELECT {ids} FROM read_parquet($x) WHERE {w})", {"x": v})
-             for k, v, w, ids in (("upstream", p["u"], "true", "record_id"), ("kept", p["a"], kept_where, kept_ids),
-                                  ("rejected", p["b"], "true", "record_id"))}
+    facts = {
+        k: _scalar(f"SELECT count(*) FROM (SELECT {ids} FROM read_parquet($x) WHERE {w})", {"x": v})
+        for k, v, w, ids in (
+            ("upstream", p["u"], "true", "record_id"),
+            ("kept", p["a"], kept_where, kept_ids),
+            ("rejected", p["b"], "true", "record_id"),
+        )
+    }
     return Outcome(name, n, bad, facts, description)
 
 
@@ -158,9 +176,12 @@ def count_csv_rows(path: Path) -> int | None:
     """Data rows of a CSV (header excluded, blank lines skipped), parsed by Arrow rather than the reader;
     None where Arrow cannot parse it (ragged rows), and the reader's count then stands."""
     try:
-        with pacsv.open_csv(str(path), read_options=pacsv.ReadOptions(block_size=1 << 22),
-                            convert_options=pacsv.ConvertOptions(column_types={}, strings_can_be_null=False),
-                            parse_options=pacsv.ParseOptions(newlines_in_values=True)) as reader:
+        with pacsv.open_csv(
+            str(path),
+            read_options=pacsv.ReadOptions(block_size=1 << 22),
+            convert_options=pacsv.ConvertOptions(column_types={}, strings_can_be_null=False),
+            parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        ) as reader:
             return sum(batch.num_rows for batch in reader)
     except (pa.ArrowInvalid, OSError):
         return None
@@ -193,11 +214,22 @@ def bronze_accounted(bronze_dir: Path, source: Path | None) -> Outcome:
             recount = count_elements(source)
         lines_in = recount if recount is not None else lines_in
     accounted = records + rejects + acct["blank_lines"]
-    facts = {"lines_in": lines_in, "records": records, "rejects": rejects, "blank_lines": acct["blank_lines"],
-             "unit": acct["unit"], "independent_line_count": recount}
+    facts = {
+        "lines_in": lines_in,
+        "records": records,
+        "rejects": rejects,
+        "blank_lines": acct["blank_lines"],
+        "unit": acct["unit"],
+        "independent_line_count": recount,
+    }
     offending = [] if lines_in == accounted else [{"lines_in": lines_in, "accounted": accounted, **facts}]
-    return Outcome("raw_records_accounted", abs(lines_in - accounted), offending, facts,
-                   "records + rejects + blank lines = lines (or array elements) in the drop")
+    return Outcome(
+        "raw_records_accounted",
+        abs(lines_in - accounted),
+        offending,
+        facts,
+        "records + rejects + blank lines = lines (or array elements) in the drop",
+    )
 
 
 def bronze_reject_rate(bronze_dir: Path, max_rate: float) -> Outcome:
@@ -211,19 +243,31 @@ def bronze_reject_rate(bronze_dir: Path, max_rate: float) -> Outcome:
     if rate > max_rate:
         offending = _query(
             "SELECT source_file || ':' || source_line AS location, byte_offset, reason, detail FROM read_parquet($j) "
-            "ORDER BY source_line LIMIT $n", {"j": p["j"], "n": SAMPLE})
-    by_reason = {r["reason"]: r["n"] for r in _query(
-        "SELECT reason, count(*) AS n FROM read_parquet($j) GROUP BY reason ORDER BY reason", {"j": p["j"]})}
-    return Outcome("raw_records_reject_rate", int(rate > max_rate), offending,
-                   {"reject_rate": round(rate, 6), "max_reject_rate": max_rate, "rejects_by_reason": by_reason},
-                   "rejects / (records + rejects) <= checks.max_reject_rate")
+            "ORDER BY source_line LIMIT $n",
+            {"j": p["j"], "n": SAMPLE},
+        )
+    by_reason = {
+        r["reason"]: r["n"]
+        for r in _query(
+            "SELECT reason, count(*) AS n FROM read_parquet($j) GROUP BY reason ORDER BY reason", {"j": p["j"]}
+        )
+    }
+    return Outcome(
+        "raw_records_reject_rate",
+        int(rate > max_rate),
+        offending,
+        {"reject_rate": round(rate, 6), "max_reject_rate": max_rate, "rejects_by_reason": by_reason},
+        "rejects / (records + rejects) <= checks.max_reject_rate",
+    )
 
 
 def bronze_required_fields(bronze_dir: Path) -> Outcome:
     """Every record has its provenance, a unique id and valid JSON content."""
     source = "(SELECT *, count(*) OVER (PARTITION BY record_id) AS copies FROM read_parquet($r))"
-    where = ("record_id IS NULL OR source_file IS NULL OR source_line IS NULL OR byte_offset IS NULL "
-             "OR content IS NULL OR NOT json_valid(content) OR copies > 1")
+    where = (
+        "record_id IS NULL OR source_file IS NULL OR source_line IS NULL OR byte_offset IS NULL "
+        "OR content IS NULL OR NOT json_valid(content) OR copies > 1"
+    )
     n, bad = _violating_rows(source, where, f"record_id, {_LOCATION}", {"r": str(bronze_dir / "records.parquet")})
     return Outcome("raw_records_required_fields", n, bad, {}, "provenance present, record ids unique, content is JSON")
 
@@ -235,12 +279,19 @@ def silver_unique(silver_dir: Path) -> Outcome:
     """No two kept records have the same content (hash and bytes; within the drop)."""
     # same content => same hash: contents are grouped only for hashes held more than once (grouping every
     # content of a 400 MB drop took 650 MiB)
-    source = ("(SELECT content_sha256, list(record_id ORDER BY source_line) AS record_ids, count(*) AS copies "
-              "FROM read_parquet($s) WHERE content_sha256 IN "
-              "(SELECT content_sha256 FROM read_parquet($s) GROUP BY content_sha256 HAVING count(*) > 1) "
-              "GROUP BY content_sha256, content)")
-    n, dup = _violating_rows(source, "copies > 1", "content_sha256, record_ids, copies",
-                             {"s": str(silver_dir / "records.parquet")}, order="content_sha256")
+    source = (
+        "(SELECT content_sha256, list(record_id ORDER BY source_line) AS record_ids, count(*) AS copies "
+        "FROM read_parquet($s) WHERE content_sha256 IN "
+        "(SELECT content_sha256 FROM read_parquet($s) GROUP BY content_sha256 HAVING count(*) > 1) "
+        "GROUP BY content_sha256, content)"
+    )
+    n, dup = _violating_rows(
+        source,
+        "copies > 1",
+        "content_sha256, record_ids, copies",
+        {"s": str(silver_dir / "records.parquet")},
+        order="content_sha256",
+    )
     return Outcome("clean_records_unique", n, dup, {}, "no two kept records have the same content")
 
 
@@ -254,12 +305,18 @@ def silver_unique_across_drops(silver_dir: Path, earlier: list[Path]) -> Outcome
         return Outcome(name, len(missing), [{"missing_index": m} for m in missing[:SAMPLE]], facts, what)
     if not earlier:
         return Outcome(name, 0, [], facts, what)
-    source = ("(SELECT s.record_id, any_value(s.source_file || ':' || s.source_line) AS location, "
-              "any_value(s.source_line) AS source_line, min(i.record_id) AS earlier_record_id "
-              "FROM read_parquet($s) AS s JOIN read_parquet($i) AS i "
-              "ON s.content_sha256 = i.content_sha256 AND s.content = i.content GROUP BY s.record_id)")
-    n, bad = _violating_rows(source, "true", "record_id, location, earlier_record_id",
-                             {"s": str(silver_dir / "records.parquet"), "i": [str(p) for p in earlier]})
+    source = (
+        "(SELECT s.record_id, any_value(s.source_file || ':' || s.source_line) AS location, "
+        "any_value(s.source_line) AS source_line, min(i.record_id) AS earlier_record_id "
+        "FROM read_parquet($s) AS s JOIN read_parquet($i) AS i "
+        "ON s.content_sha256 = i.content_sha256 AND s.content = i.content GROUP BY s.record_id)"
+    )
+    n, bad = _violating_rows(
+        source,
+        "true",
+        "record_id, location, earlier_record_id",
+        {"s": str(silver_dir / "records.parquet"), "i": [str(p) for p in earlier]},
+    )
     return Outcome(name, n, bad, facts, what)
 
 
@@ -267,8 +324,10 @@ def duplicates_resolve_to_kept(silver_dirs: list[Path]) -> Outcome:
     """Every record removed as a (near) duplicate from the given drops names a record kept in them, directly or
     through one removed as a near duplicate of a kept one: no record is lost to a copy that is not shipped."""
     name = "dataset_manifest_duplicates_kept"
-    what = ("every duplicate removed from the manifest's drops names a record kept in them (else rebuild the "
-            "named drops' silver: its copy was in a drop since replaced or left out)")
+    what = (
+        "every duplicate removed from the manifest's drops names a record kept in them (else rebuild the "
+        "named drops' silver: its copy was in a drop since replaced or left out)"
+    )
     facts: dict[str, Any] = {"drops": len(silver_dirs)}
     if not silver_dirs:
         return Outcome(name, 0, [], facts, what)
@@ -279,24 +338,43 @@ def duplicates_resolve_to_kept(silver_dirs: list[Path]) -> Outcome:
                  FROM rej AS r LEFT JOIN rej AS via ON r.duplicate_of = via.record_id
                  WHERE r.duplicate_of NOT IN (SELECT record_id FROM kept)
                    AND (via.duplicate_of IS NULL OR via.duplicate_of NOT IN (SELECT record_id FROM kept)))"""
-    params = {"records": [str(d / "records.parquet") for d in silver_dirs],
-              "rejects": [str(d / "rejects.parquet") for d in silver_dirs]}
+    params = {
+        "records": [str(d / "records.parquet") for d in silver_dirs],
+        "rejects": [str(d / "rejects.parquet") for d in silver_dirs],
+    }
     n, bad = _violating_rows(source, "true", "record_id, location, duplicate_of", params, order="record_id")
     return Outcome(name, n, bad, facts, what)
 
 
 def silver_lengths(silver_dir: Path, min_chars: int, max_chars: int | None) -> Outcome:
-    p = {"s": str(silver_dir / "records.parquet"), "lo": min_chars, "hi": max_chars if max_chars is not None else 2**62}
-    n, bad = _violating_rows("read_parquet($s)", "num_chars < $lo OR num_chars > $hi OR num_chars <= 0",
-                             f"record_id, {_LOCATION}, num_chars", p)
-    return Outcome("clean_records_length_bounds", n, bad, {"min_chars": min_chars, "max_chars": max_chars},
-                   "every kept record has min_chars <= chars <= max_chars")
+    p = {
+        "s": str(silver_dir / "records.parquet"),
+        "lo": min_chars,
+        "hi": max_chars if max_chars is not None else 2**62,
+    }
+    n, bad = _violating_rows(
+        "read_parquet($s)",
+        "num_chars < $lo OR num_chars > $hi OR num_chars <= 0",
+        f"record_id, {_LOCATION}, num_chars",
+        p,
+    )
+    return Outcome(
+        "clean_records_length_bounds",
+        n,
+        bad,
+        {"min_chars": min_chars, "max_chars": max_chars},
+        "every kept record has min_chars <= chars <= max_chars",
+    )
 
 
 def silver_accounted(silver_dir: Path, bronze_dir: Path) -> Outcome:
     """Each bronze record is exactly once in silver records or silver rejects."""
-    return _one_to_one(bronze_dir / "records.parquet", (silver_dir / "records.parquet", silver_dir / "rejects.parquet"),
-                       "clean_records_accounted", "silver records + silver rejects = bronze records, one to one")
+    return _one_to_one(
+        bronze_dir / "records.parquet",
+        (silver_dir / "records.parquet", silver_dir / "rejects.parquet"),
+        "clean_records_accounted",
+        "silver records + silver rejects = bronze records, one to one",
+    )
 
 
 # ---------------------------------------------------------------- gold
@@ -330,41 +408,64 @@ def gold_rows(gold_dir: Path, rules: list[RowRule]) -> list[Outcome]:
         for i, rule in enumerate(rules):
             flag = f"broken_{i}"
             n, bad = _violations_in(con, "flagged", flag, f"example_id, {_LOCATION}{rule.columns}", p, "source_line")
-            out.append(Outcome(rule.name, n, bad, dict(rule.params) if rule.facts is None else rule.facts,
-                               rule.description))
+            out.append(
+                Outcome(rule.name, n, bad, dict(rule.params) if rule.facts is None else rule.facts, rule.description)
+            )
             con.execute("DROP TABLE violations")
     return out
 
 
 def mask_aligned_rule(trainable_types: tuple[int, ...] = (1, 3)) -> RowRule:
     """Equal list lengths; mask in {0,1}; mask 1 only on the types the spec trains; counts match the lists."""
-    where = ("len(token_ids) <> len(loss_mask) OR len(token_ids) <> len(token_type_ids) OR len(token_ids) <> num_tokens "
-             "OR list_max(loss_mask) > 1 OR list_max(token_type_ids) > 3 OR list_sum(loss_mask) <> num_loss_tokens "
-             "OR list_count(list_filter(list_zip(loss_mask, token_type_ids), "
-             "lambda x: x[1] = 1 AND NOT list_contains($trainable_types, x[2]))) > 0")
-    return RowRule("tokenized_examples_mask_aligned", where,
-                   "equal list lengths, mask in {0,1}, mask 1 only on trainable token types, counts match",
-                   params={"trainable_types": list(trainable_types)})
+    where = (
+        "len(token_ids) <> len(loss_mask) OR len(token_ids) <> len(token_type_ids) OR len(token_ids) <> num_tokens "
+        "OR list_max(loss_mask) > 1 OR list_max(token_type_ids) > 3 OR list_sum(loss_mask) <> num_loss_tokens "
+        "OR list_count(list_filter(list_zip(loss_mask, token_type_ids), "
+        "lambda x: x[1] = 1 AND NOT list_contains($trainable_types, x[2]))) > 0"
+    )
+    return RowRule(
+        "tokenized_examples_mask_aligned",
+        where,
+        "equal list lengths, mask in {0,1}, mask 1 only on trainable token types, counts match",
+        params={"trainable_types": list(trainable_types)},
+    )
 
 
 def loss_tokens_rule() -> RowRule:
-    return RowRule("tokenized_examples_have_loss_tokens", "coalesce(list_sum(loss_mask), 0) = 0",
-                   "every example has at least one loss token")
+    return RowRule(
+        "tokenized_examples_have_loss_tokens",
+        "coalesce(list_sum(loss_mask), 0) = 0",
+        "every example has at least one loss token",
+    )
 
 
 def ids_in_vocab_rule(vocab_size: int) -> RowRule:
-    return RowRule("tokenized_examples_ids_in_vocab", "list_max(token_ids) >= $vocab_size OR list_min(token_ids) < 0",
-                   "0 <= id < vocab size", ", list_max(token_ids) AS max_id", {"vocab_size": vocab_size})
+    return RowRule(
+        "tokenized_examples_ids_in_vocab",
+        "list_max(token_ids) >= $vocab_size OR list_min(token_ids) < 0",
+        "0 <= id < vocab size",
+        ", list_max(token_ids) AS max_id",
+        {"vocab_size": vocab_size},
+    )
 
 
 def within_max_len_rule(max_seq_len: int, splits_examples: bool = False) -> RowRule:
     """1 <= tokens <= max_seq_len; with `splits_examples` (packing full, or window overflow) only 1 <= tokens."""
     if splits_examples:
-        return RowRule("tokenized_examples_within_max_len", "len(token_ids) = 0",
-                       "1 <= tokens (packing splits longer examples)", ", len(token_ids) AS tokens",
-                       facts={"max_seq_len": max_seq_len, "splits_examples": True})
-    return RowRule("tokenized_examples_within_max_len", "len(token_ids) > $max_seq_len OR len(token_ids) = 0",
-                   "1 <= tokens <= sequence.max_seq_len", ", len(token_ids) AS tokens", {"max_seq_len": max_seq_len})
+        return RowRule(
+            "tokenized_examples_within_max_len",
+            "len(token_ids) = 0",
+            "1 <= tokens (packing splits longer examples)",
+            ", len(token_ids) AS tokens",
+            facts={"max_seq_len": max_seq_len, "splits_examples": True},
+        )
+    return RowRule(
+        "tokenized_examples_within_max_len",
+        "len(token_ids) > $max_seq_len OR len(token_ids) = 0",
+        "1 <= tokens <= sequence.max_seq_len",
+        ", len(token_ids) AS tokens",
+        {"max_seq_len": max_seq_len},
+    )
 
 
 def gold_mask_aligned(gold_dir: Path, trainable_types: tuple[int, ...] = (1, 3)) -> Outcome:
@@ -386,11 +487,15 @@ def gold_within_max_len(gold_dir: Path, max_seq_len: int, splits_examples: bool 
 def gold_accounted(gold_dir: Path, silver_dir: Path) -> Outcome:
     """Each silver record is exactly once among gold examples or gold rejects (a preference pair counts once; a
     tabular example counts each of its records)."""
-    return _one_to_one(silver_dir / "records.parquet", (gold_dir / "examples.parquet", gold_dir / "rejects.parquet"),
-                       "tokenized_examples_accounted", "gold examples + gold rejects = silver records, one to one "
-                       "(a preference pair counts once, a tabular example each of its records)",
-                       kept_where="branch IS NULL OR branch = 'chosen'",
-                       kept_ids="unnest(coalesce(record_ids, [record_id]))")
+    return _one_to_one(
+        silver_dir / "records.parquet",
+        (gold_dir / "examples.parquet", gold_dir / "rejects.parquet"),
+        "tokenized_examples_accounted",
+        "gold examples + gold rejects = silver records, one to one "
+        "(a preference pair counts once, a tabular example each of its records)",
+        kept_where="branch IS NULL OR branch = 'chosen'",
+        kept_ids="unnest(coalesce(record_ids, [record_id]))",
+    )
 
 
 REJECT_EXAMPLES = 3  # example rows shown per gold reject reason
@@ -401,24 +506,42 @@ def gold_reject_rate(gold_dir: Path, silver_dir: Path, max_rate: float) -> Outco
     rejects are shown by reason (most frequent first), each with its count and a few example rows."""
     p = {"g": str(gold_dir / "rejects.parquet"), "s": str(silver_dir / "records.parquet")}
     records = _scalar("SELECT count(*) FROM read_parquet($s)", {"s": p["s"]})
-    by_reason = {r["reason"]: r["n"] for r in _query(
-        "SELECT reason, count(*) AS n FROM read_parquet($g) GROUP BY reason ORDER BY n DESC, reason", {"g": p["g"]})}
+    by_reason = {
+        r["reason"]: r["n"]
+        for r in _query(
+            "SELECT reason, count(*) AS n FROM read_parquet($g) GROUP BY reason ORDER BY n DESC, reason", {"g": p["g"]}
+        )
+    }
     rejects = sum(by_reason.values())
     rate = rejects / records if records else 0.0
-    examples = _query(f"""
+    examples = _query(
+        f"""
         SELECT reason, count(*) OVER (PARTITION BY reason) AS reason_rejects, record_id, {_LOCATION}, detail
         FROM read_parquet($g)
         QUALIFY row_number() OVER (PARTITION BY reason ORDER BY source_file, source_line, record_id) <= $k
         ORDER BY reason_rejects DESC, reason, source_file, source_line, record_id LIMIT $n""",
-                      {"g": p["g"], "k": REJECT_EXAMPLES, "n": SAMPLE})
-    facts = {"gold_reject_rate": round(rate, 6), "max_gold_reject_rate": max_rate, "records_entering_gold": records,
-             "rejects": rejects, "rejects_by_reason": by_reason}
-    return Outcome("tokenized_examples_reject_rate", int(rate > max_rate), examples, facts,
-                   f"gold rejects / silver records = {rejects} / {records} = {rate:.2%} (at most {max_rate:.2%})")
+        {"g": p["g"], "k": REJECT_EXAMPLES, "n": SAMPLE},
+    )
+    facts = {
+        "gold_reject_rate": round(rate, 6),
+        "max_gold_reject_rate": max_rate,
+        "records_entering_gold": records,
+        "rejects": rejects,
+        "rejects_by_reason": by_reason,
+    }
+    return Outcome(
+        "tokenized_examples_reject_rate",
+        int(rate > max_rate),
+        examples,
+        facts,
+        f"gold rejects / silver records = {rejects} / {records} = {rate:.2%} (at most {max_rate:.2%})",
+    )
 
 
-TABULAR_REMEDIES = ("group by another column (tabular.group_by), raise sequence.max_seq_len, or lower "
-                    "packing.max_sequences_per_example")
+TABULAR_REMEDIES = (
+    "group by another column (tabular.group_by), raise sequence.max_seq_len, or lower "
+    "packing.max_sequences_per_example"
+)
 
 
 def gold_tabular_budget(gold_dir: Path, max_seq_len: int) -> Outcome:
@@ -432,16 +555,23 @@ def gold_tabular_budget(gold_dir: Path, max_seq_len: int) -> Outcome:
         FROM read_parquet($r) WHERE reason IN ('group_over_budget', 'record_over_budget')
         GROUP BY ALL
     """
-    n, bad = _violating_rows(f"({sql})", "true", "*", {"r": str(gold_dir / "rejects.parquet")},
-                             order="tokens DESC, kind, name")
-    description = (f"every record, and in grouped mode every group, fits max_seq_len {max_seq_len} with the schema "
-                   "prompt and its BOS/EOS")
+    n, bad = _violating_rows(
+        f"({sql})", "true", "*", {"r": str(gold_dir / "rejects.parquet")}, order="tokens DESC, kind, name"
+    )
+    description = (
+        f"every record, and in grouped mode every group, fits max_seq_len {max_seq_len} with the schema "
+        "prompt and its BOS/EOS"
+    )
     if n:
-        worst = ", ".join(f"{b['kind']} {b['name']!r} ({b['tokens']} tokens, {b['records']} record(s), "
-                          f"{b['location']})" for b in bad[:5])
-        description = (f"{n} group(s)/record(s) cannot fit one example of max_seq_len {max_seq_len} tokens with "
-                       f"the schema prompt and BOS/EOS; largest: {worst}{' ...' if n > 5 else ''}. "
-                       f"Remedies: {TABULAR_REMEDIES}.")
+        worst = ", ".join(
+            f"{b['kind']} {b['name']!r} ({b['tokens']} tokens, {b['records']} record(s), {b['location']})"
+            for b in bad[:5]
+        )
+        description = (
+            f"{n} group(s)/record(s) cannot fit one example of max_seq_len {max_seq_len} tokens with "
+            f"the schema prompt and BOS/EOS; largest: {worst}{' ...' if n > 5 else ''}. "
+            f"Remedies: {TABULAR_REMEDIES}."
+        )
     return Outcome("tokenized_examples_tabular_budget", n, bad, {"max_seq_len": max_seq_len}, description)
 
 
@@ -462,9 +592,14 @@ def gold_pairs_complete(gold_dir: Path) -> Outcome:
     """
     n, bad = _violating_rows(f"({sql})", "true", "*", {"g": str(gold_dir / "examples.parquet")}, order="pair_id")
     pairs = _scalar("SELECT count(DISTINCT pair_id) FROM read_parquet($g)", {"g": str(gold_dir / "examples.parquet")})
-    return Outcome("tokenized_examples_pairs_complete", n, bad, {"pairs": pairs},
-                   "one chosen and one rejected example per pair, in one split, whose shared prompt tokens are "
-                   "identical and masked")
+    return Outcome(
+        "tokenized_examples_pairs_complete",
+        n,
+        bad,
+        {"pairs": pairs},
+        "one chosen and one rejected example per pair, in one split, whose shared prompt tokens are "
+        "identical and masked",
+    )
 
 
 # ---------------------------------------------------------------- packed shards
@@ -514,8 +649,11 @@ _MOD_2_64 = "% 18446744073709551616"
 _ROW_HASH = f"""(list_sum(list_transform(list_zip(input_ids, loss_mask, token_type_ids),
                   lambda x, i: CASE WHEN i <= used THEN hash(i::BIGINT, x[1]::BIGINT, x[2]::BIGINT, x[3]::BIGINT)
                                     ELSE 0 END)) {_MOD_2_64})::UBIGINT"""
-ROW_PARTS = {"fixed": f"{_FIXED_BROKEN} AS fixed_broken", "layout": f"{_LAYOUT_DIFFERS} AS layout_differs",
-             "checksum": f"{_ROW_HASH} AS h"}
+ROW_PARTS = {
+    "fixed": f"{_FIXED_BROKEN} AS fixed_broken",
+    "layout": f"{_LAYOUT_DIFFERS} AS layout_differs",
+    "checksum": f"{_ROW_HASH} AS h",
+}
 
 
 def shard_rows(files: list[Path], parts: Iterable[str], max_seq_len: int | None = None) -> pa.Table:
@@ -537,13 +675,16 @@ def shard_rows(files: list[Path], parts: Iterable[str], max_seq_len: int | None 
 def shards_fixed_length(files: list[Path], max_seq_len: int, rows: pa.Table | None = None) -> Outcome:
     """`rows`: the shards' `shard_rows` with "fixed" (computed here when not given)."""
     name = "packed_shards_fixed_length"
-    desc = ("every row of every list column is exactly max_seq_len long; num_loss_tokens = sum(loss_mask); one "
-            "example id and offset per segment")
+    desc = (
+        "every row of every list column is exactly max_seq_len long; num_loss_tokens = sum(loss_mask); one "
+        "example id and offset per segment"
+    )
     if not files:
         return _no_shards(name, desc)
     rows = shard_rows(files, ["fixed"], max_seq_len) if rows is None else rows
-    n, bad = _violating_rows("shard_rows", "fixed_broken", "file, row, length", {}, order="file, row",
-                             tables={"shard_rows": rows})
+    n, bad = _violating_rows(
+        "shard_rows", "fixed_broken", "file, row, length", {}, order="file, row", tables={"shard_rows": rows}
+    )
     return Outcome(name, n, bad, {"rows": rows.num_rows, "max_seq_len": max_seq_len}, desc)
 
 
@@ -562,8 +703,10 @@ def shards_positions_restart(files: list[Path], rows: pa.Table | None = None) ->
     segments are the ones seq_lengths lists (else tokens past them, still numbered and trained, would pass every
     gate: the others judge the tokens seq_lengths covers). `rows`: the shards' `shard_rows` with "layout"."""
     name = "packed_shards_positions_restart"
-    desc = ("positions restart at 0 at each segment and increase by 1; first token of each segment masked; segments "
-            "as seq_lengths lists them")
+    desc = (
+        "positions restart at 0 at each segment and increase by 1; first token of each segment masked; segments "
+        "as seq_lengths lists them"
+    )
     if not files:
         return _no_shards(name, desc)
     # Two steps. First, whole lists compared at once (`shard_rows`): a row laid out exactly as its seq_lengths say
@@ -595,8 +738,9 @@ def shards_positions_restart(files: list[Path], rows: pa.Table | None = None) ->
                || 'seq_lengths is not a list of lengths >= 1 within the row)' FROM c
         WHERE NOT EXISTS (SELECT 1 FROM v WHERE v.file = c.file AND v.row = c.row)
     """
-    n, bad = _violating_rows(f"({sql})", "true", "*", {"files": _files(files)}, order="file, row, token",
-                             tables={"rows_named": differs})
+    n, bad = _violating_rows(
+        f"({sql})", "true", "*", {"files": _files(files)}, order="file, row, token", tables={"rows_named": differs}
+    )
     return Outcome(name, n, bad, {}, desc)
 
 
@@ -615,8 +759,12 @@ class Layout:
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"L": self.max_seq_len, "overlap": self.overlap, "stride": self.max_seq_len - self.overlap,
-                "windowed": self.windowed}
+        return {
+            "L": self.max_seq_len,
+            "overlap": self.overlap,
+            "stride": self.max_seq_len - self.overlap,
+            "windowed": self.windowed,
+        }
 
 
 _SPLIT_OF_FILE = "regexp_extract(filename, '([a-z]+)/part-[0-9]+\\.parquet$', 1)"
@@ -626,14 +774,18 @@ _SEGMENTS = f"""
            unnest(example_offsets) AS off, unnest(seq_lengths) AS len, generate_subscripts(example_ids, 1) AS seg
     FROM read_parquet($files, filename = true, file_row_number = true)
 """
-_NO_SEGMENTS = ("(SELECT NULL::VARCHAR AS split, NULL::VARCHAR AS file, NULL::BIGINT AS row, NULL::VARCHAR AS "
-                "example_id, NULL::INTEGER AS off, NULL::INTEGER AS len, NULL::BIGINT AS seg WHERE false)")
+_NO_SEGMENTS = (
+    "(SELECT NULL::VARCHAR AS split, NULL::VARCHAR AS file, NULL::BIGINT AS row, NULL::VARCHAR AS "
+    "example_id, NULL::INTEGER AS off, NULL::INTEGER AS len, NULL::BIGINT AS seg WHERE false)"
+)
 # The pieces each gold example should become, from gold's scalar columns where they suffice: `num_tokens` and
 # `num_loss_tokens`, which gold's mask_aligned gate holds equal to the lists (the shards are only built from gold
 # that passed it), so no list is decoded for them (`len(token_ids)` read the whole column: 0.09 s of the 100 MB
 # benchmark, against 0.003 s). Itself ...
-_EXPECTED_WHOLE = ("SELECT example_id, split, num_tokens AS n, 0 AS k, 0 AS off, num_tokens AS len, true AS kept "
-                   "FROM read_parquet($g)")
+_EXPECTED_WHOLE = (
+    "SELECT example_id, split, num_tokens AS n, 0 AS k, 0 AS off, num_tokens AS len, true AS kept "
+    "FROM read_parquet($g)"
+)
 # ... or (windowed) its windows that keep a loss token: one, the whole example, where it fits a row (kept if it has
 # a loss token); the loss mask is read only for the examples longer than a row
 _EXPECTED = """
@@ -649,8 +801,10 @@ _EXPECTED = """
     WHERE num_tokens <= $L
 """
 # per split: gold tokens, and of the expected kept pieces their tokens and those repeated from the previous one
-_GOLD_TOTALS = ("SELECT split, sum(num_tokens)::BIGINT AS gold, sum(num_tokens)::BIGINT AS tokens, "
-                "0::BIGINT AS dropped, 0::BIGINT AS overlap FROM read_parquet($g) GROUP BY split")
+_GOLD_TOTALS = (
+    "SELECT split, sum(num_tokens)::BIGINT AS gold, sum(num_tokens)::BIGINT AS tokens, "
+    "0::BIGINT AS dropped, 0::BIGINT AS overlap FROM read_parquet($g) GROUP BY split"
+)
 _EXPECTED_TOTALS = """
     WITH e AS (SELECT * FROM expected WHERE kept),
     r AS (SELECT split, len, greatest(0, coalesce(lag(off + len) OVER (PARTITION BY example_id ORDER BY off), 0)
@@ -663,8 +817,9 @@ _EXPECTED_TOTALS = """
 """
 
 
-def shards_tokens_conserved(files: list[Path], gold_dir: Path, layout: Layout,
-                            reported: dict[str, Any] | None = None) -> Outcome:
+def shards_tokens_conserved(
+    files: list[Path], gold_dir: Path, layout: Layout, reported: dict[str, Any] | None = None
+) -> Outcome:
     """Every gold example is in the shards exactly as the layout says, and the token counts add up per split.
 
     bfd/ffd/single: each example is one segment at offset 0. Windows: the example's windows that keep a loss
@@ -673,8 +828,10 @@ def shards_tokens_conserved(files: list[Path], gold_dir: Path, layout: Layout,
     shards' stats.json splits), where given, must carry the same dropped and overlap figures.
     """
     name = "packed_shards_tokens_conserved"
-    desc = ("per split, shard tokens = gold tokens - tokens dropped by packing + window overlaps; every gold "
-            "example placed exactly as the packing layout requires")
+    desc = (
+        "per split, shard tokens = gold tokens - tokens dropped by packing + window overlaps; every gold "
+        "example placed exactly as the packing layout requires"
+    )
     p = {"g": str(gold_dir / "examples.parquet"), **layout.params}
     if files:
         p["files"] = _files(files)
@@ -712,25 +869,49 @@ def shards_tokens_conserved(files: list[Path], gold_dir: Path, layout: Layout,
             con.execute(create, _bound(create, p))
         n, bad = _violations_in(con, f"({sql})", "true", "*", p, order="example_id")
         expected = {r["split"]: r for r in _rows_in(con, expected_sql, p)}
-        shard = {r["split"]: r["tokens"] for r in _rows_in(
-            con, f"SELECT split, sum(len)::BIGINT AS tokens FROM {segments} GROUP BY split", p)}
+        shard = {
+            r["split"]: r["tokens"]
+            for r in _rows_in(con, f"SELECT split, sum(len)::BIGINT AS tokens FROM {segments} GROUP BY split", p)
+        }
     gold = {split: r["gold"] for split, r in expected.items()}
     offending: list[dict[str, Any]] = []
     for split in sorted(set(expected) | set(shard)):
         e = expected.get(split, {})
         want = gold.get(split, 0) - (e.get("dropped") or 0) + (e.get("overlap") or 0)
         if want != shard.get(split, 0) or (e.get("tokens") or 0) != shard.get(split, 0):
-            offending.append({"split": split, "gold_tokens": gold.get(split, 0), "dropped": e.get("dropped"),
-                              "overlap": e.get("overlap"), "expected": want, "shard_tokens": shard.get(split, 0)})
+            offending.append(
+                {
+                    "split": split,
+                    "gold_tokens": gold.get(split, 0),
+                    "dropped": e.get("dropped"),
+                    "overlap": e.get("overlap"),
+                    "expected": want,
+                    "shard_tokens": shard.get(split, 0),
+                }
+            )
         r = (reported or {}).get(split)
-        if r is not None and (r["tokens_dropped_by_packing"], r["overlap_tokens"]) != (e.get("dropped") or 0,
-                                                                                       e.get("overlap") or 0):
-            offending.append({"split": split, "reported_dropped": r["tokens_dropped_by_packing"],
-                              "reported_overlap": r["overlap_tokens"], "dropped": e.get("dropped"),
-                              "overlap": e.get("overlap")})
-    facts = {s: {"gold_tokens": gold.get(s, 0), "shard_tokens": shard.get(s, 0),
-                 "tokens_dropped_by_packing": expected.get(s, {}).get("dropped") or 0,
-                 "overlap_tokens": expected.get(s, {}).get("overlap") or 0} for s in sorted(set(gold) | set(shard))}
+        if r is not None and (r["tokens_dropped_by_packing"], r["overlap_tokens"]) != (
+            e.get("dropped") or 0,
+            e.get("overlap") or 0,
+        ):
+            offending.append(
+                {
+                    "split": split,
+                    "reported_dropped": r["tokens_dropped_by_packing"],
+                    "reported_overlap": r["overlap_tokens"],
+                    "dropped": e.get("dropped"),
+                    "overlap": e.get("overlap"),
+                }
+            )
+    facts = {
+        s: {
+            "gold_tokens": gold.get(s, 0),
+            "shard_tokens": shard.get(s, 0),
+            "tokens_dropped_by_packing": expected.get(s, {}).get("dropped") or 0,
+            "overlap_tokens": expected.get(s, {}).get("overlap") or 0,
+        }
+        for s in sorted(set(gold) | set(shard))
+    }
     return Outcome(name, n + len(offending), (offending + bad)[:SAMPLE], facts, desc)
 
 
@@ -757,8 +938,9 @@ _ROWS_NAMED = """
 GOLD_CHUNK = 4096
 # a segment longer than this is broken (no row is that long); it bounds the chunks one corrupt length asks for
 SEGMENT_CAP = 1 << 24
-_SEG_HASH = ("hash(({at})::BIGINT, ({id})::BIGINT, (CASE WHEN {i} <= {k0} THEN 0 ELSE {m} END)::BIGINT, "
-             "({typ})::BIGINT)")
+_SEG_HASH = (
+    "hash(({at})::BIGINT, ({id})::BIGINT, (CASE WHEN {i} <= {k0} THEN 0 ELSE {m} END)::BIGINT, ({typ})::BIGINT)"
+)
 # `seg_gold` (file, row, seg, broken, h) from the segments `n` (file, row, seg, example_id, off, len, at, k0): per
 # segment, the sum of per-token hashes of (position in the row, id, mask, type) over the gold tokens it should
 # hold, its first k0 tokens masked; `broken` where it names no gold example, starts before it or runs past its end.
@@ -770,8 +952,9 @@ _GOLD_SEGMENT_SUMS = f"""
                      coalesce(list_sum(list_transform(list_zip(g.token_ids[nk.off + 1 : nk.off + nk.len],
                                                                g.loss_mask[nk.off + 1 : nk.off + nk.len],
                                                                g.token_type_ids[nk.off + 1 : nk.off + nk.len]),
-                         lambda x, i: {_SEG_HASH.format(at='nk."at" + i', id="x[1]", i="i", k0="nk.k0", m="x[2]",
-                                                        typ="x[3]")})), 0)::HUGEINT AS h
+                         lambda x, i: {
+    _SEG_HASH.format(at='nk."at" + i', id="x[1]", i="i", k0="nk.k0", m="x[2]", typ="x[3]")
+})), 0)::HUGEINT AS h
               FROM (SELECT example_id, token_ids, loss_mask, token_type_ids FROM read_parquet($g)
                     WHERE num_tokens <= $C) g JOIN nk ON g.example_id = nk.example_id
               WHERE NOT nk.long),
@@ -782,8 +965,9 @@ _GOLD_SEGMENT_SUMS = f"""
     lt AS (SELECT example_id, unnest(token_ids) AS t, unnest(loss_mask) AS tm, unnest(token_type_ids) AS ty,
                   generate_subscripts(token_ids, 1) AS j FROM read_parquet($g) WHERE num_tokens > $C),
     lsum AS (SELECT pc.file, pc.row, pc.seg, count(*) AS matched,
-                    sum({_SEG_HASH.format(at='pc."at" + lt.j - pc.off', id="lt.t", i="lt.j - pc.off", k0="pc.k0",
-                                          m="lt.tm", typ="lt.ty")})::HUGEINT AS h
+                    sum({
+    _SEG_HASH.format(at='pc."at" + lt.j - pc.off', id="lt.t", i="lt.j - pc.off", k0="pc.k0", m="lt.tm", typ="lt.ty")
+})::HUGEINT AS h
              FROM lt JOIN pc ON lt.example_id = pc.example_id AND (lt.j - 1) // $C = pc.c
                             AND lt.j > pc.off AND lt.j <= pc.off + pc.len
              GROUP BY pc.file, pc.row, pc.seg),
@@ -837,8 +1021,10 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
         found = con.execute(rows_sql, _bound(rows_sql, p)).fetchall()
     if not found:
         return Outcome(name, 0, [], {}, desc)
-    failed = pa.table({"file": [r[0] for r in found], "row": [r[1] for r in found]},
-                      schema=pa.schema([("file", pa.string()), ("row", pa.int64())]))
+    failed = pa.table(
+        {"file": [r[0] for r in found], "row": [r[1] for r in found]},
+        schema=pa.schema([("file", pa.string()), ("row", pa.int64())]),
+    )
     segments = f"""
         WITH {_ROWS_NAMED},
         segs AS ({_SEGMENTS_WITH_SLICES}),
@@ -859,13 +1045,22 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
     with sql_connect() as con, joins_as_written(con):
         con.register("rows_named", failed)
         n, bad = _violations_in(con, f"({segments})", "true", "*", p, order="file, row, seg NULLS LAST")
-    located = {(r["file"], r["row"], r["seg"]): r
-               for r in _first_bad_tokens([b for b in bad if b["seg"] is not None], files, gold_dir)}
-    out = [located.get((b["file"], b["row"], b["seg"])) or {
-        "file": b["file"], "row": b["row"], "token": None,
-        "detail": "the row's tokens covered by seq_lengths differ from the gold tokens its example_ids and "
-                  "example_offsets name, though no listed segment does (seq_lengths, example_ids and "
-                  "example_offsets disagree)"} for b in bad]
+    located = {
+        (r["file"], r["row"], r["seg"]): r
+        for r in _first_bad_tokens([b for b in bad if b["seg"] is not None], files, gold_dir)
+    }
+    out = [
+        located.get((b["file"], b["row"], b["seg"]))
+        or {
+            "file": b["file"],
+            "row": b["row"],
+            "token": None,
+            "detail": "the row's tokens covered by seq_lengths differ from the gold tokens its example_ids and "
+            "example_offsets name, though no listed segment does (seq_lengths, example_ids and "
+            "example_offsets disagree)",
+        }
+        for b in bad
+    ]
     return Outcome(name, n, out, {}, desc)
 
 
@@ -917,13 +1112,18 @@ def shards_pairs_together(files: list[Path], gold_dir: Path) -> Outcome:
 
 
 def shards_utilization(files: list[Path], max_seq_len: int, min_utilization: float) -> Outcome:
-    name, desc = "packed_shards_utilization", "non-padding tokens / (rows * max_seq_len) >= checks.min_sequence_utilization"
+    name, desc = (
+        "packed_shards_utilization",
+        "non-padding tokens / (rows * max_seq_len) >= checks.min_sequence_utilization",
+    )
     if not files:
         return _no_shards(name, desc)
     # the tokens in segments, from seq_lengths (one short list per row, not the row-long segment_ids: 0.14 ->
     # 0.01 s on the 100 MB benchmark); fixed_length bounds their sum, tokens_conserved holds them against gold
-    row = _query("SELECT count(*) AS rows, coalesce(sum(list_sum(seq_lengths)), 0)::BIGINT AS tokens "
-                 "FROM read_parquet($files)", {"files": _files(files)})[0]
+    row = _query(
+        "SELECT count(*) AS rows, coalesce(sum(list_sum(seq_lengths)), 0)::BIGINT AS tokens FROM read_parquet($files)",
+        {"files": _files(files)},
+    )[0]
     util = row["tokens"] / (row["rows"] * max_seq_len) if row["rows"] else 0.0
     facts = {"sequence_utilization": round(util, 6), "min_sequence_utilization": min_utilization, **row}
     return Outcome(name, int(util < min_utilization), [], facts, desc)
@@ -931,7 +1131,15 @@ def shards_utilization(files: list[Path], max_seq_len: int, min_utilization: flo
 
 def shards_one_tokenizer(shards_stats: list[dict[str, Any]], pinned_fingerprint: str) -> Outcome:
     """All shards listed in the manifest were made with the pinned tokenizer."""
-    offending = [{"partition": s["partition"], "tokenizer_fingerprint": s["tokenizer_fingerprint"]}
-                 for s in shards_stats if s["tokenizer_fingerprint"] != pinned_fingerprint]
-    return Outcome("dataset_manifest_one_tokenizer", len(offending), offending[:SAMPLE],
-                   {"pinned": pinned_fingerprint}, "every partition's shards share the pinned tokenizer fingerprint")
+    offending = [
+        {"partition": s["partition"], "tokenizer_fingerprint": s["tokenizer_fingerprint"]}
+        for s in shards_stats
+        if s["tokenizer_fingerprint"] != pinned_fingerprint
+    ]
+    return Outcome(
+        "dataset_manifest_one_tokenizer",
+        len(offending),
+        offending[:SAMPLE],
+        {"pinned": pinned_fingerprint},
+        "every partition's shards share the pinned tokenizer fingerprint",
+    )

@@ -80,14 +80,17 @@ def data_dir_from_uri(uri: str) -> Path:
     parts = urlsplit(uri)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost"):
-            raise PrepAssetsError(f"{uri}: a file:// URI names a path on this machine (file:///mnt/lake/data); "
-                                  "mount the shared filesystem and give its mount path")
+            raise PrepAssetsError(
+                f"{uri}: a file:// URI names a path on this machine (file:///mnt/lake/data); "
+                "mount the shared filesystem and give its mount path"
+            )
         return Path(unquote(parts.path)).resolve()
     if parts.scheme and len(parts.scheme) > 1:  # one letter: a Windows drive, i.e. a path
         raise PrepAssetsError(
             f"{uri}: the lake must be a local path or a file:// URI of a filesystem every worker mounts; "
             f"{parts.scheme}:// is not supported (publishing is an atomic rename and partitions are locked "
-            "with flock, which object stores do not provide)")
+            "with flock, which object stores do not provide)"
+        )
     return Path(uri).resolve()
 
 
@@ -261,7 +264,11 @@ def clean_stale_staging(final: Path, *, locked: bool = False) -> list[Path]:
     if not final.parent.is_dir():
         return removed
     root, tmp_prefix = _staging_place(final)
-    places = [(root, tmp_prefix), (final.parent, f".{final.name}{_TMP_MARK}"), (final.parent, f".{final.name}{_OLD_MARK}")]
+    places = [
+        (root, tmp_prefix),
+        (final.parent, f".{final.name}{_TMP_MARK}"),
+        (final.parent, f".{final.name}{_OLD_MARK}"),
+    ]
     for folder, prefix in dict.fromkeys(places):
         for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
             if not entry.name.startswith(prefix):
@@ -298,8 +305,11 @@ CHECKSUMS = ".checksums.json"
 
 
 def _checksums(folder: Path) -> dict[str, Any]:
-    return {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != CHECKSUMS}
+    return {
+        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != CHECKSUMS
+    }
 
 
 def verify_published(final: Path) -> list[str]:
@@ -344,8 +354,9 @@ def lock_path(final: Path) -> Path:
 
 @contextmanager
 def partition_lock(final: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `final` (a `.locks/` file beside its folder) for as long as the block runs: two runs of one
-    partition at once take turns instead of interleaving their outputs. Released by the OS if the process dies."""
+    """Hold an exclusive lock on `final` (a `.locks/` file beside its folder) for as long as the block runs: two
+    runs of one partition at once take turns instead of interleaving their outputs. Released by the OS if the
+    process dies."""
     final.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(lock_path(final)):
         yield
@@ -367,13 +378,16 @@ def staged_dir(final: Path) -> Iterator[Path]:
         try:
             try:
                 yield staging
-                (staging / CHECKSUMS).write_text(json.dumps(_checksums(staging), indent=1, sort_keys=True) + "\n",
-                                                 encoding="utf-8")
+                (staging / CHECKSUMS).write_text(
+                    json.dumps(_checksums(staging), indent=1, sort_keys=True) + "\n", encoding="utf-8"
+                )
                 _fsync_tree(staging)
                 publish_dir(staging, final, tag=tag)
             except OSError as exc:
-                raise WriteError(f"writing {final} failed: {exc.strerror or exc} (while writing under {staging}); "
-                                 "the previous output is unchanged") from exc
+                raise WriteError(
+                    f"writing {final} failed: {exc.strerror or exc} (while writing under {staging}); "
+                    "the previous output is unchanged"
+                ) from exc
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)

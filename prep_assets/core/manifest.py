@@ -49,8 +49,15 @@ def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]
             files[split] += [{**f, "path": f"{base}/{f['path']}", "partition": partition} for f in s["files"]]
             for fmt, e in sorted(s.get("exports", {}).items()):
                 where = {k: f"{base}/{e[k]}" for k in ("dir", "prefix") if k in e}
-                exports[split].append({**e, **where, "format": fmt, "partition": partition,
-                                       "files": [{**f, "path": f"{base}/{f['path']}"} for f in e["files"]]})
+                exports[split].append(
+                    {
+                        **e,
+                        **where,
+                        "format": fmt,
+                        "partition": partition,
+                        "files": [{**f, "path": f"{base}/{f['path']}"} for f in e["files"]],
+                    }
+                )
     L = spec.sequence.max_seq_len
     manifest = {
         "dataset": spec.name,
@@ -69,12 +76,16 @@ def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]
     with partition_lock(paths.manifest_path):  # two refreshes at once take turns: each publishes a whole manifest
         problems = manifest_file_problems(paths.root, manifest)
         if problems:
-            raise ManifestError(f"{paths.manifest_path} not published, {len(problems)} file(s) differ from what "
-                                "their shards recorded (rebuild those drops): " + "; ".join(problems[:5]))
+            raise ManifestError(
+                f"{paths.manifest_path} not published, {len(problems)} file(s) differ from what "
+                "their shards recorded (rebuild those drops): " + "; ".join(problems[:5])
+            )
         failed = [o for o in manifest_outcomes(spec, paths, manifest) if not o.passed]
         if failed:  # the manifest's own gates judge it before trainers can read it
-            raise ManifestError(f"{paths.manifest_path} not published: " + "; ".join(
-                f"{o.name} failed ({o.violations} violation(s): {o.description})" for o in failed))
+            raise ManifestError(
+                f"{paths.manifest_path} not published: "
+                + "; ".join(f"{o.name} failed ({o.violations} violation(s): {o.description})" for o in failed)
+            )
         write_json_atomic(paths.manifest_path, manifest)
     return manifest
 
@@ -92,8 +103,11 @@ def manifest_outcomes(spec: DatasetSpec, paths: DatasetPaths, manifest: dict[str
 def manifest_file_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
     """Every file a manifest names (shards and exports, paths relative to `root`) checked against the sha256 (and
     size, where recorded) its shards step recorded: a manifest never names bytes that are not the recorded ones."""
-    entries = [f for split in manifest["splits"].values()
-               for f in [*split["files"], *(g for e in split["exports"] for g in e["files"])]]
+    entries = [
+        f
+        for split in manifest["splits"].values()
+        for f in [*split["files"], *(g for e in split["exports"] for g in e["files"])]
+    ]
     problems = []
     for entry in entries:
         path = root / entry["path"]

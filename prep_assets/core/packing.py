@@ -258,8 +258,9 @@ def unit_offsets(keys: list[str | None]) -> np.ndarray:
     return np.array([*starts, len(keys)], dtype=np.int64)
 
 
-def plan_unit_bins(lengths: np.ndarray, units: np.ndarray | None, *, capacity: int, strategy: str,
-                   max_per_bin: int | None = None) -> Bins:
+def plan_unit_bins(
+    lengths: np.ndarray, units: np.ndarray | None, *, capacity: int, strategy: str, max_per_bin: int | None = None
+) -> Bins:
     """Bins over units of consecutive items (offsets `units`; None = every item alone): a unit never spans rows.
 
     `max_per_bin` still counts items: a bin takes at most max_per_bin // (largest unit) units.
@@ -297,8 +298,9 @@ class RowPlan:
     def rows(self, lo: int, hi: int) -> RowPlan:
         """Rows [lo, hi) of the plan, as a plan of their own (what is materialized one chunk at a time)."""
         a, b = int(self.row_offsets[lo]), int(self.row_offsets[hi])
-        return RowPlan(self.example[a:b], self.start[a:b], self.length[a:b], self.masked[a:b],
-                       self.row_offsets[lo : hi + 1] - a)
+        return RowPlan(
+            self.example[a:b], self.start[a:b], self.length[a:b], self.masked[a:b], self.row_offsets[lo : hi + 1] - a
+        )
 
 
 @dataclass(frozen=True)
@@ -315,8 +317,13 @@ def _whole(lengths: np.ndarray) -> _Pieces:
     return _Pieces(np.arange(n, dtype=np.int64), zero, lengths.astype(np.int64), zero.copy())
 
 
-def window_pieces(lengths: np.ndarray, capacity: int, overlap: int, loss_mask: np.ndarray | None = None,
-                  example_loss: np.ndarray | None = None) -> tuple[_Pieces, int, int, int]:
+def window_pieces(
+    lengths: np.ndarray,
+    capacity: int,
+    overlap: int,
+    loss_mask: np.ndarray | None = None,
+    example_loss: np.ndarray | None = None,
+) -> tuple[_Pieces, int, int, int]:
     """Examples longer than `capacity` as windows of `capacity` tokens sharing `overlap` with the previous one.
 
     Returns (kept pieces, tokens dropped, windows dropped, overlap tokens). A window is dropped when none of
@@ -412,8 +419,9 @@ def full_pieces(lengths: np.ndarray, capacity: int, max_per_bin: int | None = No
     start = np.array(start_l, dtype=np.int64)
     rows = np.array(row_l, dtype=np.int64)
     row_offsets = np.searchsorted(rows, np.arange(row + 2 if row_l else 1), side="left").astype(np.int64)
-    pieces = _Pieces(np.array(example_l, dtype=np.int64), start, np.array(length_l, dtype=np.int64),
-                     (start > 0).astype(np.int64))
+    pieces = _Pieces(
+        np.array(example_l, dtype=np.int64), start, np.array(length_l, dtype=np.int64), (start > 0).astype(np.int64)
+    )
     return pieces, row_offsets
 
 
@@ -460,8 +468,16 @@ def plan_rows(
         bins = [bins[i] for i in order.tolist()]
     counts = np.fromiter((len(b) for b in bins), dtype=np.int64, count=len(bins))
     idx = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=int(counts.sum()))
-    return RowPlan(pieces.example[idx], pieces.start[idx], pieces.length[idx], pieces.masked[idx],
-                   offsets_from_lengths(counts), dropped, dropped_pieces, added)
+    return RowPlan(
+        pieces.example[idx],
+        pieces.start[idx],
+        pieces.length[idx],
+        pieces.masked[idx],
+        offsets_from_lengths(counts),
+        dropped,
+        dropped_pieces,
+        added,
+    )
 
 
 @dataclass(frozen=True)
@@ -505,12 +521,26 @@ def materialize_rows(
     pos = within_offsets(plan.length, index_type)
     src = np.repeat(segment_sources(plan, offsets).astype(index_type), plan.length)
     src += pos
-    return _rows(plan, token_ids[src], loss_mask[src].astype(np.uint8, copy=False), token_type_ids[src], pos,
-                 row_len=row_len, pad_id=pad_id)
+    return _rows(
+        plan,
+        token_ids[src],
+        loss_mask[src].astype(np.uint8, copy=False),
+        token_type_ids[src],
+        pos,
+        row_len=row_len,
+        pad_id=pad_id,
+    )
 
 
-def rows_from_values(plan: RowPlan, token_ids: np.ndarray, loss_mask: np.ndarray, token_type_ids: np.ndarray, *,
-                     row_len: int, pad_id: int) -> PackedRows:
+def rows_from_values(
+    plan: RowPlan,
+    token_ids: np.ndarray,
+    loss_mask: np.ndarray,
+    token_type_ids: np.ndarray,
+    *,
+    row_len: int,
+    pad_id: int,
+) -> PackedRows:
     """Rows of exactly `row_len` tokens from the planned pieces' tokens, concatenated in plan order (what a
     gather from memory or a read from a spill file returns), padding the rest.
 
@@ -519,12 +549,27 @@ def rows_from_values(plan: RowPlan, token_ids: np.ndarray, loss_mask: np.ndarray
     leading tokens have loss_mask 0.
     """
     index_type = np.int32 if int(plan.length.sum()) < np.iinfo(np.int32).max else np.int64
-    return _rows(plan, token_ids, loss_mask.astype(np.uint8, copy=True), token_type_ids,
-                 within_offsets(plan.length, index_type), row_len=row_len, pad_id=pad_id)
+    return _rows(
+        plan,
+        token_ids,
+        loss_mask.astype(np.uint8, copy=True),
+        token_type_ids,
+        within_offsets(plan.length, index_type),
+        row_len=row_len,
+        pad_id=pad_id,
+    )
 
 
-def _rows(plan: RowPlan, token_ids: np.ndarray, kept: np.ndarray, token_type_ids: np.ndarray, pos: np.ndarray, *,
-          row_len: int, pad_id: int) -> PackedRows:
+def _rows(
+    plan: RowPlan,
+    token_ids: np.ndarray,
+    kept: np.ndarray,
+    token_type_ids: np.ndarray,
+    pos: np.ndarray,
+    *,
+    row_len: int,
+    pad_id: int,
+) -> PackedRows:
     """`rows_from_values` with the pieces' token positions given and the mask `kept` owned (masked in place)."""
     counts = np.diff(plan.row_offsets)
     lengths = plan.length
@@ -549,7 +594,9 @@ def _rows(plan: RowPlan, token_ids: np.ndarray, kept: np.ndarray, token_type_ids
     segments = np.zeros(grid, dtype=np.int32)
     segments[filled] = np.repeat(within_offsets(counts, np.int32) + 1, lengths)
     row_loss = mask.sum(axis=1, dtype=np.int64) if num_rows else np.zeros(0)
-    input_ids, types, mask, positions, segments = (a.reshape(-1) for a in (input_ids, types, mask, positions, segments))
+    input_ids, types, mask, positions, segments = (
+        a.reshape(-1) for a in (input_ids, types, mask, positions, segments)
+    )
     return PackedRows(
         row_len=row_len,
         input_ids=input_ids,

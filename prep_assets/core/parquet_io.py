@@ -56,10 +56,16 @@ class ParquetSink:
         self._pending_rows = 0
         plain = token_columns(schema)
         # Parquet names a list's values by their leaf path: `example_ids.list.element`
-        rest = [f"{f.name}.list.element" if pa.types.is_list(f.type) else f.name for f in schema if f.name not in plain]
+        rest = [
+            f"{f.name}.list.element" if pa.types.is_list(f.type) else f.name for f in schema if f.name not in plain
+        ]
         self._writer = pq.ParquetWriter(
-            str(path), schema, compression=None if compression == "none" else compression, write_page_index=False,
-            use_dictionary=rest, write_statistics=rest,
+            str(path),
+            schema,
+            compression=None if compression == "none" else compression,
+            write_page_index=False,
+            use_dictionary=rest,
+            write_statistics=rest,
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parquet-sink")
         self._inflight: deque[Future[None]] = deque()
@@ -124,7 +130,9 @@ class ParquetSink:
     def __enter__(self) -> ParquetSink:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -187,8 +195,12 @@ class ColumnBuffer:
         n = len(self.columns[0])
         if n:
             columns = dict(zip(self.names, self.columns, strict=True))
-            self.sink.write_rows({name: columns[name] if name in columns else [self.constant[name]] * n
-                                  for name in self.sink.schema.names})
+            self.sink.write_rows(
+                {
+                    name: columns[name] if name in columns else [self.constant[name]] * n
+                    for name in self.sink.schema.names
+                }
+            )
             self.columns = [[] for _ in self.names]
 
 

@@ -98,8 +98,9 @@ def _lone_surrogate(text: str, where: str) -> str | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        return (f"lone surrogate \\u{ord(text[exc.start]):04x} (UTF-8 cannot encode it) in {where}: "
-                f'"{_shown(text[:80])}"')
+        return (
+            f'lone surrogate \\u{ord(text[exc.start]):04x} (UTF-8 cannot encode it) in {where}: "{_shown(text[:80])}"'
+        )
     return None
 
 
@@ -187,8 +188,9 @@ def _open_stream(path: Path, fmt: str) -> IO[bytes]:
     return path.open("rb")
 
 
-def read_lines(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting,
-               max_gzip_ratio: float = 100.0) -> Iterator[RawItem | RawReject]:
+def read_lines(
+    path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting, max_gzip_ratio: float = 100.0
+) -> Iterator[RawItem | RawReject]:
     """JSONL / JSONL.gz / TXT: one record per line. A .gz drop stops at `gzip_limit` decompressed bytes."""
     as_json = fmt != "txt"
     offset = 0
@@ -198,10 +200,15 @@ def read_lines(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting,
     def bomb(line: int, at: int, excerpt: str) -> RawReject:
         """The rest of the file from `line` as one reject: the stream inflated past the limit."""
         acct.rejected += 1
-        return RawReject(line, at, "decompression_limit",
-                         f"the gzip stream inflates past {limit} bytes ({max_gzip_ratio:g} x its "
-                         f"{path.stat().st_size} bytes, at least {GZIP_MIN_LIMIT}): a gzip bomb? the rest of the "
-                         "file is not read; raise input.max_gzip_ratio if the data is real", excerpt)
+        return RawReject(
+            line,
+            at,
+            "decompression_limit",
+            f"the gzip stream inflates past {limit} bytes ({max_gzip_ratio:g} x its "
+            f"{path.stat().st_size} bytes, at least {GZIP_MIN_LIMIT}): a gzip bomb? the rest of the "
+            "file is not read; raise input.max_gzip_ratio if the data is real",
+            excerpt,
+        )
 
     with _open_stream(path, fmt) as f:
         while True:
@@ -233,7 +240,9 @@ def read_lines(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting,
                         yield bomb(line_no, start, excerpt)
                         return
                 acct.rejected += 1
-                yield RawReject(line_no, start, "line_too_long", f"{size} bytes > max_line_bytes {max_line_bytes}", excerpt)
+                yield RawReject(
+                    line_no, start, "line_too_long", f"{size} bytes > max_line_bytes {max_line_bytes}", excerpt
+                )
                 continue
             body = raw[:-1] if raw.endswith(b"\n") else raw
             if line_no == 1 and body.startswith(UTF8_BOM):
@@ -247,7 +256,9 @@ def read_lines(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting,
                 text = body.decode("utf-8")
             except UnicodeDecodeError as exc:
                 acct.rejected += 1
-                yield RawReject(line_no, start, "invalid_utf8", f"byte {exc.start} of the line: {exc.reason}", _excerpt(body))
+                yield RawReject(
+                    line_no, start, "invalid_utf8", f"byte {exc.start} of the line: {exc.reason}", _excerpt(body)
+                )
                 continue
             if as_json:
                 value, reason, detail = _parse_json(text)
@@ -270,7 +281,9 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
     acct.unit = "element"
     size = path.stat().st_size
     if size > max_bytes:
-        raise DropError(f"{path}: JSON array file of {size} bytes exceeds {max_bytes}; convert it to JSONL to stream it")
+        raise DropError(
+            f"{path}: JSON array file of {size} bytes exceeds {max_bytes}; convert it to JSONL to stream it"
+        )
     data = path.read_bytes()
     bom = len(UTF8_BOM) if data.startswith(UTF8_BOM) else 0
 
@@ -282,8 +295,13 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
     try:
         text = data[bom:].decode("utf-8")
     except UnicodeDecodeError as exc:
-        yield reject(data[: exc.start + bom].count(b"\n") + 1, exc.start + bom, "invalid_utf8",
-                     f"{exc.reason}; the whole array is unreadable", "")
+        yield reject(
+            data[: exc.start + bom].count(b"\n") + 1,
+            exc.start + bom,
+            "invalid_utf8",
+            f"{exc.reason}; the whole array is unreadable",
+            "",
+        )
         return
     line, byte_pos, char_pos = 1, bom, 0
 
@@ -299,8 +317,13 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
         return  # an empty file holds no records
     advance(pos)
     if text[pos] != "[":
-        yield reject(line, byte_pos, "not_a_json_array", "format json expects a top-level array of records",
-                     _excerpt(text[pos:]))
+        yield reject(
+            line,
+            byte_pos,
+            "not_a_json_array",
+            "format json expects a top-level array of records",
+            _excerpt(text[pos:]),
+        )
         return
     pos = _skip_ws(text, pos + 1)
     closed = pos < len(text) and text[pos] == "]"
@@ -315,8 +338,13 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
         except RecursionError:
             found = _value_end(text, pos)
             if found is None:
-                yield reject(line, byte_pos, "malformed_json", f"{NESTING_TOO_DEEP}; the element never closes: "
-                             "the rest of the array is unreadable", _excerpt(text[pos:]))
+                yield reject(
+                    line,
+                    byte_pos,
+                    "malformed_json",
+                    f"{NESTING_TOO_DEEP}; the element never closes: the rest of the array is unreadable",
+                    _excerpt(text[pos:]),
+                )
                 return
             value, end = None, found
             problem: tuple[str, str] | None = ("malformed_json", NESTING_TOO_DEEP)
@@ -336,8 +364,9 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
             closed = True
         else:
             advance(min(pos, len(text)))
-            yield reject(line, byte_pos, "malformed_json", "expected ',' or ']' after an array element",
-                         _excerpt(text[pos:]))
+            yield reject(
+                line, byte_pos, "malformed_json", "expected ',' or ']' after an array element", _excerpt(text[pos:])
+            )
             return
     if not closed:
         advance(len(text))
@@ -346,8 +375,9 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
     tail = _skip_ws(text, pos + 1)
     if tail < len(text):
         advance(tail)
-        yield reject(line, byte_pos, "trailing_content", "content after the closing ']' of the array",
-                     _excerpt(text[tail:]))
+        yield reject(
+            line, byte_pos, "trailing_content", "content after the closing ']' of the array", _excerpt(text[tail:])
+        )
 
 
 def _skip_ws(text: str, pos: int) -> int:
@@ -356,8 +386,7 @@ def _skip_ws(text: str, pos: int) -> int:
     return pos
 
 
-def _physical_lines(f: IO[bytes], max_line_bytes: int, starts: list[tuple[int, int]], bad: set[int]
-                    ) -> Iterator[str]:
+def _physical_lines(f: IO[bytes], max_line_bytes: int, starts: list[tuple[int, int]], bad: set[int]) -> Iterator[str]:
     """Decoded physical lines (with their ends) for the csv module; records each line's (number, offset).
 
     A line that is not UTF-8 is passed on with its bytes escaped and its number put in `bad`.
@@ -368,7 +397,7 @@ def _physical_lines(f: IO[bytes], max_line_bytes: int, starts: list[tuple[int, i
         starts.append((line_no, offset))
         offset += len(raw)
         if line_no == 1 and raw.startswith(UTF8_BOM):
-            raw = raw[len(UTF8_BOM):]
+            raw = raw[len(UTF8_BOM) :]
         if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
             bad.add(line_no)
         try:
@@ -385,8 +414,11 @@ def _header_problem(header: list[str], readable: bool) -> tuple[str, str] | None
     seen: Counter[str] = Counter(header)
     twice = [name for name, n in seen.items() if n > 1 and name]
     if twice:
-        return ("csv_duplicate_header", f"the header names {[_shown(n) for n in twice]} more than once, so a row "
-                "cannot map each field to one column; rename the columns")
+        return (
+            "csv_duplicate_header",
+            f"the header names {[_shown(n) for n in twice]} more than once, so a row "
+            "cannot map each field to one column; rename the columns",
+        )
     unnamed = [i for i, name in enumerate(header, 1) if not name]
     if unnamed:
         return "bad_csv_header", f"header columns {unnamed} have no name; columns must be named and unique"
@@ -420,7 +452,13 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
                 line, offset = starts[first] if first < len(starts) else (consumed + 1, 0)
                 acct.lines_in += 1
                 acct.rejected += 1
-                yield RawReject(line, offset, "malformed_csv", f"{exc}; the row's lines are skipped, reading resumes after them", "")
+                yield RawReject(
+                    line,
+                    offset,
+                    "malformed_csv",
+                    f"{exc}; the row's lines are skipped, reading resumes after them",
+                    "",
+                )
                 if header is None:
                     return
                 consumed = base = len(starts)
@@ -444,16 +482,24 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
                 continue
             if any(n in bad for n in lines):
                 acct.rejected += 1
-                yield RawReject(line, offset, "invalid_utf8", "a line of this row is not UTF-8 (or too long)", _excerpt(text))
+                yield RawReject(
+                    line, offset, "invalid_utf8", "a line of this row is not UTF-8 (or too long)", _excerpt(text)
+                )
                 continue
             if len(row) != len(header):
                 acct.rejected += 1
-                yield RawReject(line, offset, "csv_field_count", f"{len(row)} fields, the header has {len(header)}",
-                                _excerpt(text))
+                yield RawReject(
+                    line, offset, "csv_field_count", f"{len(row)} fields, the header has {len(header)}", _excerpt(text)
+                )
                 continue
             acct.parsed += 1
-            yield RawItem(line, offset, text, dict(zip(header, row, strict=True)),
-                          hashlib.sha256(text.encode("utf-8")).hexdigest())
+            yield RawItem(
+                line,
+                offset,
+                text,
+                dict(zip(header, row, strict=True)),
+                hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            )
 
 
 def _csv_text(row: list[str]) -> str:
@@ -497,8 +543,7 @@ def _parquet_row(batch: pa.RecordBatch, i: int) -> dict[str, Any] | RawReject:
         try:
             value[name] = column[i].as_py()
         except UnicodeDecodeError as exc:
-            return RawReject(0, 0, "invalid_utf8", f"column {name!r}: byte {exc.start} of its text: {exc.reason}",
-                             "")
+            return RawReject(0, 0, "invalid_utf8", f"column {name!r}: byte {exc.start} of its text: {exc.reason}", "")
         except (OverflowError, ValueError, pa.ArrowException) as exc:  # e.g. a timestamp beyond year 9999
             return RawReject(0, 0, "unreadable_value", f"column {name!r}: {type(exc).__name__}: {exc}", "")
     return value
@@ -511,8 +556,14 @@ def _parquet_record(value: dict[str, Any]) -> dict[str, Any] | RawReject:
         try:
             record[name] = _json_safe(v)
         except UnicodeDecodeError as exc:
-            return RawReject(0, 0, "invalid_utf8", f"column {name!r}: byte {exc.start} of a binary value: "
-                             f"{exc.reason}; binary columns are read as UTF-8 text", _excerpt(exc.object))
+            return RawReject(
+                0,
+                0,
+                "invalid_utf8",
+                f"column {name!r}: byte {exc.start} of a binary value: "
+                f"{exc.reason}; binary columns are read as UTF-8 text",
+                _excerpt(exc.object),
+            )
     return record
 
 
@@ -551,8 +602,13 @@ def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Ite
                     acct.lines_in += 1
                     if twice:
                         got: dict[str, Any] | RawReject = RawReject(
-                            0, 0, "duplicate_column", f"the file names columns {twice} more than once, so a row "
-                            "cannot map each value to one column; rename the columns", "")
+                            0,
+                            0,
+                            "duplicate_column",
+                            f"the file names columns {twice} more than once, so a row "
+                            "cannot map each value to one column; rename the columns",
+                            "",
+                        )
                     else:
                         got = values[i] if values is not None else _parquet_row(batch, i)
                     if isinstance(got, dict):
@@ -569,13 +625,15 @@ def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Ite
             acct.lines_in += n - done
             acct.rejected += n - done
             for k in range(done, n):  # every row of a row group that cannot be read is its own reject
-                yield RawReject(sum(group_rows[:g]) + k + 1, group_offsets[g], "unreadable_parquet",
-                                f"row group {g}: {exc}", "")
+                yield RawReject(
+                    sum(group_rows[:g]) + k + 1, group_offsets[g], "unreadable_parquet", f"row group {g}: {exc}", ""
+                )
             row = sum(group_rows[: g + 1])
 
 
-def read_drop(path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting,
-              max_gzip_ratio: float = 100.0) -> Iterator[RawItem | RawReject]:
+def read_drop(
+    path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting, max_gzip_ratio: float = 100.0
+) -> Iterator[RawItem | RawReject]:
     if fmt == "parquet":
         return read_parquet(path, acct=acct)
     if fmt == "csv":

@@ -90,8 +90,9 @@ def _message_text(value: Any, where: str) -> str | Invalid:
         return value
     if value is None:
         return Invalid("null_value", f"{where}: content is null")
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                       and isinstance(p.get("text"), str) for p in value):
+    if isinstance(value, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
+    ):
         return "".join(p["text"] for p in value)
     return Invalid("wrong_type", f"{where}: content is {type(value).__name__}; expected a string or text parts")
 
@@ -117,15 +118,20 @@ def _messages(items: Any, spec: InputSpec, what: str) -> list[dict[str, str]] | 
         role_key = spec.role_key or ("role" if "role" in item else "from")
         content_key = spec.content_key or ("content" if "content" in item else "value")
         if item.get("tool_calls"):
-            return Invalid("unsupported_tool_calls", f"{where}: structured tool_calls are not supported; "
-                           "give the call as the message content (as ShareGPT function_call turns do)")
+            return Invalid(
+                "unsupported_tool_calls",
+                f"{where}: structured tool_calls are not supported; "
+                "give the call as the message content (as ShareGPT function_call turns do)",
+            )
         raw_role = item.get(role_key)
         if not isinstance(raw_role, str):
             return Invalid("missing_key", f"{where}: no string {role_key!r} (the role); keys: {sorted(item)[:20]}")
         role = roles.get(raw_role)
         if role is None:
-            return Invalid("unknown_role", f"{where}: role {raw_role!r} is not mapped; add it to input.role_map "
-                           f"(mapped: {sorted(roles)})")
+            return Invalid(
+                "unknown_role",
+                f"{where}: role {raw_role!r} is not mapped; add it to input.role_map (mapped: {sorted(roles)})",
+            )
         if content_key not in item:
             return Invalid("missing_key", f"{where}: no key {content_key!r}; keys: {sorted(item)[:20]}")
         text = _message_text(item[content_key], where)
@@ -169,8 +175,10 @@ def _conversation(value: Any, spec: InputSpec) -> tuple[Any, dict[str, Any]] | I
     for key in keys:
         if key in value:
             return value[key], value
-    return Invalid("missing_key", f"no key {' or '.join(map(repr, keys))}; set input.messages_key "
-                   f"(available keys: {sorted(value)[:20]})")
+    return Invalid(
+        "missing_key",
+        f"no key {' or '.join(map(repr, keys))}; set input.messages_key (available keys: {sorted(value)[:20]})",
+    )
 
 
 def extract_chat(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
@@ -205,8 +213,10 @@ def split_transcript(text: str) -> list[dict[str, str]] | Invalid | None:
     if marks[0].start() != 0 or text[: marks[0].start()].strip():
         return Invalid("malformed_transcript", f"text before the first Human/Assistant turn: {text[:60]!r}")
     roles = {"Human": "user", "Assistant": "assistant"}
-    return [{"role": roles[m.group(1)], "content": text[m.end(): nxt.start() if nxt else len(text)]}
-            for m, nxt in zip(marks, [*marks[1:], None])]
+    return [
+        {"role": roles[m.group(1)], "content": text[m.end() : nxt.start() if nxt else len(text)]}
+        for m, nxt in zip(marks, [*marks[1:], None])
+    ]
 
 
 def _branch(value: Any, spec: InputSpec, what: str, default_role: str) -> list[dict[str, str]] | Invalid:
@@ -242,7 +252,7 @@ def extract_preference(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
     assert isinstance(chosen, list) and isinstance(rejected, list) and isinstance(prompt, list)
     assert isinstance(system, list)
     if prompt and chosen[: len(prompt)] == prompt and rejected[: len(prompt)] == prompt:
-        chosen, rejected = chosen[len(prompt):], rejected[len(prompt):]  # branches that repeat the prompt
+        chosen, rejected = chosen[len(prompt) :], rejected[len(prompt) :]  # branches that repeat the prompt
     if not prompt:
         k = 0
         while k < min(len(chosen), len(rejected)) - 1 and chosen[k] == rejected[k]:
@@ -266,8 +276,9 @@ class TabularExtractor:
     gathered into a group of its own that would share the name "null" with the text "null".
     """
 
-    def __init__(self, tab: TabularSpec, source: str, csv_types: dict[str, str] | None = None,
-                 columns: list[str] | None = None) -> None:
+    def __init__(
+        self, tab: TabularSpec, source: str, csv_types: dict[str, str] | None = None, columns: list[str] | None = None
+    ) -> None:
         self.tab, self.source, self.csv_types = tab, source, csv_types
         self.columns: list[str] | None = None
         self.known: set[str] = set()
@@ -279,12 +290,15 @@ class TabularExtractor:
         columns = list(value)
         for what, col in (("group_by", self.tab.group_by), ("order_by", self.tab.order_by)):
             if col is not None and col not in value:
-                raise DropError(f"{self.source}: tabular.{what} {col!r} is not a column of this drop "
-                                f"(columns: {columns[:30]})")
+                raise DropError(
+                    f"{self.source}: tabular.{what} {col!r} is not a column of this drop (columns: {columns[:30]})"
+                )
         unknown = sorted(set(self.tab.column_types) - set(columns))
         if unknown:
-            raise DropError(f"{self.source}: tabular.column_types names {unknown}, not columns of this drop "
-                            f"(columns: {columns[:30]})")
+            raise DropError(
+                f"{self.source}: tabular.column_types names {unknown}, not columns of this drop "
+                f"(columns: {columns[:30]})"
+            )
         return columns
 
     def __call__(self, value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
@@ -297,8 +311,10 @@ class TabularExtractor:
             self.known = set(self.columns)
         extra = [k for k in value if k not in self.known]
         if extra:
-            return Invalid("unexpected_columns", f"columns {extra[:10]} are not in the drop's schema "
-                           f"{self.columns[:30]} (taken from its first record)")
+            return Invalid(
+                "unexpected_columns",
+                f"columns {extra[:10]} are not in the drop's schema {self.columns[:30]} (taken from its first record)",
+            )
         values = []
         for col in self.columns:
             v = value.get(col)
@@ -310,8 +326,11 @@ class TabularExtractor:
             values.append(json_value(v))
             if col == self.tab.group_by and is_empty_group_value(values[-1]):
                 cell = "absent" if col not in value else repr(value[col])[:40]
-                return Invalid("empty_group_key", f"group_by column {col!r} is empty ({cell}): the record names no "
-                               "group; fill the cell or leave the row out")
+                return Invalid(
+                    "empty_group_key",
+                    f"group_by column {col!r} is empty ({cell}): the record names no "
+                    "group; fill the cell or leave the row out",
+                )
         return {"columns": self.columns, "values": values}
 
 
@@ -353,8 +372,12 @@ def map_content_texts(content: dict[str, Any], fn: Callable[[str], str]) -> dict
         return {**content, "text": fn(content["text"])}
     if "turns" in content:
         return {**content, "turns": [{k: fn(v) for k, v in t.items()} for t in content["turns"]]}
-    return {**content, **{key: [{**m, "content": fn(m["content"])} for m in content[key]]
-                          for key in _MESSAGE_LISTS if key in content}}
+    return {
+        **content,
+        **{
+            key: [{**m, "content": fn(m["content"])} for m in content[key]] for key in _MESSAGE_LISTS if key in content
+        },
+    }
 
 
 PROVENANCE_FIELDS = [

@@ -76,8 +76,14 @@ class GoldArrays:
         return cls(ids, mask, types, offsets)
 
 
-def plan_split(spec: DatasetSpec, pair_ids: list[str | None], offsets: np.ndarray, loss_mask: Any,
-               seed: tuple[int, ...] | None, example_loss: np.ndarray | None = None) -> RowPlan:
+def plan_split(
+    spec: DatasetSpec,
+    pair_ids: list[str | None],
+    offsets: np.ndarray,
+    loss_mask: Any,
+    seed: tuple[int, ...] | None,
+    example_loss: np.ndarray | None = None,
+) -> RowPlan:
     """The row plan of one split's gold examples (`pair_ids` in gold order keep preference pairs together);
     `loss_mask` is the split's flat mask, or anything that slices into it (`FrontToBack`); `example_loss` the
     examples' loss token counts, where known."""
@@ -95,8 +101,16 @@ def plan_split(spec: DatasetSpec, pair_ids: list[str | None], offsets: np.ndarra
     )
 
 
-TABULAR_MANIFEST_KEYS = ("mode", "columns", "schema_prompt", "bos_id", "eos_id", "order_by", "order_by_type",
-                         "initial_prefill")
+TABULAR_MANIFEST_KEYS = (
+    "mode",
+    "columns",
+    "schema_prompt",
+    "bos_id",
+    "eos_id",
+    "order_by",
+    "order_by_type",
+    "initial_prefill",
+)
 
 
 SHARD_CHUNK_ROWS = 1024  # rows materialized at once: bounds memory; the bytes never depend on it
@@ -131,7 +145,8 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
     spill.mkdir()
     out: dict[str, dict[str, Any]] = {
         s: {"spill": TokenSpill(spill / f"{s}.tokens"), "lengths": [], "loss": [], "ids": [], "pairs": []}
-        for s in SPLITS}
+        for s in SPLITS
+    }
     try:
         cols = ["example_id", "split", "token_ids", "loss_mask", "token_type_ids", "pair_id"]
         for batch in iter_batches(gold_path, batch_size=batch_size, columns=cols):
@@ -165,8 +180,9 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
         raise
 
 
-def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path, *,
-                        batch_size: int = DEFAULT_BATCH) -> dict[str, Any]:
+def build_packed_shards(
+    spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
+) -> dict[str, Any]:
     """Shards: fixed-length packed rows per split, in Parquet files of at most max_tokens_per_shard tokens,
     plus the optional memmap and Megatron exports. Streams: gold is read once in batches and spilled per split
     to flat files (mapped back), rows are planned from the lengths and materialized SHARD_CHUNK_ROWS at a time."""
@@ -178,8 +194,10 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
             f"({gold_stats['tokenizer_fingerprint'][:12]} != {info.fingerprint[:12]}); rematerialize gold"
         )
     if gold_stats.get("overflow") != spec.gold_overflow:
-        raise DropError(f"gold was built for overflow {gold_stats.get('overflow')!r}, the spec now needs "
-                        f"{spec.gold_overflow!r}; rematerialize gold")
+        raise DropError(
+            f"gold was built for overflow {gold_stats.get('overflow')!r}, the spec now needs "
+            f"{spec.gold_overflow!r}; rematerialize gold"
+        )
     L = spec.sequence.max_seq_len
     rows_per_shard = max(1, spec.output.max_tokens_per_shard // L)
     split_stats: dict[str, Any] = {}
@@ -194,15 +212,19 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
                 examples = len(sg.offsets) - 1
                 if plan.num_rows or examples:
                     (stage / split).mkdir()
-                memmap = (MemmapWriter(stage / split / MEMMAP_DIR, f"{split}/{MEMMAP_DIR}", L, info.vocab_size)
-                          if "npy" in spec.output.formats and plan.num_rows else None)
+                memmap = (
+                    MemmapWriter(stage / split / MEMMAP_DIR, f"{split}/{MEMMAP_DIR}", L, info.vocab_size)
+                    if "npy" in spec.output.formats and plan.num_rows
+                    else None
+                )
                 counts, files = RowCounts(), []
                 for k, lo in enumerate(range(0, plan.num_rows, rows_per_shard)):
                     hi = min(lo + rows_per_shard, plan.num_rows)
                     rel = f"{split}/part-{k:05d}.parquet"
                     in_file = RowCounts()
-                    with ParquetSink(stage / rel, SHARD_SCHEMA, compression=spec.output.compression,
-                                     row_group_size=SHARD_ROW_GROUP) as sink:
+                    with ParquetSink(
+                        stage / rel, SHARD_SCHEMA, compression=spec.output.compression, row_group_size=SHARD_ROW_GROUP
+                    ) as sink:
                         for c_lo in range(lo, hi, SHARD_CHUNK_ROWS):
                             part = plan.rows(c_lo, min(c_lo + SHARD_CHUNK_ROWS, hi))
                             values = sg.spill.read(segment_sources(part, sg.offsets), part.length)
@@ -215,18 +237,33 @@ def build_packed_shards(spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, 
                                 memmap.append(rows)
                             del rows
                     counts.merge(in_file)
-                    files.append({"path": rel, "sha256": sha256_file(stage / rel), "sequences": hi - lo,
-                                  "tokens": in_file.output, "loss_tokens": in_file.loss})
+                    files.append(
+                        {
+                            "path": rel,
+                            "sha256": sha256_file(stage / rel),
+                            "sequences": hi - lo,
+                            "tokens": in_file.output,
+                            "loss_tokens": in_file.loss,
+                        }
+                    )
                 exports: dict[str, Any] = {}
                 if memmap is not None:
                     exports["npy"] = memmap.close()
                 if "megatron" in spec.output.formats and examples:
-                    exports["megatron"] = write_megatron(stage / split / MEGATRON_PREFIX, f"{split}/{MEGATRON_PREFIX}",
-                                                         sg.id_chunks(), sg.offsets, info.vocab_size)
+                    exports["megatron"] = write_megatron(
+                        stage / split / MEGATRON_PREFIX,
+                        f"{split}/{MEGATRON_PREFIX}",
+                        sg.id_chunks(),
+                        sg.offsets,
+                        info.vocab_size,
+                    )
                 overflow = gold_stats.get("tokens_dropped_by_overflow_by_split", {}).get(split, 0)
-                split_stats[split] = {**split_metrics(sg.offsets, plan, counts, L, overflow),
-                                      "max_batch_size": min((f["sequences"] for f in files), default=0),
-                                      "files": files, "exports": exports}
+                split_stats[split] = {
+                    **split_metrics(sg.offsets, plan, counts, L, overflow),
+                    "max_batch_size": min((f["sequences"] for f in files), default=0),
+                    "files": files,
+                    "exports": exports,
+                }
         finally:
             for sg in spilled.values():
                 sg.spill.close()
@@ -261,16 +298,20 @@ class RowCounts:
         self.prompt += int(np.count_nonzero(real & (rows.token_type_ids == TYPE_PROMPT)))
 
     def merge(self, other: RowCounts) -> None:
-        self.output, self.loss, self.prompt = (self.output + other.output, self.loss + other.loss,
-                                               self.prompt + other.prompt)
+        self.output, self.loss, self.prompt = (
+            self.output + other.output,
+            self.loss + other.loss,
+            self.prompt + other.prompt,
+        )
 
 
 def _ratio(a: int, b: int, empty: float) -> float:
     return round(a / b, 6) if b else empty
 
 
-def split_metrics(gold_offsets: np.ndarray, plan: RowPlan, counts: RowCounts, row_len: int,
-                  dropped_by_overflow: int) -> dict[str, Any]:
+def split_metrics(
+    gold_offsets: np.ndarray, plan: RowPlan, counts: RowCounts, row_len: int, dropped_by_overflow: int
+) -> dict[str, Any]:
     """DESIGN §5 metrics of one split. Input tokens are gold's plus what overflow cut or dropped in gold."""
     capacity = plan.num_rows * row_len
     examples = len(gold_offsets) - 1
@@ -293,8 +334,10 @@ def split_metrics(gold_offsets: np.ndarray, plan: RowPlan, counts: RowCounts, ro
         "windows_dropped": plan.dropped_pieces,
         "overlap_tokens": plan.overlap_tokens,
     }
-    distributions = {"segment_length": percentiles(plan.length),
-                     "segments_per_row": percentiles(np.diff(plan.row_offsets))}
+    distributions = {
+        "segment_length": percentiles(plan.length),
+        "segments_per_row": percentiles(np.diff(plan.row_offsets)),
+    }
     return {**metrics, **_utilizations(metrics, row_len), "distributions": distributions}
 
 
@@ -307,9 +350,22 @@ def _utilizations(m: dict[str, Any], row_len: int) -> dict[str, Any]:
     }
 
 
-SUMMED = ("examples", "examples_split", "sequences", "segments", "input_tokens", "gold_tokens", "output_tokens",
-          "loss_tokens", "prompt_tokens", "padding_tokens", "tokens_dropped_by_overflow", "tokens_dropped_by_packing",
-          "windows_dropped", "overlap_tokens")
+SUMMED = (
+    "examples",
+    "examples_split",
+    "sequences",
+    "segments",
+    "input_tokens",
+    "gold_tokens",
+    "output_tokens",
+    "loss_tokens",
+    "prompt_tokens",
+    "padding_tokens",
+    "tokens_dropped_by_overflow",
+    "tokens_dropped_by_packing",
+    "windows_dropped",
+    "overlap_tokens",
+)
 
 
 def totals(splits: Iterable[dict[str, Any]], row_len: int) -> dict[str, Any]:

@@ -55,8 +55,14 @@ def _split_key(spec: DatasetSpec, content: dict[str, Any], digest: str) -> str:
 
 
 def build_clean_records(
-    spec: DatasetSpec, bronze_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH,
-    earlier: Sequence[Path] = (), index_dir: Path | None = None, near: bool = True,
+    spec: DatasetSpec,
+    bronze_dir: Path,
+    out_dir: Path,
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    earlier: Sequence[Path] = (),
+    index_dir: Path | None = None,
+    near: bool = True,
 ) -> dict[str, Any]:
     """Silver: normalized, quality-filtered, deduplicated records with a deterministic split.
 
@@ -75,8 +81,16 @@ def build_clean_records(
             colliding |= found.digests
 
 
-def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: int, earlier: Sequence[Path],
-                colliding: frozenset[str], index_dir: Path | None, with_near: bool) -> dict[str, Any]:
+def _clean_pass(
+    spec: DatasetSpec,
+    bronze_dir: Path,
+    out_dir: Path,
+    batch_size: int,
+    earlier: Sequence[Path],
+    colliding: frozenset[str],
+    index_dir: Path | None,
+    with_near: bool,
+) -> dict[str, Any]:
     clean = spec.clean
     norm = clean.normalization
     exact = dedup.ExactDedup(earlier, colliding) if clean.dedup != "none" else None
@@ -97,12 +111,21 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
             cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "content"]
             values: list[list[Any]] = []
 
-            def reject(i: int, reason: str, detail: str, canonical: str, digest: str | None = None,
-                       of: str | None = None) -> None:
+            def reject(
+                i: int, reason: str, detail: str, canonical: str, digest: str | None = None, of: str | None = None
+            ) -> None:
                 """Row `i` of the batch (its provenance columns) goes to the rejects table."""
                 reasons[reason] += 1
-                rejected.add({**{c: values[j][i] for j, c in enumerate(cols[:-1])}, "reason": reason,
-                              "detail": detail, "duplicate_of": of, "content": canonical, "content_sha256": digest})
+                rejected.add(
+                    {
+                        **{c: values[j][i] for j, c in enumerate(cols[:-1])},
+                        "reason": reason,
+                        "detail": detail,
+                        "duplicate_of": of,
+                        "content": canonical,
+                        "content_sha256": digest,
+                    }
+                )
 
             for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
                 as_is = left_as_is(batch.column("content")).tolist()
@@ -128,21 +151,31 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
                     if exact is not None:
                         first, in_earlier = exact.repeats(digest, canonical, record_id)
                         if first is not None and first in near_of:  # a copy of a record removed as near duplicate
-                            reject(i, "near_duplicate", f"same content as {first}, a "
-                                   f"near duplicate of {near_of[first]}", canonical, digest, near_of[first])
+                            reject(
+                                i,
+                                "near_duplicate",
+                                f"same content as {first}, a near duplicate of {near_of[first]}",
+                                canonical,
+                                digest,
+                                near_of[first],
+                            )
                             continue
                         if first is not None:
                             of_earlier += in_earlier
-                            reject(i, "duplicate", f"same content as {first}", canonical,
-                                   digest, first)
+                            reject(i, "duplicate", f"same content as {first}", canonical, digest, first)
                             continue
                     if near is not None:
                         match = near.match(record_id, near_dup_text(content))
                         if match is not None:
                             near_of[record_id] = match[0]
-                            reject(i, "near_duplicate", f"estimated Jaccard "
-                                   f"{match[1]:.3f} >= {clean.near.threshold} with {match[0]}", canonical, digest,
-                                   match[0])
+                            reject(
+                                i,
+                                "near_duplicate",
+                                f"estimated Jaccard {match[1]:.3f} >= {clean.near.threshold} with {match[0]}",
+                                canonical,
+                                digest,
+                                match[0],
+                            )
                             continue
                     split = assign_split(_split_key(spec, content, digest), spec.split)
                     splits[split] += 1
@@ -155,10 +188,18 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
                     kept_split.append(split)
                 if kept:
                     take = pa.array(kept, type=pa.int64())
-                    keep_sink.write(pa.Table.from_pydict({
-                        **{c: batch.column(c).take(take) for c in cols[:-1]}, "content": kept_content,
-                        "content_sha256": kept_digest, "num_chars": kept_chars, "split": kept_split,
-                    }, schema=SILVER_SCHEMA))
+                    keep_sink.write(
+                        pa.Table.from_pydict(
+                            {
+                                **{c: batch.column(c).take(take) for c in cols[:-1]},
+                                "content": kept_content,
+                                "content_sha256": kept_digest,
+                                "num_chars": kept_chars,
+                                "split": kept_split,
+                            },
+                            schema=SILVER_SCHEMA,
+                        )
+                    )
             rejected.flush()
         if exact is not None:
             found = dedup.collisions(stage / RECORDS, stage / REJECTS, earlier) - colliding
@@ -183,8 +224,9 @@ def _clean_pass(spec: DatasetSpec, bronze_dir: Path, out_dir: Path, batch_size: 
     return stats
 
 
-def earlier_indexes(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH
-                    ) -> list[Path]:
+def earlier_indexes(
+    spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH
+) -> list[Path]:
     """The dedup indexes of the drops registered before `partition`, earliest first. A drop without one for
     this spec gets it from its raw file, so the answer never depends on which partitions were built before."""
     out = []
@@ -209,16 +251,24 @@ def _index_drop(spec: DatasetSpec, paths: DatasetPaths, drop: Drop, out_dir: Pat
         build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir, near=False)
 
 
-def build_silver(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH
-                 ) -> dict[str, Any]:
+def build_silver(
+    spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH
+) -> dict[str, Any]:
     """A drop's silver; with `clean.dedup_scope: dataset`, also without copies of earlier drops' records."""
     bronze, out = paths.partition_dir("bronze", partition), paths.partition_dir("silver", partition)
     if spec.clean.dedup_scope != "dataset":
         return build_clean_records(spec, bronze, out, batch_size=batch_size)
     built_with = read_json(bronze / ACCOUNTING).get("spec_version") if (bronze / ACCOUNTING).is_file() else None
     if built_with != spec.layer_version("bronze"):
-        raise DropError(f"drop {partition}: its bronze was built with another spec (or is missing); materialize "
-                        "raw_records first, so its dedup index matches the spec")
-    return build_clean_records(spec, bronze, out, batch_size=batch_size,
-                               earlier=earlier_indexes(spec, paths, partition, batch_size=batch_size),
-                               index_dir=dedup.index_dir(spec, paths, partition))
+        raise DropError(
+            f"drop {partition}: its bronze was built with another spec (or is missing); materialize "
+            "raw_records first, so its dedup index matches the spec"
+        )
+    return build_clean_records(
+        spec,
+        bronze,
+        out,
+        batch_size=batch_size,
+        earlier=earlier_indexes(spec, paths, partition, batch_size=batch_size),
+        index_dir=dedup.index_dir(spec, paths, partition),
+    )

@@ -114,7 +114,9 @@ class QualitySpec(_Strict):
     @property
     def enabled(self) -> bool:
         """Is any heuristic on? (Each is a field that is null when off; `repeated_ngram_size` only sets one up.)"""
-        return any(getattr(self, name) is not None for name in type(self).model_fields if name != "repeated_ngram_size")
+        return any(
+            getattr(self, name) is not None for name in type(self).model_fields if name != "repeated_ngram_size"
+        )
 
 
 class NearDedupSpec(_Strict):
@@ -222,6 +224,7 @@ class PackingSpec(_Strict):
         if isinstance(n, int) and not isinstance(n, bool) and n < 1:
             raise ValueError("max_sequences_per_example must be at least 1 (or auto)")
         return self
+
     seed: int = 0
     shuffle: bool = True
 
@@ -329,14 +332,20 @@ class DatasetSpec(_Strict):
             raise ValueError(f"mask: unknown key(s) {unknown} for type {self.input.type}; allowed: {list(allowed)}")
         per_row = self.max_per_example
         if self.input.type == "preference" and per_row is not None and per_row < 2:
-            raise ValueError("packing.max_sequences_per_example must be at least 2 for preference data: "
-                             "both examples of a pair share a row")
+            raise ValueError(
+                "packing.max_sequences_per_example must be at least 2 for preference data: "
+                "both examples of a pair share a row"
+            )
         if self.input.type == "preference" and (self.packing.strategy == "full" or self.sequence.overflow == "window"):
-            raise ValueError("preference pairs stay whole in one row: packing.strategy full and sequence.overflow "
-                             "window would split them; use bfd, ffd or single with drop or truncate_*")
+            raise ValueError(
+                "preference pairs stay whole in one row: packing.strategy full and sequence.overflow "
+                "window would split them; use bfd, ffd or single with drop or truncate_*"
+            )
         if self.packing.strategy == "full" and self.sequence.overlap:
-            raise ValueError("sequence.overlap applies to windows (overflow: window with bfd, ffd or single); "
-                             "packing.strategy full cuts examples across rows without repeating tokens")
+            raise ValueError(
+                "sequence.overlap applies to windows (overflow: window with bfd, ffd or single); "
+                "packing.strategy full cuts examples across rows without repeating tokens"
+            )
         if self.input.type == "tabular":
             self._check_tabular()
         elif self.tabular is not None:
@@ -353,11 +362,15 @@ class DatasetSpec(_Strict):
         if self.clean.dedup == "near":
             raise ValueError("clean.dedup: near compares text; table rows are data (use exact or none for tabular)")
         if self.packing.strategy != "single":
-            raise ValueError("tabular examples are assembled to fit one sequence each (schema prompt + records): "
-                             f"packing.strategy must be single, not {self.packing.strategy}")
+            raise ValueError(
+                "tabular examples are assembled to fit one sequence each (schema prompt + records): "
+                f"packing.strategy must be single, not {self.packing.strategy}"
+            )
         if self.sequence.overflow != "drop":
-            raise ValueError("tabular records are never cut: a record or group that cannot fit is an error before "
-                             "any shard is written; leave sequence.overflow at drop")
+            raise ValueError(
+                "tabular records are never cut: a record or group that cannot fit is an error before "
+                "any shard is written; leave sequence.overflow at drop"
+            )
         if self.input.format == "txt":
             raise ValueError("tabular input reads csv, parquet, jsonl, jsonl.gz or json rows, not txt lines")
 
@@ -452,10 +465,32 @@ LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
     "silver": ("input", "checks", "clean", "split", "tabular"),
     # gold depends on the overflow it applies (keep under full/window), not on the packing strategy itself
     # tabular gold assembles examples, so it also follows the packing seed and records per example
-    "gold": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence.max_seq_len",
-             "gold_overflow", "tabular", "tabular_packing"),
-    "shards": ("input", "checks", "clean", "split", "mask", "mask_default", "tokenizer", "sequence", "packing",
-               "output", "tabular"),
+    "gold": (
+        "input",
+        "checks",
+        "clean",
+        "split",
+        "mask",
+        "mask_default",
+        "tokenizer",
+        "sequence.max_seq_len",
+        "gold_overflow",
+        "tabular",
+        "tabular_packing",
+    ),
+    "shards": (
+        "input",
+        "checks",
+        "clean",
+        "split",
+        "mask",
+        "mask_default",
+        "tokenizer",
+        "sequence",
+        "packing",
+        "output",
+        "tabular",
+    ),
 }
 
 
@@ -532,8 +567,10 @@ def path_errors(spec: DatasetSpec, data_dir: Path) -> list[str]:
         path = Path(value)
         if not path.is_absolute():
             if not _inside(data_dir / path, data_dir):
-                errors.append(f"{key}: {value!r} leaves the data dir {data_dir} (a relative path must stay inside "
-                              "it; give an absolute path to use files elsewhere)")
+                errors.append(
+                    f"{key}: {value!r} leaves the data dir {data_dir} (a relative path must stay inside "
+                    "it; give an absolute path to use files elsewhere)"
+                )
                 continue
             path = data_dir / path
         if kind == "dir" and not path.is_dir():

@@ -23,8 +23,9 @@ _SHARED: ContextVar[duckdb.DuckDBPyConnection | None] = ContextVar("prep_assets_
 def _database() -> duckdb.DuckDBPyConnection:
     spill = Path(tempfile.gettempdir()) / "prep_assets_duckdb"
     spill.mkdir(exist_ok=True)
-    return duckdb.connect(config={"memory_limit": os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY,
-                                  "temp_directory": str(spill)})
+    return duckdb.connect(
+        config={"memory_limit": os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY, "temp_directory": str(spill)}
+    )
 
 
 def connect() -> duckdb.DuckDBPyConnection:

@@ -61,8 +61,12 @@ def render_record(row: dict[str, Any], columns: list[str]) -> str:
 
 def render_values(columns: list[str], values: list[Any]) -> str:
     """`render_record` of a record stored as parallel column/value lists (the tabular content shape)."""
-    return json.dumps({c: json_value(v) for c, v in zip(columns, values, strict=True)}, ensure_ascii=False,
-                      separators=(",", ":"), allow_nan=False)
+    return json.dumps(
+        {c: json_value(v) for c, v in zip(columns, values, strict=True)},
+        ensure_ascii=False,
+        separators=(",", ":"),
+        allow_nan=False,
+    )
 
 
 # ---------------------------------------------------------------- CSV cell types
@@ -71,8 +75,9 @@ _INT = re.compile(r"[+-]?(0|[1-9][0-9]*)")
 _FLOAT = re.compile(r"[+-]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
-def infer_column_types(rows: Iterable[dict[str, str]], null_values: Iterable[str],
-                       overrides: dict[str, str] | None = None) -> dict[str, str]:
+def infer_column_types(
+    rows: Iterable[dict[str, str]], null_values: Iterable[str], overrides: dict[str, str] | None = None
+) -> dict[str, str]:
     """Per column: `int`, `float` or `string`, from every row of a drop (overrides win)."""
     nulls = set(null_values)
     could_int: dict[str, bool] = {}
@@ -114,11 +119,15 @@ UNORDERABLE_VALUE = "unorderable_value"
 _ORDER_INT = re.compile(r"[+-]?[0-9]+")  # leading zeros order as numbers here ("007" < "10")
 _TZ = r"(?P<tz>Z|[+-][0-9]{2}(?::?[0-9]{2})?)?"
 _FRACTION = r"(?:[.,](?P<frac>[0-9]{1,9}))?"
-_ISO = re.compile(r"(?P<y>[0-9]{4})-(?P<mo>[0-9]{2})-(?P<d>[0-9]{2})"
-                  r"(?:[T ](?P<h>[0-9]{2}):(?P<mi>[0-9]{2})(?::(?P<s>[0-9]{2})" + _FRACTION + r")?\s*" + _TZ + ")?")
-_MDY = re.compile(r"(?P<mo>[0-9]{1,2})/(?P<d>[0-9]{1,2})/(?P<y>[0-9]{4})"
-                  r"(?:[T ](?P<h>[0-9]{1,2}):(?P<mi>[0-9]{2})(?::(?P<s>[0-9]{2})" + _FRACTION + r")?"
-                  r"(?:\s*(?P<ampm>[AaPp][Mm]))?)?")
+_ISO = re.compile(
+    r"(?P<y>[0-9]{4})-(?P<mo>[0-9]{2})-(?P<d>[0-9]{2})"
+    r"(?:[T ](?P<h>[0-9]{2}):(?P<mi>[0-9]{2})(?::(?P<s>[0-9]{2})" + _FRACTION + r")?\s*" + _TZ + ")?"
+)
+_MDY = re.compile(
+    r"(?P<mo>[0-9]{1,2})/(?P<d>[0-9]{1,2})/(?P<y>[0-9]{4})"
+    r"(?:[T ](?P<h>[0-9]{1,2}):(?P<mi>[0-9]{2})(?::(?P<s>[0-9]{2})" + _FRACTION + r")?"
+    r"(?:\s*(?P<ampm>[AaPp][Mm]))?)?"
+)
 _EPOCH_S = (10**9, 10**10)  # 2001-09-09 .. 2286-11-20 in seconds
 _EPOCH_MS = (10**12, 10**13)  # the same span in milliseconds
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
@@ -193,8 +202,12 @@ class OrderKeys:
 
 def _slash_day_first(values: list[Any]) -> bool:
     """Slash dates are D/M/YYYY when some first field cannot be a month (> 12) and no second field is over 12."""
-    fields = [(int(m["mo"]), int(m["d"])) for v in values if isinstance(v, str)
-              if (m := _MDY.fullmatch(v.strip())) is not None]
+    fields = [
+        (int(m["mo"]), int(m["d"]))
+        for v in values
+        if isinstance(v, str)
+        if (m := _MDY.fullmatch(v.strip())) is not None
+    ]
     return any(a > 12 for a, _ in fields) and not any(b > 12 for _, b in fields)
 
 
@@ -229,14 +242,18 @@ def order_keys(values: list[Any], column: str) -> OrderKeys:
     problems: dict[int, str] = {}
     for i, (f, k) in enumerate(kinds):
         if f == "empty":
-            problems[i] = (f"order_by column {column!r} is empty ({_show(values[i])}): the record has no place in "
-                           f"its group's order ({kind})")
+            problems[i] = (
+                f"order_by column {column!r} is empty ({_show(values[i])}): the record has no place in "
+                f"its group's order ({kind})"
+            )
             keys.append(None)
         elif kind == "string":
             keys.append(_text_key(values[i]))
         elif f != family:
-            problems[i] = (f"order_by column {column!r}: {_show(values[i])} does not read as {kind}, the column's "
-                           f"type ({counts[family]} of its {present} non-empty values do)")
+            problems[i] = (
+                f"order_by column {column!r}: {_show(values[i])} does not read as {kind}, the column's "
+                f"type ({counts[family]} of its {present} non-empty values do)"
+            )
             keys.append(None)
         elif kind == "epoch_s_ms":
             keys.append(k * 1000 if k < _EPOCH_S[1] else k)  # one clock: milliseconds
@@ -246,8 +263,11 @@ def order_keys(values: list[Any], column: str) -> OrderKeys:
 
 
 def _text_key(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False,
-                                                           separators=(",", ":"))
+    return (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    )
 
 
 def _show(value: Any) -> str:
@@ -321,8 +341,9 @@ def plan_flat(record_tokens: list[int], budget: int, max_per: int, seed: Seed) -
     return examples
 
 
-def plan_grouped(groups: list[list[int]], record_tokens: list[int], budget: int, max_per: int, seed: Seed
-                 ) -> list[Example]:
+def plan_grouped(
+    groups: list[list[int]], record_tokens: list[int], budget: int, max_per: int, seed: Seed
+) -> list[Example]:
     """Groups (each a unit with its own BOS/EOS) shuffled, then packed greedily, at most max_per per example."""
     order = np.random.default_rng(_seed(seed)).permutation(len(groups)).tolist()
     examples: list[Example] = []
@@ -340,8 +361,9 @@ def plan_grouped(groups: list[list[int]], record_tokens: list[int], budget: int,
     return examples
 
 
-def plan_sequential(groups: list[list[int]], record_tokens: list[int], budget: int, max_per: int,
-                    rng: np.random.Generator | None) -> list[Example]:
+def plan_sequential(
+    groups: list[list[int]], record_tokens: list[int], budget: int, max_per: int, rng: np.random.Generator | None
+) -> list[Example]:
     """One group per example, in order, continuing across examples; `rng` None = full budget (validation/test)."""
     examples: list[Example] = []
     record_budget = budget - 2  # BOS + EOS

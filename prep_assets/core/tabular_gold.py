@@ -61,8 +61,10 @@ def unit_token_ids(tab: TabularSpec, pt: PinnedTokenizer) -> tuple[int, int]:
         if token is None:
             return default
         if token not in vocab:
-            raise TokenizerError(f"tabular.{name} {token!r} is not a token of the pinned tokenizer; name one "
-                                 "token of its vocabulary (e.g. a special token)")
+            raise TokenizerError(
+                f"tabular.{name} {token!r} is not a token of the pinned tokenizer; name one "
+                "token of its vocabulary (e.g. a special token)"
+            )
         return int(vocab[token])
 
     bos_default = pt.info.bos_id if pt.info.bos_id is not None else pt.info.eos_id
@@ -125,17 +127,25 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
         if rows.order is not None:  # no place in its group's order: out before groups and budgets are counted
             assert rows.keys is not None  # order_by needs group_by (the spec's modes)
             problems = rows.order.problems
-            out.rejects += [(i, UNORDERABLE_VALUE, problems[i], rows.lengths[i], rows.keys[i])
-                            for i in idx if i in problems]
+            out.rejects += [
+                (i, UNORDERABLE_VALUE, problems[i], rows.lengths[i], rows.keys[i]) for i in idx if i in problems
+            ]
             idx = [i for i in idx if i not in problems]
         fits = []
         for i in idx:
             need = prompt_tokens + 2 + rows.lengths[i]
             if need > L and mode != "grouped":  # grouped: the record's whole group is left out (below)
                 label = rows.keys[i] if rows.keys is not None else None
-                out.rejects.append((i, RECORD_OVER_BUDGET, f"this record alone needs {need} tokens (schema prompt "
-                                    f"{prompt_tokens} + record {rows.lengths[i]} + BOS/EOS 2) > max_seq_len {L}",
-                                    need, label))
+                out.rejects.append(
+                    (
+                        i,
+                        RECORD_OVER_BUDGET,
+                        f"this record alone needs {need} tokens (schema prompt "
+                        f"{prompt_tokens} + record {rows.lengths[i]} + BOS/EOS 2) > max_seq_len {L}",
+                        need,
+                        label,
+                    )
+                )
             else:
                 fits.append(i)
         seed = (spec.packing.seed, split_no)
@@ -154,8 +164,10 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
                 if need <= L:
                     placeable.append(g)
                     continue
-                detail = (f"group {rows.keys[g[0]]!r} needs {need} tokens (schema prompt {prompt_tokens} + "
-                          f"{len(g)} records {need - prompt_tokens - 2} + BOS/EOS 2) > max_seq_len {L}")
+                detail = (
+                    f"group {rows.keys[g[0]]!r} needs {need} tokens (schema prompt {prompt_tokens} + "
+                    f"{len(g)} records {need - prompt_tokens - 2} + BOS/EOS 2) > max_seq_len {L}"
+                )
                 out.rejects += [(i, GROUP_OVER_BUDGET, detail, need, rows.keys[i]) for i in g]
             plan = plan_grouped(placeable, rows.lengths, budget, max_per, seed)
         else:
@@ -175,8 +187,9 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
     return out
 
 
-def build_tabular_examples(spec: DatasetSpec, silver_records: Path, pt: PinnedTokenizer,
-                           ex_sink: ParquetSink, rej_sink: ParquetSink) -> dict[str, Any]:
+def build_tabular_examples(
+    spec: DatasetSpec, silver_records: Path, pt: PinnedTokenizer, ex_sink: ParquetSink, rej_sink: ParquetSink
+) -> dict[str, Any]:
     """Write one drop's tabular examples and budget rejects; return the gold stats' figures."""
     tab = spec.tabular or TabularSpec()
     rows = _load(spec, tab, silver_records, pt)
@@ -194,8 +207,11 @@ def build_tabular_examples(spec: DatasetSpec, silver_records: Path, pt: PinnedTo
     for _, ex in asm.examples:
         pieces: list[tuple[list[int], int, int]] = [(prompt_ids, 0, TYPE_PROMPT)]
         for unit in ex.units:
-            pieces += [([bos], 1, TYPE_COMPLETION), *((rows.ids[i], 1, TYPE_COMPLETION) for i in unit),
-                       ([eos], 1, TYPE_EOS)]
+            pieces += [
+                ([bos], 1, TYPE_COMPLETION),
+                *((rows.ids[i], 1, TYPE_COMPLETION) for i in unit),
+                ([eos], 1, TYPE_EOS),
+            ]
         per_example_pieces.append(len(pieces))
         for ids, m, t in pieces:
             piece_ids.append(ids)
@@ -221,33 +237,49 @@ def build_tabular_examples(spec: DatasetSpec, silver_records: Path, pt: PinnedTo
     record_id = rows.table.column("record_id").to_pylist()
     grouped = rows.keys is not None
     if asm.examples:
-        ex_sink.write(pa.table({
-            "example_id": pa.array(example_ids, pa.string()),
-            **{c: prov.column(c) for c in _PROVENANCE},
-            "split": pa.array([s for s, _ in asm.examples], pa.string()),
-            "token_ids": list_array(token_ids, offsets, pa.int32()),
-            "loss_mask": list_array(loss_mask, offsets, pa.uint8()),
-            "token_type_ids": list_array(types, offsets, pa.uint8()),
-            "num_tokens": pa.array(lengths.astype(np.int32)),
-            "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
-            "num_prompt_tokens": pa.array(np.full(len(lengths), len(prompt_ids), dtype=np.int32)),
-            "pair_id": pa.nulls(len(lengths), pa.string()),
-            "branch": pa.nulls(len(lengths), pa.string()),
-            "shared_prefix_tokens": pa.nulls(len(lengths), pa.int32()),
-            "record_ids": pa.array([[record_id[i] for u in ex.units for i in u] for _, ex in asm.examples],
-                                   pa.list_(pa.string())),
-            "group_keys": pa.array([[rows.keys[u[0]] for u in ex.units] if rows.keys is not None else None
-                                    for _, ex in asm.examples], pa.list_(pa.string())),
-        }, schema=GOLD_SCHEMA))
+        ex_sink.write(
+            pa.table(
+                {
+                    "example_id": pa.array(example_ids, pa.string()),
+                    **{c: prov.column(c) for c in _PROVENANCE},
+                    "split": pa.array([s for s, _ in asm.examples], pa.string()),
+                    "token_ids": list_array(token_ids, offsets, pa.int32()),
+                    "loss_mask": list_array(loss_mask, offsets, pa.uint8()),
+                    "token_type_ids": list_array(types, offsets, pa.uint8()),
+                    "num_tokens": pa.array(lengths.astype(np.int32)),
+                    "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
+                    "num_prompt_tokens": pa.array(np.full(len(lengths), len(prompt_ids), dtype=np.int32)),
+                    "pair_id": pa.nulls(len(lengths), pa.string()),
+                    "branch": pa.nulls(len(lengths), pa.string()),
+                    "shared_prefix_tokens": pa.nulls(len(lengths), pa.int32()),
+                    "record_ids": pa.array(
+                        [[record_id[i] for u in ex.units for i in u] for _, ex in asm.examples], pa.list_(pa.string())
+                    ),
+                    "group_keys": pa.array(
+                        [
+                            [rows.keys[u[0]] for u in ex.units] if rows.keys is not None else None
+                            for _, ex in asm.examples
+                        ],
+                        pa.list_(pa.string()),
+                    ),
+                },
+                schema=GOLD_SCHEMA,
+            )
+        )
     if asm.rejects:
         rej = rows.table.select([*_PROVENANCE, "split"]).take(pa.array([r[0] for r in asm.rejects], type=pa.int64()))
-        rej_sink.write(pa.table({
-            **{c: rej.column(c) for c in rej.column_names},
-            "reason": pa.array([r[1] for r in asm.rejects], pa.string()),
-            "detail": pa.array([r[2] for r in asm.rejects], pa.string()),
-            "num_tokens": pa.array([r[3] for r in asm.rejects], pa.int32()),
-            "group_key": pa.array([r[4] for r in asm.rejects], pa.string()),
-        }, schema=GOLD_REJECT_SCHEMA))
+        rej_sink.write(
+            pa.table(
+                {
+                    **{c: rej.column(c) for c in rej.column_names},
+                    "reason": pa.array([r[1] for r in asm.rejects], pa.string()),
+                    "detail": pa.array([r[2] for r in asm.rejects], pa.string()),
+                    "num_tokens": pa.array([r[3] for r in asm.rejects], pa.int32()),
+                    "group_key": pa.array([r[4] for r in asm.rejects], pa.string()),
+                },
+                schema=GOLD_REJECT_SCHEMA,
+            )
+        )
 
     units = [len(ex.units) for _, ex in asm.examples]
     records = [sum(len(u) for u in ex.units) for _, ex in asm.examples]

@@ -31,14 +31,15 @@ def gold_condition(tokenizer: AssetKey) -> AutomationCondition:
 
 
 def tokenizer_condition() -> AutomationCondition:
-    return (AutomationCondition.missing() & ~AutomationCondition.in_progress()
-            & ~AutomationCondition.execution_failed())
+    return AutomationCondition.missing() & ~AutomationCondition.in_progress() & ~AutomationCondition.execution_failed()
 
 
 def automation_sensor() -> AutomationConditionSensorDefinition:
     return AutomationConditionSensorDefinition(
-        AUTOMATION_SENSOR, target=AssetSelection.all(), default_status=DefaultSensorStatus.RUNNING,
+        AUTOMATION_SENSOR,
+        target=AssetSelection.all(),
+        default_status=DefaultSensorStatus.RUNNING,
         minimum_interval_seconds=AUTOMATION_SECONDS,
         description="Evaluates the assets' automation conditions: carries new drops through every layer and "
-                    "refreshes each dataset's manifest.",
+        "refreshes each dataset's manifest.",
     )

@@ -1,6 +1,5 @@
 """Bronze: raw records with provenance, and a rejects table, per drop."""
 
-
 from dagster import AssetExecutionContext, AssetsDefinition, DataVersion, MaterializeResult, MetadataValue, asset
 
 from prep_assets.core.bronze import build_raw_records

@@ -3,7 +3,6 @@
 A failed gate names the offending rows in its metadata and stops the layers below it in the same run.
 """
 
-
 import warnings
 from collections.abc import Iterator
 
@@ -69,16 +68,21 @@ def _partition_gates(spec: DatasetSpec, asset: str, gates: list[Gate]) -> AssetC
 
     @multi_asset_check(
         name="__".join(key.path) + "_gates",  # op names are one namespace across datasets
-        specs=[AssetCheckSpec(g.name, asset=key, blocking=True, description=g.description,
-                              partitions_def=drops_partitions(spec.name)) for g in gates],
+        specs=[
+            AssetCheckSpec(
+                g.name, asset=key, blocking=True, description=g.description, partitions_def=drops_partitions(spec.name)
+            )
+            for g in gates
+        ],
         can_subset=True,
         description=f"the blocking quality gates of {asset}",
     )
     def _checks(context: AssetCheckExecutionContext, lake: LakeResource) -> Iterator[AssetCheckResult]:
         selected = {k.name for k in context.selected_asset_check_keys}
         error: Exception | None = None
-        for gate, outcome in outcomes(spec, lake.paths(spec.name), context.partition_key,
-                                      [g for g in gates if g.name in selected]):
+        for gate, outcome in outcomes(
+            spec, lake.paths(spec.name), context.partition_key, [g for g in gates if g.name in selected]
+        ):
             if isinstance(outcome, Exception):  # the other gates still run and report
                 error = error or outcome
                 continue
@@ -135,7 +139,11 @@ def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: lis
     """Per partition, the gates that did not pass on its latest materialization (failed, never run, or older)."""
     gates = gates_for(spec)
     keys = [AssetCheckKey(asset_key(spec, g.asset), g.name) for g in gates]
-    infos = instance.event_log_storage.get_asset_check_partition_info(keys, partition_keys=partitions) if partitions else []
+    infos = (
+        instance.event_log_storage.get_asset_check_partition_info(keys, partition_keys=partitions)
+        if partitions
+        else []
+    )
     latest = {(i.partition_key, i.check_key.name): i for i in infos}
     out: dict[str, list[str]] = {}
     for partition in partitions:

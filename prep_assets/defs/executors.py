@@ -32,8 +32,9 @@ def executor_from_env() -> ExecutorDefinition | None:
     try:
         from dagster_celery import celery_executor
     except ImportError as exc:
-        raise PrepAssetsError(f"{EXECUTOR_ENV}=celery needs the production extra: "
-                              "pip install -e '.[production]'") from exc
+        raise PrepAssetsError(
+            f"{EXECUTOR_ENV}=celery needs the production extra: pip install -e '.[production]'"
+        ) from exc
     broker = os.environ.get(BROKER_ENV) or DEFAULT_BROKER
     return celery_executor.configured(
         {
@@ -41,8 +42,11 @@ def executor_from_env() -> ExecutorDefinition | None:
             "backend": os.environ.get(BACKEND_ENV) or broker,
             # a step whose worker process died is redelivered (a lost machine's after Redis' visibility timeout,
             # 1 h by default): every layer publishes atomically under its partition lock, so a redo is safe
-            "config_source": {"task_acks_late": True, "task_reject_on_worker_lost": True,
-                              "broker_connection_retry_on_startup": True},
+            "config_source": {
+                "task_acks_late": True,
+                "task_reject_on_worker_lost": True,
+                "broker_connection_retry_on_startup": True,
+            },
         },
         name="celery",
     )

@@ -1,6 +1,5 @@
 """Gold: the pinned tokenizer, and tokenized examples with loss masks per drop."""
 
-
 from typing import Any
 
 from dagster import AssetExecutionContext, AssetsDefinition, DataVersion, MaterializeResult, MetadataValue, asset
@@ -82,8 +81,9 @@ def gold_asset(spec: DatasetSpec) -> AssetsDefinition:
         key = context.partition_key
         out = paths.partition_dir("gold", key)
         with user_errors():
-            stats = layers.build_tokenized_examples(spec, paths.partition_dir("silver", key), paths.tokenizer_dir, out,
-                                                     batch_size=lake.batch_size)
+            stats = layers.build_tokenized_examples(
+                spec, paths.partition_dir("silver", key), paths.tokenizer_dir, out, batch_size=lake.batch_size
+            )
         lengths = stats["example_length"]
         return MaterializeResult(
             metadata={
@@ -95,8 +95,11 @@ def gold_asset(spec: DatasetSpec) -> AssetsDefinition:
                 "num_prompt_tokens": stats["prompt_tokens"],
                 "num_tokens_dropped_by_overflow": stats["tokens_dropped_by_overflow"],
                 "num_rejects": stats["rejects"],
-                **({"num_examples_split_at_turn_boundary": stats["examples_split_at_turn_boundary"]}
-                   if "examples_split_at_turn_boundary" in stats else {}),
+                **(
+                    {"num_examples_split_at_turn_boundary": stats["examples_split_at_turn_boundary"]}
+                    if "examples_split_at_turn_boundary" in stats
+                    else {}
+                ),
                 "rejects_by_reason": counts_table(stats["rejects_by_reason"]),
                 "example_length_tokens": md_table([lengths]),
                 "tokenizer_fingerprint": stats["tokenizer_fingerprint"],
@@ -108,8 +111,14 @@ def gold_asset(spec: DatasetSpec) -> AssetsDefinition:
     return tokenized_examples
 
 
-DISTRIBUTIONS = ("tokens_per_record", "tokens_per_group", "tokens_per_example", "records_per_example",
-                 "groups_per_example", "examples_per_group")
+DISTRIBUTIONS = (
+    "tokens_per_record",
+    "tokens_per_group",
+    "tokens_per_example",
+    "records_per_example",
+    "groups_per_example",
+    "examples_per_group",
+)
 
 
 def tabular_metadata(tab: dict[str, Any] | None) -> dict[str, Any]:

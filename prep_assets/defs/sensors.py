@@ -41,8 +41,13 @@ from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
 POLL_SECONDS = 15
-UNFINISHED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-              DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+UNFINISHED = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
 
 
 def sensor_name(spec: DatasetSpec) -> str:
@@ -57,10 +62,12 @@ def build_drop_sensor(spec: DatasetSpec) -> SensorDefinition:
         minimum_interval_seconds=POLL_SECONDS,
         default_status=DefaultSensorStatus.RUNNING,
         asset_selection=AssetSelection.assets(asset_key(spec, RAW_RECORDS), asset_key(spec, CLEAN_RECORDS)),
-        description=(f"Polls raw/{spec.name}/ every {POLL_SECONDS}s. A file becomes a drop once its size and mtime "
-                     "are unchanged across two ticks (hidden, `_`, .tmp/.part names ignored; symlinks and names no "
-                     "reader takes refused, and reported). Adds the partition and requests its bronze run (run key = "
-                     "partition key); automation carries it on."),
+        description=(
+            f"Polls raw/{spec.name}/ every {POLL_SECONDS}s. A file becomes a drop once its size and mtime "
+            "are unchanged across two ticks (hidden, `_`, .tmp/.part names ignored; symlinks and names no "
+            "reader takes refused, and reported). Adds the partition and requests its bronze run (run key = "
+            "partition key); automation carries it on."
+        ),
     )
     def _sensor(context: SensorEvaluationContext, lake: LakeResource) -> SensorResult | SkipReason:
         paths = lake.paths(spec.name)
@@ -72,16 +79,31 @@ def build_drop_sensor(spec: DatasetSpec) -> SensorDefinition:
             context.log.info(note)
         if poll.waiting:
             context.log.info(f"waiting for {len(poll.waiting)} file(s) to stop changing: {poll.waiting[:10]}")
-        requests = [RunRequest(run_key=k, partition_key=k, asset_selection=[asset_key(spec, RAW_RECORDS)],
-                               tags={"prep_assets/drop": k}) for k in missing]
+        requests = [
+            RunRequest(
+                run_key=k,
+                partition_key=k,
+                asset_selection=[asset_key(spec, RAW_RECORDS)],
+                tags={"prep_assets/drop": k},
+            )
+            for k in missing
+        ]
         for k, earlier in stale_silver(spec, paths).items():
             if k in known:
-                context.log.info(f"{k}: the drops before it changed ({', '.join(earlier) or 'none'}); rebuilding its silver")
+                context.log.info(
+                    f"{k}: the drops before it changed ({', '.join(earlier) or 'none'}); rebuilding its silver"
+                )
                 # the silver being replaced (its stats' mtime) is in the key: a set seen before still gets a run
                 built = (paths.partition_dir("silver", k) / "stats.json").stat().st_mtime_ns
                 tag = hashlib.sha256(f"{built}:{','.join(earlier)}".encode()).hexdigest()[:12]
-                requests.append(RunRequest(run_key=f"{k}:earlier-{tag}", partition_key=k,
-                                           asset_selection=[asset_key(spec, CLEAN_RECORDS)], tags={"prep_assets/drop": k}))
+                requests.append(
+                    RunRequest(
+                        run_key=f"{k}:earlier-{tag}",
+                        partition_key=k,
+                        asset_selection=[asset_key(spec, CLEAN_RECORDS)],
+                        tags={"prep_assets/drop": k},
+                    )
+                )
         if not requests:
             return SensorResult(skip_reason=SkipReason(_skip(poll.waiting, poll.notes)), cursor=poll.cursor)
         return SensorResult(
@@ -119,9 +141,11 @@ def build_manifest_sensor(spec: DatasetSpec) -> SensorDefinition:
         minimum_interval_seconds=POLL_SECONDS,
         default_status=DefaultSensorStatus.RUNNING,
         asset_selection=AssetSelection.assets(manifest),
-        description=(f"Every {POLL_SECONDS}s: refreshes {spec.name}/dataset_manifest once a packed_shards partition "
-                     "was materialized after it and no shards or manifest run is queued or running (the refresh "
-                     "then sees every gate of that partition)."),
+        description=(
+            f"Every {POLL_SECONDS}s: refreshes {spec.name}/dataset_manifest once a packed_shards partition "
+            "was materialized after it and no shards or manifest run is queued or running (the refresh "
+            "then sees every gate of that partition)."
+        ),
     )
     def _sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
         instance = context.instance
@@ -130,13 +154,16 @@ def build_manifest_sensor(spec: DatasetSpec) -> SensorDefinition:
             return SkipReason("no packed_shards partition materialized yet")
         if manifest_covers(instance, manifest) >= shards_id:
             return SkipReason("the manifest was built after the latest packed_shards materialization")
-        busy = [r.dagster_run.run_id for r in instance.get_run_records(RunsFilter(statuses=UNFINISHED))
-                if r.dagster_run.job_name in jobs
-                or {shards, manifest} & set(r.dagster_run.asset_selection or ())]
+        busy = [
+            r.dagster_run.run_id
+            for r in instance.get_run_records(RunsFilter(statuses=UNFINISHED))
+            if r.dagster_run.job_name in jobs or {shards, manifest} & set(r.dagster_run.asset_selection or ())
+        ]
         if busy:
             return SkipReason(f"waiting for {len(busy)} run(s) building shards or the manifest: {busy[:3]}")
-        return SensorResult(run_requests=[RunRequest(run_key=f"manifest-after-{shards_id}",
-                                                     asset_selection=[manifest])])
+        return SensorResult(
+            run_requests=[RunRequest(run_key=f"manifest-after-{shards_id}", asset_selection=[manifest])]
+        )
 
     return _sensor
 

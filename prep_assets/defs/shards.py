@@ -1,6 +1,5 @@
 """Packed shards per drop, and the dataset manifest over all drops."""
 
-
 from dagster import (
     AllPartitionMapping,
     AssetDep,
@@ -31,15 +30,43 @@ from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 from prep_assets.defs.sensors import SHARDS_EVENT_ID, latest_event_id
 
-_SPLIT_COLUMNS = ("examples", "examples_split", "sequences", "segments", "input_tokens", "gold_tokens",
-                  "output_tokens", "loss_tokens", "prompt_tokens", "padding_tokens", "tokens_dropped_by_overflow",
-                  "tokens_dropped_by_packing", "windows_dropped", "overlap_tokens", "data_utilization",
-                  "sequence_utilization", "loss_token_utilization", "max_batch_size")
+_SPLIT_COLUMNS = (
+    "examples",
+    "examples_split",
+    "sequences",
+    "segments",
+    "input_tokens",
+    "gold_tokens",
+    "output_tokens",
+    "loss_tokens",
+    "prompt_tokens",
+    "padding_tokens",
+    "tokens_dropped_by_overflow",
+    "tokens_dropped_by_packing",
+    "windows_dropped",
+    "overlap_tokens",
+    "data_utilization",
+    "sequence_utilization",
+    "loss_token_utilization",
+    "max_batch_size",
+)
 
 
-_COUNTS = ("examples", "examples_split", "segments", "input_tokens", "gold_tokens", "output_tokens", "loss_tokens",
-           "prompt_tokens", "padding_tokens", "tokens_dropped_by_overflow", "tokens_dropped_by_packing",
-           "windows_dropped", "overlap_tokens")
+_COUNTS = (
+    "examples",
+    "examples_split",
+    "segments",
+    "input_tokens",
+    "gold_tokens",
+    "output_tokens",
+    "loss_tokens",
+    "prompt_tokens",
+    "padding_tokens",
+    "tokens_dropped_by_overflow",
+    "tokens_dropped_by_packing",
+    "windows_dropped",
+    "overlap_tokens",
+)
 
 
 def shards_asset(spec: DatasetSpec) -> AssetsDefinition:
@@ -67,27 +94,35 @@ def shards_asset(spec: DatasetSpec) -> AssetsDefinition:
         key = context.partition_key
         out = paths.partition_dir("shards", key)
         with user_errors():
-            stats = build_packed_shards(spec, paths.partition_dir("gold", key), paths.tokenizer_dir, out,
-                                               batch_size=lake.batch_size)
+            stats = build_packed_shards(
+                spec, paths.partition_dir("gold", key), paths.tokenizer_dir, out, batch_size=lake.batch_size
+            )
         totals = stats["totals"]
         per_split = [{"split": s, **{c: m[c] for c in _SPLIT_COLUMNS}} for s, m in stats["splits"].items()]
-        distributions = [{"split": s, "figure": name, **d} for s, m in stats["splits"].items() if m["sequences"]
-                         for name, d in m["distributions"].items()]
+        distributions = [
+            {"split": s, "figure": name, **d}
+            for s, m in stats["splits"].items()
+            if m["sequences"]
+            for name, d in m["distributions"].items()
+        ]
         first = next((m["files"][0]["path"] for m in stats["splits"].values() if m["files"]), None)
         return MaterializeResult(
             metadata={
                 "worker": worker(),
                 "dagster/row_count": totals["sequences"],
                 **{f"num_{k}": totals[k] for k in _COUNTS},
-                **{k: totals[k] for k in ("data_utilization", "sequence_utilization", "loss_token_utilization",
-                                          "max_batch_size")},
+                **{
+                    k: totals[k]
+                    for k in ("data_utilization", "sequence_utilization", "loss_token_utilization", "max_batch_size")
+                },
                 "strategy": f"{spec.packing.strategy} / overflow {spec.sequence.overflow}",
                 "splits": md_table(per_split),
                 "length_distributions_tokens": md_table(distributions),
                 **({"decoded_row": decoded_row(out / first, paths.tokenizer_dir)} if first else {}),
                 "files": MetadataValue.json([f["path"] for m in stats["splits"].values() for f in m["files"]]),
-                "exports": MetadataValue.json([f["path"] for m in stats["splits"].values()
-                                               for e in m["exports"].values() for f in e["files"]]),
+                "exports": MetadataValue.json(
+                    [f["path"] for m in stats["splits"].values() for e in m["exports"].values() for f in e["files"]]
+                ),
                 "tokenizer_fingerprint": stats["tokenizer_fingerprint"],
                 "path": MetadataValue.path(str(out)),
             }
@@ -131,8 +166,7 @@ def manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
         with user_errors():
             manifest = build_manifest(spec, paths, [p for p in registered if p not in excluded])
         per_split = [
-            {"split": s, "files": len(m["files"]), "exports": len(m["exports"]),
-             **{c: m[c] for c in _SPLIT_COLUMNS}}
+            {"split": s, "files": len(m["files"]), "exports": len(m["exports"]), **{c: m[c] for c in _SPLIT_COLUMNS}}
             for s, m in manifest["splits"].items()
         ]
         return MaterializeResult(

@@ -1,6 +1,5 @@
 """Silver: cleaned, exact-deduplicated records with a deterministic split, per drop."""
 
-
 from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, MetadataValue, asset
 
 from prep_assets.core.lake import RECORDS

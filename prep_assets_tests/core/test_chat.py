@@ -37,9 +37,15 @@ TOKENIZERS = {
 }
 # TinyLlama's template has no tools section; Mistral's lists the tools before the *last* user message, so a
 # tool-using history rendered for generation differs from the same history inside the longer conversation
-EXPECTED_REJECTS = {("tinyllama", "chat/glaive_toolcall_en_demo.json"): {"chat_template_dropped_tools": 191},
-                    ("mistral7b", "chat/glaive_toolcall_en_demo.json"): {"chat_template_history_differs": 153}}
-DATASETS = ("chat/glaive_toolcall_en_demo.json", "chat/fastchat_dummy_conversation.json", "dialogue/gdp_dialogue.jsonl")
+EXPECTED_REJECTS = {
+    ("tinyllama", "chat/glaive_toolcall_en_demo.json"): {"chat_template_dropped_tools": 191},
+    ("mistral7b", "chat/glaive_toolcall_en_demo.json"): {"chat_template_history_differs": 153},
+}
+DATASETS = (
+    "chat/glaive_toolcall_en_demo.json",
+    "chat/fastchat_dummy_conversation.json",
+    "dialogue/gdp_dialogue.jsonl",
+)
 
 
 def _load(path: Path) -> list[Any]:
@@ -54,8 +60,9 @@ def _spec(name: str, type_: str = "chat", max_seq_len: int = 16384, **extra: Any
     if cfg["template"]:
         tokenizer["chat_template_file"] = str(CHATML)
     inp = {"type": type_, "role_map": cfg["role_map"], **extra.pop("input", {})}
-    return make_spec(input=inp, tokenizer=tokenizer,
-                     sequence={"max_seq_len": max_seq_len, **extra.pop("sequence", {})}, **extra)
+    return make_spec(
+        input=inp, tokenizer=tokenizer, sequence={"max_seq_len": max_seq_len, **extra.pop("sequence", {})}, **extra
+    )
 
 
 def _pinned(spec: DatasetSpec, tmp_path: Path) -> PinnedTokenizer:
@@ -66,7 +73,9 @@ def _pinned(spec: DatasetSpec, tmp_path: Path) -> PinnedTokenizer:
 
 
 def _examples(tb):
-    return [(tb.token_ids[a:b], tb.loss_mask[a:b], tb.token_type_ids[a:b]) for a, b in zip(tb.offsets[:-1], tb.offsets[1:])]
+    return [
+        (tb.token_ids[a:b], tb.loss_mask[a:b], tb.token_type_ids[a:b]) for a, b in zip(tb.offsets[:-1], tb.offsets[1:])
+    ]
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -109,11 +118,15 @@ def test_chat_mask_round_trip_every_record(tok: str, tmp_path: Path):
             # the prompt seen at inference is a token prefix of the training sequence at each assistant turn
             for i in (i for i, m in enumerate(msgs) if m["role"] == "assistant" and i > 0):
                 prompt = chat.render(msgs[:i], tools, add_generation_prompt=True)
-                prompt_ids = ([pt.info.bos_id] if added_bos else []) + pt.hf(prompt, add_special_tokens=False)["input_ids"]
+                prompt_ids = ([pt.info.bos_id] if added_bos else []) + pt.hf(prompt, add_special_tokens=False)[
+                    "input_ids"
+                ]
                 prefix_checked += 1
                 prefix_violations[rel] += ids[: len(prompt_ids)].tolist() != prompt_ids
-    print(f"\n{tok}: {checked} records checked, {mismatches} mismatches, rejected {rejected}; "
-          f"{prefix_checked} assistant turns prefix-checked, violations {prefix_violations}")
+    print(
+        f"\n{tok}: {checked} records checked, {mismatches} mismatches, rejected {rejected}; "
+        f"{prefix_checked} assistant turns prefix-checked, violations {prefix_violations}"
+    )
     assert checked + sum(sum(r.values()) for r in rejected.values()) == 300 + 500 + 42 and mismatches == 0
     assert sum(prefix_violations.values()) == 0
 
@@ -124,8 +137,12 @@ def test_special_token_strings_in_user_content_stay_plain_text(tok: str, tmp_pat
     pt = _pinned(spec, tmp_path)
     specials = sorted(t.content for t in pt.hf.backend_tokenizer.get_added_tokens_decoder().values())
     specials += ["<|im_start|>", "<|im_end|>", "[INST]", "</s>"]
-    injected = {"messages": [{"role": "user", "content": "look: " + " ".join(specials)},
-                             {"role": "assistant", "content": "ok " + "".join(specials[:3])}]}
+    injected = {
+        "messages": [
+            {"role": "user", "content": "look: " + " ".join(specials)},
+            {"role": "assistant", "content": "ok " + "".join(specials[:3])},
+        ]
+    }
     plain = {"messages": [{"role": "user", "content": "look"}, {"role": "assistant", "content": "ok"}]}
     tb = tokenize_batch([injected, plain], spec, pt)
     (inj_ids, _, _), (plain_ids, _, _) = _examples(tb)
@@ -139,7 +156,7 @@ def test_exactly_one_bos_whether_or_not_the_template_emits_it(tmp_path: Path):
     conv = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
     for tok in ("tinyllama", "mistral7b"):  # TinyLlama's template has no BOS, Mistral's writes one
         pt = _pinned(_spec(tok), tmp_path / tok)
-        (ids, _, _), = _examples(tokenize_batch([conv], _spec(tok), pt))
+        ((ids, _, _),) = _examples(tokenize_batch([conv], _spec(tok), pt))
         assert ids[0] == pt.info.bos_id and (ids == pt.info.bos_id).sum() == 1, tok
 
 
@@ -157,41 +174,65 @@ def test_truncation_that_leaves_no_trained_token_rejects_no_trained_tokens(tmp_p
 
 
 def test_masks_follow_the_spec_roles_tool_turns_masked_by_default(tmp_path: Path):
-    conv = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "weather?"},
-                         {"role": "assistant", "content": '{"name": "weather"}'},
-                         {"role": "tool", "content": '{"temp": 20}'}, {"role": "assistant", "content": "20 C"}]}
+    conv = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": '{"name": "weather"}'},
+            {"role": "tool", "content": '{"temp": 20}'},
+            {"role": "assistant", "content": "20 C"},
+        ]
+    }
     default = _spec("gpt2")
     pt = _pinned(default, tmp_path)
-    (ids, mask, _), = _examples(tokenize_batch([conv], default, pt))
-    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == ['{"name": "weather"}<|im_end|>', "20 C<|im_end|>"]
+    ((ids, mask, _),) = _examples(tokenize_batch([conv], default, pt))
+    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == [
+        '{"name": "weather"}<|im_end|>',
+        "20 C<|im_end|>",
+    ]
     both = _spec("gpt2", mask={"tool": "train", "assistant": "mask"})
-    (ids, mask, _), = _examples(tokenize_batch([conv], both, pt))
+    ((ids, mask, _),) = _examples(tokenize_batch([conv], both, pt))
     assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == ['{"temp": 20}<|im_end|>']
 
 
 def test_template_that_drops_a_role_rejects_the_record_never_silently(tmp_path: Path):
     spec = _spec("tinyllama", input={"role_map": {}})  # TinyLlama's template has no tool role
     pt = _pinned(spec, tmp_path)
-    conv = {"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"},
-                         {"role": "assistant", "content": "a"}]}
+    conv = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "tool", "content": "r"},
+            {"role": "assistant", "content": "a"},
+        ]
+    }
     tb = tokenize_batch([conv], spec, pt)
     assert len(tb.kept) == 0 and tb.rejects[0][1] == "chat_template_dropped_message"
 
 
 def test_sharegpt_roles_map_system_and_tools(tmp_path: Path):
     spec = make_spec(input={"type": "chat", "role_map": {"bot": "assistant"}})
-    value = {"system": "sys", "tools": '[{"name": "f", "parameters": {}}]',
-             "conversations": [{"from": "human", "value": "q"}, {"from": "bot", "value": "a"}]}
+    value = {
+        "system": "sys",
+        "tools": '[{"name": "f", "parameters": {}}]',
+        "conversations": [{"from": "human", "value": "q"}, {"from": "bot", "value": "a"}],
+    }
     content = extract_chat(value, spec.input)
-    assert content == {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"},
-                                    {"role": "assistant", "content": "a"}],
-                       "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
+    assert content == {
+        "messages": [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    }
     bad = extract_chat({"conversations": [{"from": "narrator", "value": "x"}]}, spec.input)
     assert bad.reason == "unknown_role" and "input.role_map" in bad.detail
 
 
 def _hh_records() -> list[dict[str, Any]]:
-    with gzip.open(shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz"), "rt", encoding="utf-8") as f:
+    with gzip.open(
+        shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz"), "rt", encoding="utf-8"
+    ) as f:
         return [json.loads(line) for line in f]
 
 
@@ -205,7 +246,9 @@ def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_p
     contents = [c for c in contents if isinstance(c, dict)]
     assert contents[0]["prompt"][-1]["role"] == "user" and contents[0]["chosen"][0]["role"] == "assistant"
     tb = tokenize_batch(contents, spec, pt)
-    assert tb.branches[0::2] == ["chosen"] * (len(tb.kept) // 2) and tb.branches[1::2] == ["rejected"] * (len(tb.kept) // 2)
+    assert tb.branches[0::2] == ["chosen"] * (len(tb.kept) // 2) and tb.branches[1::2] == ["rejected"] * (
+        len(tb.kept) // 2
+    )
     assert (tb.kept[0::2] == tb.kept[1::2]).all()
     examples = _examples(tb)
     same_prefix = 0
@@ -213,8 +256,10 @@ def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_p
         c_first, r_first = int(np.argmax(c_mask)), int(np.argmax(r_mask))
         same_prefix += c_ids[:c_first].tolist() == r_ids[:r_first].tolist()
         assert len(c_ids) + len(r_ids) <= 4096  # a pair fits one packed row
-    print(f"\nHH preference: {len(raw)} records, {len(invalid)} identical, {len(tb.kept) // 2} pairs kept, "
-          f"{len(tb.rejects)} rejected; masked prefix identical in {same_prefix}")
+    print(
+        f"\nHH preference: {len(raw)} records, {len(invalid)} identical, {len(tb.kept) // 2} pairs kept, "
+        f"{len(tb.rejects)} rejected; masked prefix identical in {same_prefix}"
+    )
     assert same_prefix == len(tb.kept) // 2
     assert len(tb.kept) // 2 + len(tb.rejects) == len(contents)
 
@@ -230,21 +275,36 @@ def test_preference_layers_keep_pairs_in_one_row_and_split(tmp_path: Path):
     src = shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz")
     (tmp_path / "raw" / "hh").mkdir(parents=True)
     shutil.copyfile(src, tmp_path / "raw" / "hh" / src.name)
-    spec = make_spec("hh", input={"type": "preference"}, tokenizer={"path": str(shared_path("tokenizers/tinyllama"))},
-                     sequence={"max_seq_len": 2048, "overflow": "truncate_left"},
-                     split={"validation_ratio": 0.1}, packing={"max_sequences_per_example": 6})
+    spec = make_spec(
+        "hh",
+        input={"type": "preference"},
+        tokenizer={"path": str(shared_path("tokenizers/tinyllama"))},
+        sequence={"max_seq_len": 2048, "overflow": "truncate_left"},
+        split={"validation_ratio": 0.1},
+        packing={"max_sequences_per_example": 6},
+    )
     r = next(iter(run_core(tmp_path, spec).values()))
     b, s, g, sh = r["dirs"]
     files = inv.shard_files(sh)
-    outcomes = [inv.silver_accounted(s, b), inv.gold_accounted(g, s), inv.gold_mask_aligned(g), inv.gold_loss_tokens(g),
-                inv.gold_within_max_len(g, 2048), inv.gold_pairs_complete(g), inv.shards_pairs_together(files, g),
-                inv.shards_tokens_conserved(files, g, layout(spec)), inv.shards_match_gold(files, g),
-                inv.shards_positions_restart(files)]
+    outcomes = [
+        inv.silver_accounted(s, b),
+        inv.gold_accounted(g, s),
+        inv.gold_mask_aligned(g),
+        inv.gold_loss_tokens(g),
+        inv.gold_within_max_len(g, 2048),
+        inv.gold_pairs_complete(g),
+        inv.shards_pairs_together(files, g),
+        inv.shards_tokens_conserved(files, g, layout(spec)),
+        inv.shards_match_gold(files, g),
+        inv.shards_positions_restart(files),
+    ]
     assert [o.name for o in outcomes if not o.passed] == []
     pairs = r["gold"]["examples"] // 2
-    print(f"\nHH layers: {r['bronze']['records']} records, {pairs} pairs in gold, silver rejects "
-          f"{r['silver']['rejects_by_reason']}, gold rejects {r['gold']['rejects_by_reason']}, "
-          f"{r['shards']['totals']['sequences']} rows, utilization {r['shards']['totals']['sequence_utilization']}")
+    print(
+        f"\nHH layers: {r['bronze']['records']} records, {pairs} pairs in gold, silver rejects "
+        f"{r['silver']['rejects_by_reason']}, gold rejects {r['gold']['rejects_by_reason']}, "
+        f"{r['shards']['totals']['sequences']} rows, utilization {r['shards']['totals']['sequence_utilization']}"
+    )
     assert pairs + r["gold"]["rejects"] == r["silver"]["records"] and pairs > 2000
     # corrupt: swap the last example of the first two rows; both pairs are now split across rows
     import pyarrow as pa
@@ -253,11 +313,14 @@ def test_preference_layers_keep_pairs_in_one_row_and_split(tmp_path: Path):
     table = pq.read_table(files[0])
     ids = table.column("example_ids").to_pylist()
     ids[0][-1], ids[1][-1] = ids[1][-1], ids[0][-1]
-    table = table.set_column(table.schema.get_field_index("example_ids"), "example_ids", pa.array(ids, pa.list_(pa.string())))
+    table = table.set_column(
+        table.schema.get_field_index("example_ids"), "example_ids", pa.array(ids, pa.list_(pa.string()))
+    )
     pq.write_table(table, files[0])
     broken = inv.shards_pairs_together(files, g)
-    assert broken.violations == 2 and {o["pair_id"] for o in broken.offending} == {i.rsplit("/", 1)[0] for i in
-                                                                                 (ids[0][-1], ids[1][-1])}
+    assert broken.violations == 2 and {o["pair_id"] for o in broken.offending} == {
+        i.rsplit("/", 1)[0] for i in (ids[0][-1], ids[1][-1])
+    }
 
 
 def test_chat_dataset_without_a_template_fails_at_the_tokenizer_with_the_remedy(tmp_path: Path):
@@ -274,12 +337,13 @@ def test_chat_dataset_without_a_template_fails_at_the_tokenizer_with_the_remedy(
 
 def test_inline_chat_template_from_the_spec_is_pinned_and_used(tmp_path: Path):
     template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
-    spec = make_spec(input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")),
-                                                        "chat_template": template})
+    spec = make_spec(
+        input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": template}
+    )
     pt = _pinned(spec, tmp_path)
     assert (tmp_path / "tok" / "chat_template.jinja").read_text() == template
     conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a b"}]}
-    (ids, mask, types), = _examples(tokenize_batch([conv], spec, pt))
+    ((ids, mask, types),) = _examples(tokenize_batch([conv], spec, pt))
     assert pt.hf.decode(ids.tolist()) == "<user>q</user>\n<assistant>a b</assistant>\n"
     assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == ["a b</assistant>"]
     assert types[mask == 1].tolist()[-1] == TYPE_EOS
@@ -288,25 +352,36 @@ def test_inline_chat_template_from_the_spec_is_pinned_and_used(tmp_path: Path):
 def test_dialogue_instruction_every_completion_trained_every_prompt_masked(tmp_path: Path):
     from prep_assets.core.records import extract_instruction
 
-    spec = make_spec(input={"type": "instruction", "prompt_postfix": "\n"},
-                     tokenizer={"path": str(shared_path("tokenizers/gpt2"))}, sequence={"max_seq_len": 4096})
+    spec = make_spec(
+        input={"type": "instruction", "prompt_postfix": "\n"},
+        tokenizer={"path": str(shared_path("tokenizers/gpt2"))},
+        sequence={"max_seq_len": 4096},
+    )
     pt = _pinned(spec, tmp_path)
     contents = [extract_instruction(v, spec.input) for v in _load(shared_path("datasets/dialogue/gdp_dialogue.jsonl"))]
     tb = tokenize_batch(contents, spec, pt)
     assert tb.rejects == [] and len(tb.kept) == 42
     for rec, (ids, mask, _) in zip(tb.kept.tolist(), _examples(tb), strict=True):
         turns = contents[rec]["turns"]
-        assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == [t["completion"] + "<|endoftext|>" for t in turns]
+        assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == [
+            t["completion"] + "<|endoftext|>" for t in turns
+        ]
         assert pt.hf.decode(ids[mask == 0].tolist()) == "".join(t["prompt"] + "\n" for t in turns)
 
 
 def test_whitespace_only_and_empty_contents_render_exactly(tmp_path: Path):
     spec = _spec("gpt2", clean={"normalize": False})
     pt = _pinned(spec, tmp_path)
-    conv = {"messages": [{"role": "user", "content": "   "}, {"role": "assistant", "content": ""},
-                         {"role": "user", "content": " q \n"}, {"role": "assistant", "content": "  a  "}]}
+    conv = {
+        "messages": [
+            {"role": "user", "content": "   "},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": " q \n"},
+            {"role": "assistant", "content": "  a  "},
+        ]
+    }
     tb = tokenize_batch([conv], spec, pt)
-    (ids, mask, _), = _examples(tb)
+    ((ids, mask, _),) = _examples(tb)
     assert pt.hf.decode(ids.tolist()) == ChatTemplate(pt).render(conv["messages"])
     assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == ["<|im_end|>", "  a  <|im_end|>"]
 
@@ -316,18 +391,31 @@ def test_turn_starts_after_the_generation_prompt_whatever_the_contents_whitespac
     in the content; a template's own blank line before a trimmed content stays masked (Llama-3 style)."""
     mistral = _spec("mistral7b")
     pt = _pinned(mistral, tmp_path / "m")
-    convs = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]} for c in ("42", " 42")]
-    runs = [[ids[a:b].tolist() for a, b in _runs(mask)] for ids, mask, _ in _examples(tokenize_batch(convs, mistral, pt))]
+    convs = [
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]} for c in ("42", " 42")
+    ]
+    runs = [
+        [ids[a:b].tolist() for a, b in _runs(mask)] for ids, mask, _ in _examples(tokenize_batch(convs, mistral, pt))
+    ]
     assert runs[0] == runs[1] and pt.hf.convert_ids_to_tokens(runs[0][0])[0] == "▁"
-    llama3_like = ("{% for m in messages %}<|im_start|>{{ m.role }}\n\n{{ m.content | trim }}<|im_end|>{% endfor %}"
-                   "{% if add_generation_prompt %}<|im_start|>assistant\n\n{% endif %}")
-    spec = make_spec(input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")),
-                                                        "chat_template": llama3_like}, clean={"normalize": False})
+    llama3_like = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n\n{{ m.content | trim }}<|im_end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n\n{% endif %}"
+    )
+    spec = make_spec(
+        input={"type": "chat"},
+        tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": llama3_like},
+        clean={"normalize": False},
+    )
     pt = _pinned(spec, tmp_path / "l")
-    convs = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]}
-             for c in ("Hello", "\n\nHello")]
-    decoded = [[pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] for ids, mask, _ in
-               _examples(tokenize_batch(convs, spec, pt))]
+    convs = [
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]}
+        for c in ("Hello", "\n\nHello")
+    ]
+    decoded = [
+        [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)]
+        for ids, mask, _ in _examples(tokenize_batch(convs, spec, pt))
+    ]
     assert decoded == [["Hello<|im_end|>"], ["Hello<|im_end|>"]]
 
 
@@ -370,7 +458,10 @@ def test_lopsided_pair_fits_or_is_rejected_never_crashes_or_cuts_into_responses(
         assert len(c) + len(r) <= 64 and c[:n].tolist() == r[:n].tolist() and cm[:n].sum() == rm[:n].sum() == 0
         if policy == "truncate_left":
             # each response and its end-of-turn survive
-            assert [pt.hf.decode(c[cm == 1].tolist()), pt.hf.decode(r[rm == 1].tolist())] == ["yes<|im_end|>", "no<|im_end|>"]
+            assert [pt.hf.decode(c[cm == 1].tolist()), pt.hf.decode(r[rm == 1].tolist())] == [
+                "yes<|im_end|>",
+                "no<|im_end|>",
+            ]
 
 
 def test_pair_whose_branches_start_with_a_user_turn_passes_the_pair_gate(tmp_path: Path):
@@ -382,14 +473,29 @@ def test_pair_whose_branches_start_with_a_user_turn_passes_the_pair_gate(tmp_pat
     spec = _spec("gpt2", type_="preference")
     pt = _pinned(spec, tmp_path)
     u, a = (lambda t: {"role": "user", "content": t}), (lambda t: {"role": "assistant", "content": t})
-    content = extract_preference({"chosen": [u("hi"), a("hello"), u("a joke?"), a("ha")],
-                                  "rejected": [u("hi"), a("hello"), u("be rude"), a("no")]}, spec.input)
+    content = extract_preference(
+        {
+            "chosen": [u("hi"), a("hello"), u("a joke?"), a("ha")],
+            "rejected": [u("hi"), a("hello"), u("be rude"), a("no")],
+        },
+        spec.input,
+    )
     assert len(content["prompt"]) == 2
     tb = tokenize_batch([content], spec, pt)
     ex = _examples(tb)
-    rows = [{"pair_id": "p", "branch": b, "split": "train", "source_file": "f", "source_line": 1,
-             "token_ids": ids.tolist(), "loss_mask": m.tolist(), "shared_prefix_tokens": int(n)}
-            for b, (ids, m, _), n in zip(tb.branches, ex, tb.shared_prefix, strict=True)]
+    rows = [
+        {
+            "pair_id": "p",
+            "branch": b,
+            "split": "train",
+            "source_file": "f",
+            "source_line": 1,
+            "token_ids": ids.tolist(),
+            "loss_mask": m.tolist(),
+            "shared_prefix_tokens": int(n),
+        }
+        for b, (ids, m, _), n in zip(tb.branches, ex, tb.shared_prefix, strict=True)
+    ]
     (tmp_path / "g").mkdir()
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "g" / "examples.parquet")
     assert inv.gold_pairs_complete(tmp_path / "g").passed
@@ -405,14 +511,16 @@ def test_preference_extraction_edge_cases_never_mistrain(tmp_path: Path):
     spec = make_spec(input={"type": "preference"})
     u, a = (lambda t: {"role": "user", "content": t}), (lambda t: {"role": "assistant", "content": t})
     # UltraFeedback layout: the prompt is given and repeated at the start of both branches
-    repeated = extract_preference({"prompt": "q", "chosen": [u("q"), a("good")], "rejected": [u("q"), a("bad")]},
-                                  spec.input)
+    repeated = extract_preference(
+        {"prompt": "q", "chosen": [u("q"), a("good")], "rejected": [u("q"), a("bad")]}, spec.input
+    )
     assert repeated == {"prompt": [u("q")], "chosen": [a("good")], "rejected": [a("bad")]}
     # text before the first HH turn would be trained as the assistant's: rejected instead
     bad = extract_preference({"chosen": "Intro\n\nHuman: q\n\nAssistant: a", "rejected": "x"}, spec.input)
     assert bad.reason == "malformed_transcript"
-    single_newline = extract_preference({"chosen": "\nHuman: q\n\nAssistant: a", "rejected": "\nHuman: q\n\nAssistant: b"},
-                                        spec.input)
+    single_newline = extract_preference(
+        {"chosen": "\nHuman: q\n\nAssistant: a", "rejected": "\nHuman: q\n\nAssistant: b"}, spec.input
+    )
     assert single_newline["prompt"] == [u("q")] and single_newline["chosen"] == [a("a")]
     # a plain answer that starts like a turn keeps its text
     plain = extract_preference({"prompt": "q", "chosen": "Assistant: yes", "rejected": "no"}, spec.input)
@@ -459,15 +567,19 @@ def test_template_without_tools_rejects_tool_records_chat_template_dropped_tools
 
 def test_reject_hints_name_the_cause_mistral_system_prompt_is_not_an_unsupported_role(tmp_path: Path):
     mistral = _spec("mistral7b")
-    tb = tokenize_batch([{"messages": [{"role": "system", "content": "be brief"}, _u("q"), _a("a")]}], mistral,
-                        _pinned(mistral, tmp_path / "m"))
-    (_, reason, detail, _), = tb.rejects
+    tb = tokenize_batch(
+        [{"messages": [{"role": "system", "content": "be brief"}, _u("q"), _a("a")]}],
+        mistral,
+        _pinned(mistral, tmp_path / "m"),
+    )
+    ((_, reason, detail, _),) = tb.rejects
     assert reason == "chat_template_dropped_message" and "system prompt" in detail and "Mistral" in detail
     assert "role_map" not in detail and "input.system_key" in detail
     tiny = _spec("tinyllama", input={"role_map": {}})
-    tb = tokenize_batch([{"messages": [_u("q"), {"role": "tool", "content": "r"}, _a("a")]}], tiny,
-                        _pinned(tiny, tmp_path / "t"))
-    (_, reason, detail, _), = tb.rejects
+    tb = tokenize_batch(
+        [{"messages": [_u("q"), {"role": "tool", "content": "r"}, _a("a")]}], tiny, _pinned(tiny, tmp_path / "t")
+    )
+    ((_, reason, detail, _),) = tb.rejects
     assert reason == "chat_template_dropped_message" and "no `tool` role" in detail and "input.role_map" in detail
     conv = {"messages": [{"role": "system", "content": "s"}, _u("q"), _a("a")]}
     for template, cause in (
@@ -475,16 +587,18 @@ def test_reject_hints_name_the_cause_mistral_system_prompt_is_not_an_unsupported
         ("{% for m in messages %}{{ m.content }}|{% endfor %}{{ messages[1].content }}", "rendered 2 times"),
         ("{% for m in messages if m.role in ['user', 'assistant'] %}{{ m.content }}|{% endfor %}", "no `system` role"),
     ):
-        spec = make_spec(input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")),
-                                                            "chat_template": template})
+        spec = make_spec(
+            input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": template}
+        )
         tb = tokenize_batch([conv], spec, _pinned(spec, tmp_path / cause[:5]))
-        (_, reason, detail, _), = tb.rejects
+        ((_, reason, detail, _),) = tb.rejects
         assert reason == "chat_template_dropped_message" and cause in detail and "chat_template_file" in detail
     skips_empty = "{% for m in messages if m.content %}<{{ m.role }}>{{ m.content }}{% endfor %}"
-    spec = make_spec(input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")),
-                                                        "chat_template": skips_empty})
+    spec = make_spec(
+        input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": skips_empty}
+    )
     tb = tokenize_batch([{"messages": [_u(""), _a("a")]}], spec, _pinned(spec, tmp_path / "empty"))
-    (_, reason, detail, _), = tb.rejects
+    ((_, reason, detail, _),) = tb.rejects
     assert reason == "chat_template_mismatch" and "messages [1] are empty" in detail
 
 
@@ -497,9 +611,9 @@ def test_assistant_content_starting_with_newlines_trains_no_template_newline(tmp
     chat = ChatTemplate(pt)
     conv = [_u("q"), _a("\n\nHello")]
     tb = tokenize_batch([{"messages": conv}], spec, pt, chat)
-    (ids, mask, _), = _examples(tb)
+    ((ids, mask, _),) = _examples(tb)
     prompt = chat.render(conv[:1], add_generation_prompt=True)
-    enc = (lambda text: pt.hf(text, add_special_tokens=False)["input_ids"])
+    enc = lambda text: pt.hf(text, add_special_tokens=False)["input_ids"]
     assert prompt.endswith("<|im_start|>assistant\n")
     assert ids.tolist() == enc(prompt) + enc("\n\nHello<|im_end|>") + enc("\n")
     assert ids.tolist() != enc(chat.render(conv))  # what the tokenizer alone gives
@@ -516,16 +630,21 @@ def test_template_with_a_runaway_loop_is_rejected_at_the_time_limit(tmp_path: Pa
     huge = "{{ 'x' * 5000000 }}{% for m in messages %}{{ m.content }}{% endfor %}"  # fast, but 5 MB
     conv = {"messages": [_u("q"), _a("a")]}
     for template, limit, seconds in ((hang, "time limit exceeded", 0.3), (huge, "size limit", 5.0)):
-        spec = make_spec(input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")),
-                                                            "chat_template": template})
+        spec = make_spec(
+            input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": template}
+        )
         pt = _pinned(spec, tmp_path / limit[:4])
         tb = tokenize_batch([conv], spec, pt, CT(pt, render_seconds=seconds))
-        (_, reason, detail, _), = tb.rejects
+        ((_, reason, detail, _),) = tb.rejects
         assert reason == "chat_template_error" and limit in detail, detail
     # the same template object renders a sane template afterwards, and nothing fires after a stopped render
-    ok = make_spec(input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")),
-                                                      "chat_template": "{% for m in messages %}{{ m.content }}"
-                                                                       "{% endfor %}"})
+    ok = make_spec(
+        input={"type": "chat"},
+        tokenizer={
+            "path": str(shared_path("tokenizers/gpt2")),
+            "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}",
+        },
+    )
     chat = CT(_pinned(ok, tmp_path / "ok"), render_seconds=0.3)
     assert chat.render(conv["messages"]) == "qa"
 
@@ -564,8 +683,9 @@ def test_template_that_hangs_on_every_record_stops_gold_with_the_remedy(tmp_path
     from prep_assets.core.errors import TokenizerError
 
     hang = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
-    spec = make_spec(input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")),
-                                                        "chat_template": hang})
+    spec = make_spec(
+        input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": hang}
+    )
     pt = _pinned(spec, tmp_path)
     convs = [{"messages": [_u(f"q{i}"), _a("a")]} for i in range(TIME_LIMITS_IN_A_ROW + 3)]
     with pytest.raises(TokenizerError, match="in a row .time limit exceeded.; fix its loops"):
@@ -578,10 +698,16 @@ def test_gold_counts_examples_split_at_a_turn_boundary(tmp_path: Path):
 
     raw = tmp_path / "raw" / "c"
     raw.mkdir(parents=True)
-    records = [{"messages": [_u(f"question {i}"), _a(("\n\n" if i % 3 == 0 else "") + f"answer number {i}")]}
-               for i in range(12)]
+    records = [
+        {"messages": [_u(f"question {i}"), _a(("\n\n" if i % 3 == 0 else "") + f"answer number {i}")]}
+        for i in range(12)
+    ]
     (raw / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    spec = make_spec("c", input={"type": "chat"}, clean={"normalize": False, "min_chars": 1},
-                     tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template_file": str(CHATML)})
+    spec = make_spec(
+        "c",
+        input={"type": "chat"},
+        clean={"normalize": False, "min_chars": 1},
+        tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template_file": str(CHATML)},
+    )
     gold = next(iter(run_core(tmp_path, spec).values()))["gold"]
     assert gold["examples"] == 12 and gold["examples_split_at_turn_boundary"] == 4

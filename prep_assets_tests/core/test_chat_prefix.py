@@ -41,27 +41,40 @@ def _with_whitespace(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for ws in WHITESPACE:
         for lead, trail in ((ws, ""), ("", ws), (ws, ws)):
             for v in values:
-                turns = [{**t, "value": lead + t["value"] + trail} if t["from"] == "gpt" else t
-                         for t in v["conversations"]]
+                turns = [
+                    {**t, "value": lead + t["value"] + trail} if t["from"] == "gpt" else t for t in v["conversations"]
+                ]
                 out.append({**v, "conversations": turns})
     return out
 
 
 SETS: dict[str, tuple[str, Any]] = {
-    "shared chat/glaive_toolcall_en_demo": ("chat", lambda: _read(shared_path(
-        "datasets/chat/glaive_toolcall_en_demo.json"))),
-    "shared chat/fastchat_dummy_conversation": ("chat", lambda: _read(shared_path(
-        "datasets/chat/fastchat_dummy_conversation.json"))),
-    "shared chat/gdp_apply_chat_template": ("chat", lambda: _read(shared_path(
-        "datasets/chat/gdp_apply_chat_template.jsonl"))),
+    "shared chat/glaive_toolcall_en_demo": (
+        "chat",
+        lambda: _read(shared_path("datasets/chat/glaive_toolcall_en_demo.json")),
+    ),
+    "shared chat/fastchat_dummy_conversation": (
+        "chat",
+        lambda: _read(shared_path("datasets/chat/fastchat_dummy_conversation.json")),
+    ),
+    "shared chat/gdp_apply_chat_template": (
+        "chat",
+        lambda: _read(shared_path("datasets/chat/gdp_apply_chat_template.jsonl")),
+    ),
     "shared dialogue/gdp_dialogue": ("chat", lambda: _read(shared_path("datasets/dialogue/gdp_dialogue.jsonl"))),
-    "shared preference/hh_rlhf_harmless_base_test": ("preference", lambda: _read(shared_path(
-        "datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz"))),
+    "shared preference/hh_rlhf_harmless_base_test": (
+        "preference",
+        lambda: _read(shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz")),
+    ),
     "shipped sample_chat": ("chat", lambda: _read(PROJECT / "data/raw/sample_chat/conversations_2026-11-03.jsonl")),
-    "shipped sample_pref": ("preference", lambda: _read(
-        PROJECT / "data/raw/sample_pref/answer_pairs_2026-11-04.jsonl")),
-    "generated whitespace-edged contents": ("chat", lambda: _with_whitespace(_read(shared_path(
-        "datasets/chat/fastchat_dummy_conversation.json"))[:25])),
+    "shipped sample_pref": (
+        "preference",
+        lambda: _read(PROJECT / "data/raw/sample_pref/answer_pairs_2026-11-04.jsonl"),
+    ),
+    "generated whitespace-edged contents": (
+        "chat",
+        lambda: _with_whitespace(_read(shared_path("datasets/chat/fastchat_dummy_conversation.json"))[:25]),
+    ),
 }
 
 
@@ -73,8 +86,12 @@ def _check(tok: str, name: str, tmp_path: Path) -> dict[str, Any]:
     if tok == "gpt2":
         tokenizer["chat_template_file"] = str(CHATML)
     role_map = {} if tok == "gpt2" else {"observation": "user", "tool": "user"}  # no tool role / call ids needed
-    spec = make_spec(input={"type": type_, "role_map": role_map}, tokenizer=tokenizer,
-                     sequence={"max_seq_len": 1 << 20}, clean={"normalize": False})
+    spec = make_spec(
+        input={"type": type_, "role_map": role_map},
+        tokenizer=tokenizer,
+        sequence={"max_seq_len": 1 << 20},
+        clean={"normalize": False},
+    )
     pt = _pinned(spec, tmp_path)
     chat = ChatTemplate(pt)
     extract = extract_chat if type_ == "chat" else extract_preference
@@ -86,10 +103,10 @@ def _check(tok: str, name: str, tmp_path: Path) -> dict[str, Any]:
     for k, rec in enumerate(tb.kept.tolist()):
         branch = tb.branches[k] if tb.branches else None
         examples[k] = next((m, fl) for b, m, fl in chat_examples(contents[rec], spec) if b == branch)
-    enc = (lambda text: pt.hf(text, add_special_tokens=False)["input_ids"])
+    enc = lambda text: pt.hf(text, add_special_tokens=False)["input_ids"]
     for k, rec in enumerate(tb.kept.tolist()):
-        ids = tb.token_ids[tb.offsets[k]: tb.offsets[k + 1]]
-        mask = tb.loss_mask[tb.offsets[k]: tb.offsets[k + 1]]
+        ids = tb.token_ids[tb.offsets[k] : tb.offsets[k + 1]]
+        mask = tb.loss_mask[tb.offsets[k] : tb.offsets[k + 1]]
         msgs, flags = examples[k]
         tools = contents[rec].get("tools")
         rc = chat.spans(msgs, flags, tools)
@@ -122,9 +139,11 @@ def test_generation_prompt_prefix_property_on_every_chat_set(tok: str, tmp_path:
         figures = _check(tok, name, tmp_path / name.replace("/", "_").replace(" ", "_"))
         print(f"\n{tok} {name}: {figures}")
         total.update(figures)
-    print(f"\n{tok} total: {total['turns']} trained assistant turns checked, {total['violations']} violations; "
-          f"{total['turns_tokenizer_oracle']} against tokenizer(prompt), {total['violations_tokenizer_oracle']} "
-          f"violations; {total['split']} examples split at a turn boundary; {total['trained_text_mismatches']} "
-          f"trained-text mismatches")
+    print(
+        f"\n{tok} total: {total['turns']} trained assistant turns checked, {total['violations']} violations; "
+        f"{total['turns_tokenizer_oracle']} against tokenizer(prompt), {total['violations_tokenizer_oracle']} "
+        f"violations; {total['split']} examples split at a turn boundary; {total['trained_text_mismatches']} "
+        f"trained-text mismatches"
+    )
     assert total["turns"] > 1000 and total["violations"] == 0 and total["violations_tokenizer_oracle"] == 0
     assert total["trained_text_mismatches"] == 0 and total["turns_tokenizer_oracle"] > 0

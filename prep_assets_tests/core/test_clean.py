@@ -49,10 +49,27 @@ def _as_is(contents: list[dict]) -> list[bool]:
 
 
 def test_left_as_is_passes_clean_ascii_and_flags_everything_normalization_would_touch():
-    clean = [{"text": "plain words, 'quotes' and \"escapes\" and a\ttab\nand lines"},
-             {"turns": [{"prompt": "What is 2+2?", "completion": "4."}]}, {"text": ""}]
-    touched = ["caf\u00e9", "a\r\nb", "a\rb", "a\x00b", "a\x07b", "a\x08b", "a\x0cb", "a\x7fb", "a \nb", "a\t\nb",
-               "ends with space ", "ends with newline\n", "ends with tab\t", "a\x1fb"]
+    clean = [
+        {"text": "plain words, 'quotes' and \"escapes\" and a\ttab\nand lines"},
+        {"turns": [{"prompt": "What is 2+2?", "completion": "4."}]},
+        {"text": ""},
+    ]
+    touched = [
+        "caf\u00e9",
+        "a\r\nb",
+        "a\rb",
+        "a\x00b",
+        "a\x07b",
+        "a\x08b",
+        "a\x0cb",
+        "a\x7fb",
+        "a \nb",
+        "a\t\nb",
+        "ends with space ",
+        "ends with newline\n",
+        "ends with tab\t",
+        "a\x1fb",
+    ]
     assert _as_is(clean) == [True] * len(clean)
     assert _as_is([{"text": t} for t in touched]) == [False] * len(touched)
     assert _as_is([{"turns": [{"prompt": "fine", "completion": t}]} for t in touched]) == [False] * len(touched)
@@ -63,14 +80,31 @@ def test_left_as_is_never_passes_a_record_that_normalization_changes():
     """Random texts over the characters each step acts on: wherever `left_as_is` says so, normalizing (every
     step on, and each one alone) leaves the canonical JSON exactly as it was."""
     rng = random.Random(7)
-    alphabet = list("ab \t\n\r\\\"'u0") + ["\x00", "\x08", "\x0b", "\x0c", "\x1c", "\x7f", "\x85", "\xa0", "e\u0301",
-                                             "\u00e9", "\u2028", "\u3000", "\\u00", "\\n", "\\r"]
+    alphabet = list("ab \t\n\r\\\"'u0") + [
+        "\x00",
+        "\x08",
+        "\x0b",
+        "\x0c",
+        "\x1c",
+        "\x7f",
+        "\x85",
+        "\xa0",
+        "e\u0301",
+        "\u00e9",
+        "\u2028",
+        "\u3000",
+        "\\u00",
+        "\\n",
+        "\\r",
+    ]
     contents = [{"text": "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))} for _ in range(20_000)]
     contents += [{"turns": [{"prompt": c["text"], "completion": "x"}]} for c in contents[:2000]]
     flags = _as_is(contents)
     assert 1000 < sum(flags) < len(flags)  # both paths are exercised
-    specs = [NORM] + [NormalizeSpec(**{k: k == on for k in ("nfc", "newlines", "control_chars", "trailing_whitespace")})
-                      for on in ("nfc", "newlines", "control_chars", "trailing_whitespace")]
+    specs = [NORM] + [
+        NormalizeSpec(**{k: k == on for k in ("nfc", "newlines", "control_chars", "trailing_whitespace")})
+        for on in ("nfc", "newlines", "control_chars", "trailing_whitespace")
+    ]
     for content, same in zip(contents, flags):
         if same:
             for norm in specs:
@@ -105,8 +139,11 @@ def test_whitespace_only_trained_turns_are_rejected_unless_the_spec_keeps_them()
     assert quality_verdict(masked_empty, chat.clean, trained=trained) is None  # an empty masked turn trains nothing
     turns = {"turns": [{"prompt": "q", "completion": "  "}]}
     assert quality_verdict(turns, make_spec().clean).reason == "empty_completion"  # type: ignore[union-attr]
-    pref = {"prompt": [], "chosen": [{"role": "assistant", "content": "\n"}],
-            "rejected": [{"role": "assistant", "content": "no"}]}
+    pref = {
+        "prompt": [],
+        "chosen": [{"role": "assistant", "content": "\n"}],
+        "rejected": [{"role": "assistant", "content": "no"}],
+    }
     assert quality_verdict(pref, chat.clean, trained=trained).reason == "empty_completion"  # type: ignore[union-attr]
 
 
@@ -126,8 +163,12 @@ def test_quality_verdict_given_the_texts_equals_computing_them_and_heuristics_ru
     off = make_spec(clean={"min_chars": 1}).clean
     on = make_spec(clean={"min_chars": 1, "quality": {"max_repeated_line_fraction": 0.3}}).clean
     assert not off.quality.enabled and on.quality.enabled
-    for heuristic in ("min_words", "max_repeated_line_fraction", "max_repeated_ngram_fraction",
-                      "max_non_alnum_fraction"):
+    for heuristic in (
+        "min_words",
+        "max_repeated_line_fraction",
+        "max_repeated_ngram_fraction",
+        "max_non_alnum_fraction",
+    ):
         assert make_spec(clean={"quality": {heuristic: 1}}).clean.quality.enabled, heuristic
     assert not make_spec(clean={"quality": {"repeated_ngram_size": 3}}).clean.quality.enabled
     repeated = {"turns": [{"prompt": "same\nsame\nsame", "completion": "same\nsame"}]}

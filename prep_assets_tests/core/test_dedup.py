@@ -18,7 +18,9 @@ from prep_assets.core.silver import build_clean_records, build_silver
 from prep_assets_tests.conftest import make_spec
 
 A = "Café notes: the river rose two feet overnight."
-B, C, D, E, F = (f"Field note {w}: nothing else to report today." for w in ("bravo", "charlie", "delta", "echo", "fox"))
+B, C, D, E, F = (
+    f"Field note {w}: nothing else to report today." for w in ("bravo", "charlie", "delta", "echo", "fox")
+)
 DROPS = {  # registered in name order: a (seq 1), b (seq 2), c (seq 3)
     "a_2026-01.jsonl": [A, B, A, C],
     "b_2026-02.jsonl": [B, D, E],
@@ -50,13 +52,18 @@ def _silver(paths, keys: list[str], spec=SPEC) -> dict[str, dict]:
 
 
 def _kept(paths, key: str) -> list[str]:
-    return [json.loads(c)["text"] for c in pq.read_table(paths.partition_dir("silver", key) / "records.parquet")
-            .column("content").to_pylist()]
+    return [
+        json.loads(c)["text"]
+        for c in pq.read_table(paths.partition_dir("silver", key) / "records.parquet").column("content").to_pylist()
+    ]
 
 
 def _files(paths, keys) -> dict[str, bytes]:
-    return {f"{k}/{f}": (paths.partition_dir("silver", k) / f).read_bytes()
-            for k in keys for f in ("records.parquet", "rejects.parquet", "stats.json")}
+    return {
+        f"{k}/{f}": (paths.partition_dir("silver", k) / f).read_bytes()
+        for k in keys
+        for f in ("records.parquet", "rejects.parquet", "stats.json")
+    }
 
 
 def test_registration_order_is_the_drop_order(tmp_path: Path):
@@ -73,8 +80,10 @@ def test_earliest_drop_then_first_line_keeps_the_record(tmp_path: Path):
     stats = _silver(paths, [a, b, c])
     assert _kept(paths, a) == [A, B, C] and _kept(paths, b) == [D, E] and _kept(paths, c) == [F]
     assert [s["duplicates_of_earlier_drops"] for s in stats.values()] == [0, 1, 2]
-    rejects = {r["record_id"]: r["duplicate_of"] for r in
-               pq.read_table(paths.partition_dir("silver", c) / "rejects.parquet").to_pylist()}
+    rejects = {
+        r["record_id"]: r["duplicate_of"]
+        for r in pq.read_table(paths.partition_dir("silver", c) / "rejects.parquet").to_pylist()
+    }
     assert rejects == {f"{c}:1": f"{a}:1", f"{c}:2": f"{b}:2", f"{c}:4": f"{c}:3"}
     assert all(o.passed for o in evaluate(SPEC, paths, c, "clean_records"))
 
@@ -110,6 +119,7 @@ def test_superseded_drop_no_longer_counts_as_earlier(tmp_path: Path):
     assert _kept(paths, c) == [unicodedata.normalize("NFC", A), F]  # A is no longer held by an earlier drop
     assert _kept(paths, a2.partition) == [C]  # C was only in the replaced drop
 
+
 def test_earlier_drop_without_file_or_index_is_a_clear_error(tmp_path: Path):
     paths, keys = _lake(tmp_path)
     (paths.raw_dir / "a_2026-01.jsonl").unlink()
@@ -141,8 +151,10 @@ def test_a_hash_held_by_two_earlier_drops_names_the_earliest(tmp_path: Path):
     _write(paths.raw_dir, d, [D, A])
     (new,), _ = register_drops(paths)
     _silver(paths, [new.partition])
-    rejects = [(r["record_id"], r["duplicate_of"]) for r in
-               pq.read_table(paths.partition_dir("silver", new.partition) / "rejects.parquet").to_pylist()]
+    rejects = [
+        (r["record_id"], r["duplicate_of"])
+        for r in pq.read_table(paths.partition_dir("silver", new.partition) / "rejects.parquet").to_pylist()
+    ]
     assert rejects == [(f"{new.partition}:1", f"{b}:2"), (f"{new.partition}:2", f"{a}:1")]
 
 
@@ -174,7 +186,9 @@ def test_silver_over_bronze_of_another_spec_is_refused(tmp_path: Path):
     paths, keys = _lake(tmp_path)
     a = keys["a_2026-01.jsonl"]
     _silver(paths, [a])
-    other = make_spec("ds", input={"type": "text", "text_key": "body"}, clean={"dedup": "exact", "dedup_scope": "dataset"})
+    other = make_spec(
+        "ds", input={"type": "text", "text_key": "body"}, clean={"dedup": "exact", "dedup_scope": "dataset"}
+    )
     with pytest.raises(DropError, match="bronze was built with another spec"):
         build_silver(other, paths, a)
 

@@ -15,8 +15,13 @@ PAD = [0] * 5
 
 def _row8(**over: list) -> dict:
     """test_invariants' row, padded to 8 tokens (the smallest max_seq_len a spec takes)."""
-    base = {"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1], "position_ids": [0, 1, 2], "segment_ids": [1, 1, 1],
-            "token_type_ids": [1, 1, 3]}
+    base = {
+        "input_ids": [5, 6, 7],
+        "loss_mask": [0, 1, 1],
+        "position_ids": [0, 1, 2],
+        "segment_ids": [1, 1, 1],
+        "token_type_ids": [1, 1, 3],
+    }
     base.update(over)
     return _row(**{k: v + ([2] * 5 if k == "token_type_ids" else PAD) for k, v in base.items()})
 
@@ -28,8 +33,10 @@ BY_ROWS = ["packed_shards_fixed_length", "packed_shards_positions_restart", "pac
 def lake(tmp_path: Path):
     """A partition whose shards break fixed_length (row 1), positions_restart (row 2) and match_gold (row 3)."""
     paths = dataset_paths(tmp_path, "ds")
-    _shard(paths.partition_dir("shards", "k") / "train" / "part-00000.parquet",
-           [_row8(), _row8(input_ids=[5, 6]), _row8(position_ids=[0, 1, 3]), _row8(input_ids=[5, 7, 6])])
+    _shard(
+        paths.partition_dir("shards", "k") / "train" / "part-00000.parquet",
+        [_row8(), _row8(input_ids=[5, 6]), _row8(position_ids=[0, 1, 3]), _row8(input_ids=[5, 7, 6])],
+    )
     _gold(paths.partition_dir("gold", "k"), [GOOD])
     spec = make_spec(sequence={"max_seq_len": 8})
     return spec, paths, [g for g in gates.gates_for(spec) if g.name in BY_ROWS]
@@ -54,7 +61,8 @@ def test_a_failing_shared_pass_is_reported_by_each_gate_that_reads_it(lake, monk
     monkeypatch.setattr(inv, "shard_rows", broken)
     out = gates.outcomes(spec, paths, "k", [*chosen, other])
     assert [(g.name, str(o)) for g, o in out if isinstance(o, Exception)] == [
-        (name, "the shard pass broke") for name in BY_ROWS]
+        (name, "the shard pass broke") for name in BY_ROWS
+    ]
     assert isinstance(out[-1][1], inv.Outcome)  # a gate that reads the shards on its own still reports
 
 

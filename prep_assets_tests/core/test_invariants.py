@@ -13,9 +13,19 @@ from prep_assets.core.records import GOLD_SCHEMA, SHARD_SCHEMA
 def _gold(dir_: Path, rows: list[dict]) -> Path:
     dir_.mkdir(parents=True, exist_ok=True)
     base = {"drop": "d", "source_file": "f.jsonl", "byte_offset": 0, "split": "train"}
-    full = [{**base, "example_id": f"d:{i + 1}", "record_id": f"d:{i + 1}", "source_line": i + 1,
-             "num_tokens": len(r["token_ids"]), "num_loss_tokens": sum(r["loss_mask"]),
-             "num_prompt_tokens": 0, **r} for i, r in enumerate(rows)]
+    full = [
+        {
+            **base,
+            "example_id": f"d:{i + 1}",
+            "record_id": f"d:{i + 1}",
+            "source_line": i + 1,
+            "num_tokens": len(r["token_ids"]),
+            "num_loss_tokens": sum(r["loss_mask"]),
+            "num_prompt_tokens": 0,
+            **r,
+        }
+        for i, r in enumerate(rows)
+    ]
     pq.write_table(pa.Table.from_pylist(full, schema=GOLD_SCHEMA), dir_ / "examples.parquet")
     return dir_
 
@@ -35,8 +45,14 @@ def test_gold_mask_on_prompt_type_fails(tmp_path: Path):
 
 
 def test_gold_no_loss_tokens_ids_out_of_vocab_and_too_long(tmp_path: Path):
-    g = _gold(tmp_path / "g", [GOOD, {"token_ids": [1, 2], "loss_mask": [0, 0], "token_type_ids": [1, 3]},
-                               {"token_ids": [1, 99, 3, 4], "loss_mask": [0, 1, 1, 1], "token_type_ids": [1, 1, 1, 3]}])
+    g = _gold(
+        tmp_path / "g",
+        [
+            GOOD,
+            {"token_ids": [1, 2], "loss_mask": [0, 0], "token_type_ids": [1, 3]},
+            {"token_ids": [1, 99, 3, 4], "loss_mask": [0, 1, 1, 1], "token_type_ids": [1, 1, 1, 3]},
+        ],
+    )
     assert inv.gold_loss_tokens(g).offending[0]["example_id"] == "d:2"
     assert inv.gold_ids_in_vocab(g, 50).offending[0]["example_id"] == "d:3"
     assert inv.gold_within_max_len(g, 3).offending[0]["example_id"] == "d:3"
@@ -50,9 +66,17 @@ def _shard(path: Path, rows: list[dict]) -> Path:
 
 
 def _row(**over) -> dict:
-    row = {"input_ids": [5, 6, 7, 0], "loss_mask": [0, 1, 1, 0], "position_ids": [0, 1, 2, 0],
-           "segment_ids": [1, 1, 1, 0], "token_type_ids": [1, 1, 3, 2], "seq_lengths": [3],
-           "example_ids": ["d:1"], "example_offsets": [0], "num_loss_tokens": 2}
+    row = {
+        "input_ids": [5, 6, 7, 0],
+        "loss_mask": [0, 1, 1, 0],
+        "position_ids": [0, 1, 2, 0],
+        "segment_ids": [1, 1, 1, 0],
+        "token_type_ids": [1, 1, 3, 2],
+        "seq_lengths": [3],
+        "example_ids": ["d:1"],
+        "example_offsets": [0],
+        "num_loss_tokens": 2,
+    }
     row.update(over)
     return row
 
@@ -60,9 +84,14 @@ def _row(**over) -> dict:
 def test_good_shard_passes_every_shard_invariant(tmp_path: Path):
     f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row()])]
     g = _gold(tmp_path / "g", [GOOD])
-    for out in (inv.shards_fixed_length(f, 4), inv.shards_padding_masked(f, 0), inv.shards_positions_restart(f),
-                inv.shards_tokens_conserved(f, g, inv.Layout(4)), inv.shards_match_gold(f, g),
-                inv.shards_utilization(f, 4, 0.7)):
+    for out in (
+        inv.shards_fixed_length(f, 4),
+        inv.shards_padding_masked(f, 0),
+        inv.shards_positions_restart(f),
+        inv.shards_tokens_conserved(f, g, inv.Layout(4)),
+        inv.shards_match_gold(f, g),
+        inv.shards_utilization(f, 4, 0.7),
+    ):
         assert out.passed, out
 
 
@@ -84,9 +113,22 @@ def test_good_shard_passes_every_shard_invariant(tmp_path: Path):
         ({"loss_mask": [0, 0, 1, 0], "num_loss_tokens": 1}, lambda f, g: inv.shards_match_gold(f, g)),
         ({"token_type_ids": [1, 1, 1, 2]}, lambda f, g: inv.shards_match_gold(f, g)),
     ],
-    ids=["short_row", "padding_trained", "padding_not_pad_id", "position_gap", "position_not_restarted",
-         "segment_start_trained", "segments_not_from_one", "loss_count_wrong", "unknown_example", "wrong_offset",
-         "tokens_lost", "tokens_swapped", "loss_lost", "eos_type_lost"],
+    ids=[
+        "short_row",
+        "padding_trained",
+        "padding_not_pad_id",
+        "position_gap",
+        "position_not_restarted",
+        "segment_start_trained",
+        "segments_not_from_one",
+        "loss_count_wrong",
+        "unknown_example",
+        "wrong_offset",
+        "tokens_lost",
+        "tokens_swapped",
+        "loss_lost",
+        "eos_type_lost",
+    ],
 )
 def test_corrupted_shard_fails_its_invariant(tmp_path: Path, corruption, invariant):
     f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row(**corruption)])]
@@ -95,20 +137,51 @@ def test_corrupted_shard_fails_its_invariant(tmp_path: Path, corruption, invaria
     assert not out.passed and out.offending
 
 
-
 @pytest.mark.parametrize(
     ("row", "bad_tokens"),
-    [({"segment_ids": [1, 0, 1, 0], "loss_mask": [0, 1, 1, 0]}, [2]),  # trained padding mid-row, clean tail
-     ({"segment_ids": [1, 0, 1, 0], "input_ids": [5, 0, 7, 0], "position_ids": [0, 0, 0, 0],
-       "loss_mask": [0, 0, 0, 0], "token_type_ids": [1, 2, 3, 2]}, []),  # clean padding mid-row
-     ({"segment_ids": [1, 1, 0, 0], "input_ids": [5, 6, 0, 0], "position_ids": [0, 1, 0, 0],
-       "loss_mask": [0, 1, 0, 0], "token_type_ids": [1, 1, 2, 1]}, [4]),  # tail not all padding type
-     ({"segment_ids": [1, 1, 1, 1], "input_ids": [5, 6, 7, 0], "position_ids": [0, 1, 2, 3]}, []),  # no padding
-     ({"segment_ids": [1, 1, 0, None], "input_ids": [5, 6, 0, 9], "loss_mask": [0, 1, 0, 1],
-       "position_ids": [0, 1, 0, 5], "token_type_ids": [1, 1, 2, 3]}, []),  # a NULL segment is no padding token
-     ({"position_ids": [0, 1, 2, 5]}, [4])],  # padding at a position
-    ids=["trained_padding_mid_row", "clean_padding_mid_row", "tail_type_wrong", "no_padding", "null_segment",
-         "padding_position"],
+    [
+        ({"segment_ids": [1, 0, 1, 0], "loss_mask": [0, 1, 1, 0]}, [2]),  # trained padding mid-row, clean tail
+        (
+            {
+                "segment_ids": [1, 0, 1, 0],
+                "input_ids": [5, 0, 7, 0],
+                "position_ids": [0, 0, 0, 0],
+                "loss_mask": [0, 0, 0, 0],
+                "token_type_ids": [1, 2, 3, 2],
+            },
+            [],
+        ),  # clean padding mid-row
+        (
+            {
+                "segment_ids": [1, 1, 0, 0],
+                "input_ids": [5, 6, 0, 0],
+                "position_ids": [0, 1, 0, 0],
+                "loss_mask": [0, 1, 0, 0],
+                "token_type_ids": [1, 1, 2, 1],
+            },
+            [4],
+        ),  # tail not all padding type
+        ({"segment_ids": [1, 1, 1, 1], "input_ids": [5, 6, 7, 0], "position_ids": [0, 1, 2, 3]}, []),  # no padding
+        (
+            {
+                "segment_ids": [1, 1, 0, None],
+                "input_ids": [5, 6, 0, 9],
+                "loss_mask": [0, 1, 0, 1],
+                "position_ids": [0, 1, 0, 5],
+                "token_type_ids": [1, 1, 2, 3],
+            },
+            [],
+        ),  # a NULL segment is no padding token
+        ({"position_ids": [0, 1, 2, 5]}, [4]),
+    ],  # padding at a position
+    ids=[
+        "trained_padding_mid_row",
+        "clean_padding_mid_row",
+        "tail_type_wrong",
+        "no_padding",
+        "null_segment",
+        "padding_position",
+    ],
 )
 def test_padding_gate_judges_every_segment_0_token_not_only_a_clean_tail(tmp_path: Path, row, bad_tokens):
     # its first step sets aside rows whose tokens from the first segment-0 one on are all clean padding
@@ -117,20 +190,37 @@ def test_padding_gate_judges_every_segment_0_token_not_only_a_clean_tail(tmp_pat
     assert [r["token"] for r in out.offending] == bad_tokens and out.violations == len(bad_tokens)
 
 
-@pytest.mark.parametrize("seq_lengths", [[2, 0, 2], [2, None, 2], [2, -1, 2], [2, 1_000_000_000], None],
-                         ids=["empty_segment", "null_length", "negative_length", "huge_length", "no_lengths"])
+@pytest.mark.parametrize(
+    "seq_lengths",
+    [[2, 0, 2], [2, None, 2], [2, -1, 2], [2, 1_000_000_000], None],
+    ids=["empty_segment", "null_length", "negative_length", "huge_length", "no_lengths"],
+)
 def test_positions_restart_judges_tokens_not_seq_lengths_and_catches_a_skipped_segment(tmp_path: Path, seq_lengths):
     # its first step sets aside rows laid out exactly as their (sane) seq_lengths say; what it passes on is judged
     # token by token, and no corrupt seq_lengths can make a skipped segment number look laid out
-    two = {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 1, 0, 1], "position_ids": [0, 1, 0, 1],
-           "segment_ids": [1, 1, 2, 2], "token_type_ids": [1, 1, 1, 1], "seq_lengths": [2, 2],
-           "example_ids": ["d:1", "d:2"], "example_offsets": [0, 0], "num_loss_tokens": 2}
+    two = {
+        "input_ids": [5, 6, 7, 8],
+        "loss_mask": [0, 1, 0, 1],
+        "position_ids": [0, 1, 0, 1],
+        "segment_ids": [1, 1, 2, 2],
+        "token_type_ids": [1, 1, 1, 1],
+        "seq_lengths": [2, 2],
+        "example_ids": ["d:1", "d:2"],
+        "example_offsets": [0, 0],
+        "num_loss_tokens": 2,
+    }
     ok = [_shard(tmp_path / "a" / "train" / "part-00000.parquet", [_row(), two])]
     assert inv.shards_positions_restart(ok).passed
-    skipped = {**two, "segment_ids": [1, 1, 3, 3], "seq_lengths": seq_lengths, "example_ids": ["d:1", "d:3", "d:2"],
-               "example_offsets": [0, 0, 0]}
+    skipped = {
+        **two,
+        "segment_ids": [1, 1, 3, 3],
+        "seq_lengths": seq_lengths,
+        "example_ids": ["d:1", "d:3", "d:2"],
+        "example_offsets": [0, 0, 0],
+    }
     out = inv.shards_positions_restart([_shard(tmp_path / "b" / "train" / "part-00000.parquet", [_row(), skipped])])
     assert out.violations == 1 and out.offending[0]["row"] == 1 and out.offending[0]["token"] == 3
+
 
 def test_utilization_below_threshold_fails(tmp_path: Path):
     f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row()])]
@@ -144,11 +234,35 @@ def test_silver_duplicates_and_accounting(tmp_path: Path):
     b, s = tmp_path / "b", tmp_path / "s"
     b.mkdir(), s.mkdir()
     prov = {"drop": "d", "source_file": "f", "byte_offset": 0}
-    pq.write_table(pa.Table.from_pylist([{**prov, "record_id": f"d:{i}", "source_line": i, "record_sha256": "x",
-                                          "record": "{}", "content": "{}"} for i in (1, 2, 3)], schema=BRONZE_SCHEMA),
-                   b / "records.parquet")
-    kept = [{**prov, "record_id": f"d:{i}", "source_line": i, "content": "{}", "content_sha256": "h",
-             "num_chars": 5, "split": "train"} for i in (1, 2)]
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {
+                    **prov,
+                    "record_id": f"d:{i}",
+                    "source_line": i,
+                    "record_sha256": "x",
+                    "record": "{}",
+                    "content": "{}",
+                }
+                for i in (1, 2, 3)
+            ],
+            schema=BRONZE_SCHEMA,
+        ),
+        b / "records.parquet",
+    )
+    kept = [
+        {
+            **prov,
+            "record_id": f"d:{i}",
+            "source_line": i,
+            "content": "{}",
+            "content_sha256": "h",
+            "num_chars": 5,
+            "split": "train",
+        }
+        for i in (1, 2)
+    ]
     pq.write_table(pa.Table.from_pylist(kept, schema=SILVER_SCHEMA), s / "records.parquet")
     pq.write_table(pa.Table.from_pylist([], schema=SILVER_REJECT_SCHEMA), s / "rejects.parquet")
     assert inv.silver_unique(s).offending[0]["record_ids"] == ["d:1", "d:2"]
@@ -168,7 +282,7 @@ def test_count_lines_of_truncated_gzip_is_unknown_not_a_crash(tmp_path: Path):
 
 def test_count_elements_is_independent_of_the_reader(tmp_path: Path):
     (tmp_path / "a.json").write_text('[1, 2, {"x": [3]}]')
-    (tmp_path / "b.json").write_text('[1, 2')
+    (tmp_path / "b.json").write_text("[1, 2")
     assert inv.count_elements(tmp_path / "a.json") == 3 and inv.count_elements(tmp_path / "b.json") is None
 
 
@@ -181,16 +295,28 @@ def test_mask_on_prompt_passes_when_the_spec_trains_prompts(tmp_path: Path):
 def test_match_gold_and_positions_name_the_first_bad_token_of_a_later_segment(tmp_path: Path):
     """Two segments in one row: the segment-level gates must find where the second one starts (token 4)."""
     g = _gold(tmp_path / "g", [GOOD, {"token_ids": [8, 9], "loss_mask": [0, 1], "token_type_ids": [1, 3]}])
-    good = _row(input_ids=[5, 6, 7, 8, 9, 0], loss_mask=[0, 1, 1, 0, 1, 0], position_ids=[0, 1, 2, 0, 1, 0],
-                segment_ids=[1, 1, 1, 2, 2, 0], token_type_ids=[1, 1, 3, 1, 3, 2], seq_lengths=[3, 2],
-                example_ids=["d:1", "d:2"], example_offsets=[0, 0], num_loss_tokens=3)
+    good = _row(
+        input_ids=[5, 6, 7, 8, 9, 0],
+        loss_mask=[0, 1, 1, 0, 1, 0],
+        position_ids=[0, 1, 2, 0, 1, 0],
+        segment_ids=[1, 1, 1, 2, 2, 0],
+        token_type_ids=[1, 1, 3, 1, 3, 2],
+        seq_lengths=[3, 2],
+        example_ids=["d:1", "d:2"],
+        example_offsets=[0, 0],
+        num_loss_tokens=3,
+    )
     ok = [_shard(tmp_path / "ok" / "train" / "part-00000.parquet", [good])]
     assert inv.shards_match_gold(ok, g).passed and inv.shards_positions_restart(ok).passed
     swapped = [_shard(tmp_path / "bad" / "train" / "part-00000.parquet", [{**good, "input_ids": [5, 6, 7, 9, 8, 0]}])]
     out = inv.shards_match_gold(swapped, g)
     assert out.violations == 1 and out.offending[0]["example_id"] == "d:2" and out.offending[0]["token"] == 4
-    trained_start = [_shard(tmp_path / "start" / "train" / "part-00000.parquet",
-                            [{**good, "loss_mask": [0, 1, 1, 1, 1, 0], "num_loss_tokens": 4}])]
+    trained_start = [
+        _shard(
+            tmp_path / "start" / "train" / "part-00000.parquet",
+            [{**good, "loss_mask": [0, 1, 1, 1, 1, 0], "num_loss_tokens": 4}],
+        )
+    ]
     out = inv.shards_positions_restart(trained_start)
     assert out.violations == 1 and out.offending[0]["token"] == 4
     assert inv.shards_match_gold(trained_start, g).offending[0]["token"] == 4
@@ -198,14 +324,22 @@ def test_match_gold_and_positions_name_the_first_bad_token_of_a_later_segment(tm
 
 @pytest.mark.parametrize(
     ("second", "bad"),
-    [({}, []),
-     ({"example_ids": ["d:9"]}, [(1, "d:9", 1)]),  # names no gold example
-     ({"example_offsets": [1]}, [(1, "d:1", 1)]),  # reaches past the gold example's end
-     ({"input_ids": [5, 6, 8, 0]}, [(1, "d:1", 3)]),  # one token changed, in the second row only
-     ({"loss_mask": [1, 1, 1, 0], "num_loss_tokens": 3}, [(1, "d:1", 1)]),  # segment start trained
-     ({"input_ids": [6, 5, 7, 0], "token_type_ids": [1, 1, 1, 2]}, [(1, "d:1", 1)])],  # two lists wrong at once
-    ids=["all_good", "unknown_example", "offset_past_the_end", "changed_token_in_a_later_row", "trained_start",
-         "ids_and_types_wrong"],
+    [
+        ({}, []),
+        ({"example_ids": ["d:9"]}, [(1, "d:9", 1)]),  # names no gold example
+        ({"example_offsets": [1]}, [(1, "d:1", 1)]),  # reaches past the gold example's end
+        ({"input_ids": [5, 6, 8, 0]}, [(1, "d:1", 3)]),  # one token changed, in the second row only
+        ({"loss_mask": [1, 1, 1, 0], "num_loss_tokens": 3}, [(1, "d:1", 1)]),  # segment start trained
+        ({"input_ids": [6, 5, 7, 0], "token_type_ids": [1, 1, 1, 2]}, [(1, "d:1", 1)]),
+    ],  # two lists wrong at once
+    ids=[
+        "all_good",
+        "unknown_example",
+        "offset_past_the_end",
+        "changed_token_in_a_later_row",
+        "trained_start",
+        "ids_and_types_wrong",
+    ],
 )
 def test_match_gold_finds_the_bad_rows_then_their_segments_and_first_bad_token(tmp_path: Path, second, bad):
     """Pass 1 compares each row's token-hash sum with its gold's; pass 2 names the failing rows' segments."""
@@ -218,8 +352,17 @@ def test_match_gold_finds_the_bad_rows_then_their_segments_and_first_bad_token(t
 
 def test_match_gold_rows_without_segments_pass_and_tokens_no_segment_names_are_their_own_violation(tmp_path: Path):
     g = _gold(tmp_path / "g", [GOOD])
-    padding = _row(input_ids=[0, 0, 0, 0], loss_mask=[0, 0, 0, 0], position_ids=[0, 0, 0, 0], segment_ids=[0, 0, 0, 0],
-                   token_type_ids=[2, 2, 2, 2], seq_lengths=[], example_ids=[], example_offsets=[], num_loss_tokens=0)
+    padding = _row(
+        input_ids=[0, 0, 0, 0],
+        loss_mask=[0, 0, 0, 0],
+        position_ids=[0, 0, 0, 0],
+        segment_ids=[0, 0, 0, 0],
+        token_type_ids=[2, 2, 2, 2],
+        seq_lengths=[],
+        example_ids=[],
+        example_offsets=[],
+        num_loss_tokens=0,
+    )
     no_lengths = _row(seq_lengths=[])  # segments named but no lengths: nothing to compare (fixed_length flags it)
     ok = [_shard(tmp_path / "ok" / "train" / "part-00000.parquet", [_row(), padding, no_lengths])]
     assert inv.shards_match_gold(ok, g).passed
@@ -235,13 +378,25 @@ def test_match_gold_rows_without_segments_pass_and_tokens_no_segment_names_are_t
 
 @pytest.mark.parametrize(
     "row",
-    [{"seq_lengths": [2]},  # the segment runs on past what seq_lengths lists
-     # a trained token beyond the example, still numbered as its segment: every other gate judges only the tokens
-     # seq_lengths covers (match_gold, tokens_conserved) or segment 0 (padding), so only this gate can see it
-     {"input_ids": [5, 6, 7, 9], "loss_mask": [0, 1, 1, 1], "position_ids": [0, 1, 2, 3], "segment_ids": [1, 1, 1, 1],
-      "token_type_ids": [1, 1, 3, 1], "num_loss_tokens": 3},
-     {"seq_lengths": [1, 2], "example_ids": ["d:1", "d:1"], "example_offsets": [0, 1]},  # one segment, listed as two
-     {"seq_lengths": []}],
+    [
+        {"seq_lengths": [2]},  # the segment runs on past what seq_lengths lists
+        # a trained token beyond the example, still numbered as its segment: every other gate judges only the tokens
+        # seq_lengths covers (match_gold, tokens_conserved) or segment 0 (padding), so only this gate can see it
+        {
+            "input_ids": [5, 6, 7, 9],
+            "loss_mask": [0, 1, 1, 1],
+            "position_ids": [0, 1, 2, 3],
+            "segment_ids": [1, 1, 1, 1],
+            "token_type_ids": [1, 1, 3, 1],
+            "num_loss_tokens": 3,
+        },
+        {
+            "seq_lengths": [1, 2],
+            "example_ids": ["d:1", "d:1"],
+            "example_offsets": [0, 1],
+        },  # one segment, listed as two
+        {"seq_lengths": []},
+    ],
     ids=["seq_lengths_short", "trained_token_past_the_segments", "one_segment_listed_as_two", "no_segments_listed"],
 )
 def test_positions_restart_fails_a_row_whose_segments_are_not_its_seq_lengths(tmp_path: Path, row):
@@ -251,44 +406,66 @@ def test_positions_restart_fails_a_row_whose_segments_are_not_its_seq_lengths(tm
 
 
 def test_gold_row_rules_judged_in_one_pass_equal_each_judged_alone(tmp_path: Path):
-    g = _gold(tmp_path / "g", [GOOD, {"token_ids": [5, 6, 7], "loss_mask": [0, 1], "token_type_ids": [1, 1, 3]},
-                               {"token_ids": [1, 2], "loss_mask": [0, 0], "token_type_ids": [1, 3]},
-                               {"token_ids": [1, 99, 3, 4], "loss_mask": [0, 1, 1, 1], "token_type_ids": [1, 1, 1, 3]}])
+    g = _gold(
+        tmp_path / "g",
+        [
+            GOOD,
+            {"token_ids": [5, 6, 7], "loss_mask": [0, 1], "token_type_ids": [1, 1, 3]},
+            {"token_ids": [1, 2], "loss_mask": [0, 0], "token_type_ids": [1, 3]},
+            {"token_ids": [1, 99, 3, 4], "loss_mask": [0, 1, 1, 1], "token_type_ids": [1, 1, 1, 3]},
+        ],
+    )
     rules = [inv.mask_aligned_rule(), inv.loss_tokens_rule(), inv.ids_in_vocab_rule(50), inv.within_max_len_rule(3)]
     together = inv.gold_rows(g, rules)
     assert together == [inv.gold_rows(g, [rule])[0] for rule in rules]
     assert [(o.name, [r["example_id"] for r in o.offending]) for o in together] == [
-        ("tokenized_examples_mask_aligned", ["d:2"]), ("tokenized_examples_have_loss_tokens", ["d:3"]),
-        ("tokenized_examples_ids_in_vocab", ["d:4"]), ("tokenized_examples_within_max_len", ["d:4"])]
+        ("tokenized_examples_mask_aligned", ["d:2"]),
+        ("tokenized_examples_have_loss_tokens", ["d:3"]),
+        ("tokenized_examples_ids_in_vocab", ["d:4"]),
+        ("tokenized_examples_within_max_len", ["d:4"]),
+    ]
     assert together[2].offending[0]["max_id"] == 99 and together[3].offending[0]["tokens"] == 4
 
 
 def test_shard_row_gates_judged_from_one_pass_equal_each_judged_alone(tmp_path: Path):
     """`shard_rows` with every part, handed to fixed_length, positions_restart and match_gold, gives each the outcome
     it finds on its own; rows broken for each gate, and a clean one, in two files."""
-    a = _shard(tmp_path / "train" / "part-00000.parquet",
-               [_row(), _row(input_ids=[5, 6, 7]), _row(position_ids=[0, 1, 3, 0]), _row(input_ids=[5, 7, 6, 0])])
-    b = _shard(tmp_path / "train" / "part-00001.parquet",
-               [_row(seq_lengths=[2]), _row(num_loss_tokens=1), _row(seq_lengths=[]), _row()])
+    a = _shard(
+        tmp_path / "train" / "part-00000.parquet",
+        [_row(), _row(input_ids=[5, 6, 7]), _row(position_ids=[0, 1, 3, 0]), _row(input_ids=[5, 7, 6, 0])],
+    )
+    b = _shard(
+        tmp_path / "train" / "part-00001.parquet",
+        [_row(seq_lengths=[2]), _row(num_loss_tokens=1), _row(seq_lengths=[]), _row()],
+    )
     g = _gold(tmp_path / "g", [GOOD])
     files = [a, b]
     rows = inv.shard_rows(files, ["fixed", "layout", "checksum"], 4)
     assert rows.num_rows == 8 and rows.column_names == ["file", "row", "length", "fixed_broken", "layout_differs", "h"]
-    pairs = [(inv.shards_fixed_length(files, 4, rows), inv.shards_fixed_length(files, 4)),
-             (inv.shards_positions_restart(files, rows), inv.shards_positions_restart(files)),
-             (inv.shards_match_gold(files, g, 0, rows), inv.shards_match_gold(files, g))]
+    pairs = [
+        (inv.shards_fixed_length(files, 4, rows), inv.shards_fixed_length(files, 4)),
+        (inv.shards_positions_restart(files, rows), inv.shards_positions_restart(files)),
+        (inv.shards_match_gold(files, g, 0, rows), inv.shards_match_gold(files, g)),
+    ]
     for together, alone in pairs:
         assert together == alone and not together.passed
-    assert [(r["file"].endswith("00000.parquet"), r["row"]) for r in pairs[0][0].offending] == [(True, 1), (False, 1), (False, 2)]
+    assert [(r["file"].endswith("00000.parquet"), r["row"]) for r in pairs[0][0].offending] == [
+        (True, 1),
+        (False, 1),
+        (False, 2),
+    ]
     assert {(r["file"].endswith("00000.parquet"), r["row"]) for r in pairs[1][0].offending} >= {(True, 2), (False, 0)}
     assert (True, 3) in {(r["file"].endswith("00000.parquet"), r["row"]) for r in pairs[2][0].offending}
 
 
 def test_shard_rows_pass_survives_seq_lengths_summing_past_32_bits_and_the_gates_name_the_row(tmp_path: Path):
     """The shared pass holds no value that a corrupt row can overflow: the row is reported, no gate raises."""
-    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row(), _row(seq_lengths=[2**31 - 1, 2**31 - 1],
-                                                                       example_ids=["d:1", "d:1"],
-                                                                       example_offsets=[0, 0])])]
+    f = [
+        _shard(
+            tmp_path / "train" / "part-00000.parquet",
+            [_row(), _row(seq_lengths=[2**31 - 1, 2**31 - 1], example_ids=["d:1", "d:1"], example_offsets=[0, 0])],
+        )
+    ]
     rows = inv.shard_rows(f, ["fixed", "layout", "checksum"], 4)
     assert rows.column("fixed_broken").to_pylist() == [False, True]
     assert rows.column("layout_differs").to_pylist() == [False, True]
@@ -311,12 +488,40 @@ def _silver_and_gold_rejects(tmp_path: Path, records: int, rejects: list[tuple[s
     s, g = tmp_path / "s", tmp_path / "g"
     s.mkdir(parents=True), g.mkdir(parents=True)
     prov = {"drop": "d", "source_file": "f.jsonl", "byte_offset": 0, "split": "train"}
-    pq.write_table(pa.Table.from_pylist([{**prov, "record_id": f"d:{i}", "source_line": i, "content": "{}",
-                                          "content_sha256": str(i), "num_chars": 5} for i in range(1, records + 1)],
-                                        schema=SILVER_SCHEMA), s / "records.parquet")
-    pq.write_table(pa.Table.from_pylist([{**prov, "record_id": f"d:{line}", "source_line": line, "reason": reason,
-                                          "detail": f"why {line}", "num_tokens": 0} for reason, line in rejects],
-                                        schema=GOLD_REJECT_SCHEMA), g / "rejects.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {
+                    **prov,
+                    "record_id": f"d:{i}",
+                    "source_line": i,
+                    "content": "{}",
+                    "content_sha256": str(i),
+                    "num_chars": 5,
+                }
+                for i in range(1, records + 1)
+            ],
+            schema=SILVER_SCHEMA,
+        ),
+        s / "records.parquet",
+    )
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {
+                    **prov,
+                    "record_id": f"d:{line}",
+                    "source_line": line,
+                    "reason": reason,
+                    "detail": f"why {line}",
+                    "num_tokens": 0,
+                }
+                for reason, line in rejects
+            ],
+            schema=GOLD_REJECT_SCHEMA,
+        ),
+        g / "rejects.parquet",
+    )
     return s, g
 
 
@@ -325,15 +530,20 @@ def test_gold_reject_rate_fails_over_the_threshold_with_reasons_counts_and_examp
     s, g = _silver_and_gold_rejects(tmp_path, 10, rejects)
     out = inv.gold_reject_rate(g, s, 0.5)
     assert out.violations == 1 and not out.passed
-    assert out.facts == {"gold_reject_rate": 0.6, "max_gold_reject_rate": 0.5, "records_entering_gold": 10,
-                         "rejects": 6, "rejects_by_reason": {"chat_template_dropped_message": 5,
-                                                             "empty_after_template": 1}}
+    assert out.facts == {
+        "gold_reject_rate": 0.6,
+        "max_gold_reject_rate": 0.5,
+        "records_entering_gold": 10,
+        "rejects": 6,
+        "rejects_by_reason": {"chat_template_dropped_message": 5, "empty_after_template": 1},
+    }
     # most frequent reason first, a few examples of each (earliest lines), with id, file:line and detail
     assert [(r["reason"], r["reason_rejects"], r["record_id"], r["location"], r["detail"]) for r in out.offending] == [
         ("chat_template_dropped_message", 5, "d:2", "f.jsonl:2", "why 2"),
         ("chat_template_dropped_message", 5, "d:4", "f.jsonl:4", "why 4"),
         ("chat_template_dropped_message", 5, "d:5", "f.jsonl:5", "why 5"),
-        ("empty_after_template", 1, "d:3", "f.jsonl:3", "why 3")]
+        ("empty_after_template", 1, "d:3", "f.jsonl:3", "why 3"),
+    ]
     assert inv.gold_reject_rate(g, s, 0.6).passed  # the threshold itself passes
 
 

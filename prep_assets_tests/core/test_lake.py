@@ -15,7 +15,9 @@ def test_staged_dir_replaces_previous_output_whole(tmp_path: Path):
         (stage / "old_only.txt").write_text("x")
     with staged_dir(final) as stage:
         (stage / "a.txt").write_text("2")
-    assert sorted(p.name for p in final.iterdir()) == [lake.CHECKSUMS, "a.txt"] and (final / "a.txt").read_text() == "2"
+    assert (
+        sorted(p.name for p in final.iterdir()) == [lake.CHECKSUMS, "a.txt"] and (final / "a.txt").read_text() == "2"
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert lake.verify_published(final) == []
 
@@ -76,11 +78,13 @@ def test_canonical_json_writes_the_json_modules_bytes_for_every_code_point_and_v
     for k in range(0, len(chars), 4096):
         value = {"text": chars[k : k + 4096], "b": [chars[k : k + 3], None, True, 7]}
         assert lake.canonical_json(value) == _json_dumps(value)
-    edge = [{"z": 1, "a": [2**63 - 1, -(2**63)], "\uffff": 0, "\U0001f600": 1, "é": 2, "e": 3},
-            {"f": 0.1, "g": 1e16, "h": 1e-07},  # floats: repr's format, not orjson's
-            {"big": 2**70, "neg": -(2**64)},  # beyond 64 bits
-            {"lone": "\ud800 surrogate"},  # orjson refuses it
-            [1, [2, [3, {"x": False}]]]]
+    edge = [
+        {"z": 1, "a": [2**63 - 1, -(2**63)], "\uffff": 0, "\U0001f600": 1, "é": 2, "e": 3},
+        {"f": 0.1, "g": 1e16, "h": 1e-07},  # floats: repr's format, not orjson's
+        {"big": 2**70, "neg": -(2**64)},  # beyond 64 bits
+        {"lone": "\ud800 surrogate"},  # orjson refuses it
+        [1, [2, [3, {"x": False}]]],
+    ]
     for value in edge:
         assert lake.canonical_json(value) == _json_dumps(value)
 
@@ -88,9 +92,16 @@ def test_canonical_json_writes_the_json_modules_bytes_for_every_code_point_and_v
 def test_loads_json_reads_what_json_loads_reads_floats_huge_ints_and_surrogates_included():
     import json
 
-    texts = ['{"prompt": "a", "completion": "b"}', '123456789012345678901234567890', '{"x": [1, 2.5e-3, 1e16]}',
-             '"\\ud800"', '{"a": 1, "a": 2}', "[1e-400]", '{"n": 18446744073709551615, "m": -9223372036854775808}',
-             '  [true, false, null, "\\u00e9\\n"]  ']
+    texts = [
+        '{"prompt": "a", "completion": "b"}',
+        "123456789012345678901234567890",
+        '{"x": [1, 2.5e-3, 1e16]}',
+        '"\\ud800"',
+        '{"a": 1, "a": 2}',
+        "[1e-400]",
+        '{"n": 18446744073709551615, "m": -9223372036854775808}',
+        '  [true, false, null, "\\u00e9\\n"]  ',
+    ]
     for text in texts:
         got, want = lake.loads_json(text), json.loads(text)
         assert got == want and type(got) is type(want), text
@@ -137,7 +148,11 @@ def test_sweep_removes_every_dead_writers_leftover_of_a_dataset_and_keeps_live_o
     for d in (root / "gold", staging):
         d.mkdir(parents=True)
     gone = f"999999999-{lake._HOST}"  # a pid no process has, on this machine
-    dead = [staging / f"ds.gold.p1.tmp-{gone}-0", root / f".tokenizer.tmp-{gone}-1", root / "gold" / f".p2.old-{gone}-2"]
+    dead = [
+        staging / f"ds.gold.p1.tmp-{gone}-0",
+        root / f".tokenizer.tmp-{gone}-1",
+        root / "gold" / f".p2.old-{gone}-2",
+    ]
     live = [staging / f"ds.gold.p3.tmp-{os.getppid()}-{lake._HOST}-x", staging / f"other.gold.p1.tmp-{gone}-3"]
     for d in dead + live:
         d.mkdir()

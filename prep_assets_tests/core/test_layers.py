@@ -82,13 +82,23 @@ def test_gsm8k_all_invariants_hold(gsm_run):
     b, s, g, sh = r["dirs"]
     files = inv.shard_files(sh)
     outcomes = [
-        inv.bronze_accounted(b, r["source"]), inv.bronze_reject_rate(b, 0.0), inv.bronze_required_fields(b),
-        inv.silver_unique(s), inv.silver_lengths(s, 1, None), inv.silver_accounted(s, b),
-        inv.gold_mask_aligned(g), inv.gold_loss_tokens(g), inv.gold_ids_in_vocab(g, 50257),
-        inv.gold_within_max_len(g, L), inv.gold_accounted(g, s),
-        inv.shards_fixed_length(files, L), inv.shards_padding_masked(files, 50256),
-        inv.shards_positions_restart(files), inv.shards_tokens_conserved(files, g, inv.Layout(L)),
-        inv.shards_match_gold(files, g), inv.shards_utilization(files, L, 0.9),
+        inv.bronze_accounted(b, r["source"]),
+        inv.bronze_reject_rate(b, 0.0),
+        inv.bronze_required_fields(b),
+        inv.silver_unique(s),
+        inv.silver_lengths(s, 1, None),
+        inv.silver_accounted(s, b),
+        inv.gold_mask_aligned(g),
+        inv.gold_loss_tokens(g),
+        inv.gold_ids_in_vocab(g, 50257),
+        inv.gold_within_max_len(g, L),
+        inv.gold_accounted(g, s),
+        inv.shards_fixed_length(files, L),
+        inv.shards_padding_masked(files, 50256),
+        inv.shards_positions_restart(files),
+        inv.shards_tokens_conserved(files, g, inv.Layout(L)),
+        inv.shards_match_gold(files, g),
+        inv.shards_utilization(files, L, 0.9),
     ]
     assert [(o.name, o.violations, o.offending[:1]) for o in outcomes if not o.passed] == []
 
@@ -101,7 +111,8 @@ def test_shards_verified_independently_with_duckdb(gsm_run):
     with duckdb.connect() as con:
         rows = con.execute(
             "SELECT count(*), count(*) FILTER (WHERE len(input_ids) <> $L OR len(loss_mask) <> $L "
-            "OR len(position_ids) <> $L OR len(segment_ids) <> $L) FROM read_parquet($f)", {"f": files, "L": L}
+            "OR len(position_ids) <> $L OR len(segment_ids) <> $L) FROM read_parquet($f)",
+            {"f": files, "L": L},
         ).fetchall()[0]
         assert rows[0] > 0 and rows[1] == 0
         tokens = con.execute(
@@ -113,11 +124,14 @@ def test_shards_verified_independently_with_duckdb(gsm_run):
                    count(*) FILTER (WHERE s > 0 AND p = 0 AND m <> 0),
                    count(*) FILTER (WHERE s > 0)
             FROM t
-            """, {"f": files}).fetchall()[0]
+            """,
+            {"f": files},
+        ).fetchall()[0]
         assert tokens[0] == 0, "padding carries loss"
         assert tokens[1] == 0, "a segment's first token is trained"
-        gold_tokens = con.execute("SELECT sum(len(token_ids)) FROM read_parquet($g)",
-                                  {"g": str(g / "examples.parquet")}).fetchall()[0][0]
+        gold_tokens = con.execute(
+            "SELECT sum(len(token_ids)) FROM read_parquet($g)", {"g": str(g / "examples.parquet")}
+        ).fetchall()[0][0]
         assert tokens[2] == gold_tokens, "tokens not conserved"
         # positions: within a segment, position = index - index of the segment's first token
         bad_pos = con.execute(
@@ -125,12 +139,16 @@ def test_shards_verified_independently_with_duckdb(gsm_run):
             WITH t AS (SELECT filename f, file_row_number r, unnest(segment_ids) s, unnest(position_ids) p,
                               generate_subscripts(segment_ids, 1) i
                        FROM read_parquet($f, filename = true, file_row_number = true))
-            SELECT count(*) FROM t JOIN (SELECT f, r, s, min(i) AS first FROM t WHERE s > 0 GROUP BY ALL) USING (f, r, s)
+            SELECT count(*) FROM t
+            JOIN (SELECT f, r, s, min(i) AS first FROM t WHERE s > 0 GROUP BY ALL) USING (f, r, s)
             WHERE p <> i - first
-            """, {"f": files}).fetchall()[0][0]
+            """,
+            {"f": files},
+        ).fetchall()[0][0]
         assert bad_pos == 0
-        no_loss = con.execute("SELECT count(*) FROM read_parquet($g) WHERE list_sum(loss_mask) = 0",
-                              {"g": str(g / "examples.parquet")}).fetchall()[0][0]
+        no_loss = con.execute(
+            "SELECT count(*) FROM read_parquet($g) WHERE list_sum(loss_mask) = 0", {"g": str(g / "examples.parquet")}
+        ).fetchall()[0][0]
         assert no_loss == 0
 
 
@@ -152,8 +170,11 @@ def test_rerun_with_other_batch_size_is_byte_identical(gsm_run, tmp_path: Path):
 
     def digests(root: Path) -> dict[str, str]:
         lake = root / "lake" / "gsm"
-        return {str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(lake.rglob("*")) if p.is_file()}
+        return {
+            str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(lake.rglob("*"))
+            if p.is_file()
+        }
 
     a, b = digests(data_dir), digests(other)
     assert a.keys() == b.keys() and a == b
@@ -169,7 +190,8 @@ def test_manifest_lists_every_shard_with_checksums(gsm_run):
         assert hashlib.sha256(path.read_bytes()).hexdigest() == f["sha256"]
     assert manifest["max_seq_len"] == L and manifest["config_hash"] == spec.fingerprint()
     assert manifest["splits"]["train"]["max_batch_size"] == min(
-        f["sequences"] for f in manifest["splits"]["train"]["files"])
+        f["sequences"] for f in manifest["splits"]["train"]["files"]
+    )
 
 
 def test_csv_drop_through_every_layer_with_every_gate(tmp_path: Path):
@@ -178,14 +200,19 @@ def test_csv_drop_through_every_layer_with_every_gate(tmp_path: Path):
     src = shared_path("datasets/tabular/clinc_oos.csv")
     (tmp_path / "raw" / "clinc").mkdir(parents=True)
     shutil.copyfile(src, tmp_path / "raw" / "clinc" / src.name)
-    spec = make_spec("clinc", input={"type": "text", "text_key": "text"},
-                     tokenizer={"path": str(shared_path("tokenizers/gpt2"))}, sequence={"max_seq_len": 256})
+    spec = make_spec(
+        "clinc",
+        input={"type": "text", "text_key": "text"},
+        tokenizer={"path": str(shared_path("tokenizers/gpt2"))},
+        sequence={"max_seq_len": 256},
+    )
     out = run_core(tmp_path, spec)
     key, r = next(iter(out.items()))
     rows = sum(1 for _ in src.open(encoding="utf-8")) - 1
     assert r["bronze"]["unit"] == "row" and r["bronze"]["records"] == rows and r["bronze"]["rejects"] == 0
-    failed = [(o.name, o.offending[:1]) for o in gates.evaluate(spec, dataset_paths(tmp_path, "clinc"), key)
-              if not o.passed]
+    failed = [
+        (o.name, o.offending[:1]) for o in gates.evaluate(spec, dataset_paths(tmp_path, "clinc"), key) if not o.passed
+    ]
     assert failed == []
     first = pq.read_table(r["dirs"][0] / "records.parquet").slice(0, 1).to_pylist()[0]
     assert first["source_line"] == 2 and first["content"] == '{"text":"define sonogram"}'
@@ -197,18 +224,25 @@ def test_parquet_drop_keeps_embedded_carriage_returns_through_every_gate(tmp_pat
     src = shared_path("datasets/tabular/embedded_carriage_return.parquet")
     (tmp_path / "raw" / "cr").mkdir(parents=True)
     shutil.copyfile(src, tmp_path / "raw" / "cr" / src.name)
-    spec = make_spec("cr", input={"type": "text", "text_key": "text"}, clean={"normalize": False},
-                     tokenizer={"path": str(shared_path("tokenizers/gpt2"))}, sequence={"max_seq_len": 64})
+    spec = make_spec(
+        "cr",
+        input={"type": "text", "text_key": "text"},
+        clean={"normalize": False},
+        tokenizer={"path": str(shared_path("tokenizers/gpt2"))},
+        sequence={"max_seq_len": 64},
+    )
     key, r = next(iter(run_core(tmp_path, spec).items()))
     assert r["bronze"]["records"] == 2 and r["gold"]["examples"] == 2
     assert [o.name for o in gates.evaluate(spec, dataset_paths(tmp_path, "cr"), key) if not o.passed] == []
-    contents = [json.loads(c)["text"] for c in pq.read_table(r["dirs"][1] / "records.parquet").column("content")
-                .to_pylist()]
+    contents = [
+        json.loads(c)["text"] for c in pq.read_table(r["dirs"][1] / "records.parquet").column("content").to_pylist()
+    ]
     assert any("\r AAAAAGAAAHHHH" in c for c in contents)
 
 
-def test_bronze_and_silver_run_their_records_with_the_cycle_collector_off_and_turn_it_back_on(tmp_path: Path,
-                                                                                           monkeypatch):
+def test_bronze_and_silver_run_their_records_with_the_cycle_collector_off_and_turn_it_back_on(
+    tmp_path: Path, monkeypatch
+):
     import gc
 
     assert gc.isenabled()
@@ -228,6 +262,7 @@ def test_bronze_and_silver_run_their_records_with_the_cycle_collector_off_and_tu
         def wrapped(*args, **kwargs):
             seen.append((name, gc.isenabled()))
             return real(*args, **kwargs)
+
         monkeypatch.setattr(module, name, wrapped)
 
     watch(bronze, "canonical_json")  # per record in bronze
@@ -250,8 +285,10 @@ def test_bronze_and_silver_run_their_records_with_the_cycle_collector_off_and_tu
     def broken(*_, **__):
         raise RuntimeError("broke")
 
-    for module, name, build in ((silver, "content_texts", lambda: build_clean_records(spec, b, tmp_path / "s2")),
-                                (bronze, "canonical_json", lambda: build_raw_records(spec, drop, src, tmp_path / "b2"))):
+    for module, name, build in (
+        (silver, "content_texts", lambda: build_clean_records(spec, b, tmp_path / "s2")),
+        (bronze, "canonical_json", lambda: build_raw_records(spec, drop, src, tmp_path / "b2")),
+    ):
         monkeypatch.setattr(module, name, broken)
         with pytest.raises(RuntimeError, match="broke"):
             build()
@@ -259,16 +296,26 @@ def test_bronze_and_silver_run_their_records_with_the_cycle_collector_off_and_tu
 
 
 def test_gold_text_of_every_instruction_example_is_prefix_prompt_postfix_completion_as_silver_kept_them(
-        tmp_path: Path, gpt2_dir: Path):
+    tmp_path: Path, gpt2_dir: Path
+):
     """Cleaning never joins two fields: the decoded gold tokens are exactly the silver fields concatenated."""
-    pairs = [("Q: 2+2=\n", "4"), ("...or maybe? ", "Yes"), ("line one  \nline two \t", " answer \n"),
-             ("no separator", "glued"), ("tabs\t\t", "\tindented")]
+    pairs = [
+        ("Q: 2+2=\n", "4"),
+        ("...or maybe? ", "Yes"),
+        ("line one  \nline two \t", " answer \n"),
+        ("no separator", "glued"),
+        ("tabs\t\t", "\tindented"),
+    ]
     lines = b"".join(json.dumps({"prompt": p, "completion": c}).encode() + b"\n" for p, c in pairs)
     data_dir = tmp_path / "data"
     (data_dir / "raw" / "inst").mkdir(parents=True)
     (data_dir / "raw" / "inst" / "a.jsonl").write_bytes(lines)
-    spec = make_spec("inst", input={"type": "instruction", "prompt_prefix": "<<", "prompt_postfix": ">>"},
-                     tokenizer={"path": str(gpt2_dir)}, sequence={"max_seq_len": 64})
+    spec = make_spec(
+        "inst",
+        input={"type": "instruction", "prompt_prefix": "<<", "prompt_postfix": ">>"},
+        tokenizer={"path": str(gpt2_dir)},
+        sequence={"max_seq_len": 64},
+    )
     out = run_core(data_dir, spec)
     (run,) = out.values()
     silver = pq.read_table(run["dirs"][1] / "records.parquet").to_pylist()

@@ -35,17 +35,33 @@ def _pad(ids: list[int]) -> list[int]:
 
 def pack(examples, strategy, overflow="drop", overlap=0, max_per=None, masks=None, types=None):
     """Gold overflow then plan + materialize; returns (rows as lists, PackedRows, plan, gold batch)."""
-    spec = make_spec(sequence={"max_seq_len": CAP, "overflow": overflow, "overlap": overlap},
-                     packing={"strategy": strategy, "max_sequences_per_example": max_per})
+    spec = make_spec(
+        sequence={"max_seq_len": CAP, "overflow": overflow, "overlap": overlap},
+        packing={"strategy": strategy, "max_sequences_per_example": max_per},
+    )
     lengths = np.array([len(e) for e in examples], dtype=np.int64)
     ids = np.array([t for e in examples for t in e], dtype=np.int32)
     mask = np.array([m for e in (masks or [[0] + [1] * (len(e) - 1) for e in examples]) for m in e], dtype=np.uint8)
     typ = np.array([t for e in (types or [[1] * len(e) for e in examples]) for t in e], dtype=np.uint8)
     gold = apply_overflow(ids, mask, typ, lengths, policy=spec.gold_overflow, max_len=CAP)
-    plan = plan_rows(np.diff(gold.offsets), capacity=CAP, strategy=strategy, overflow=overflow, overlap=overlap,
-                     loss_mask=gold.loss_mask, max_per_bin=max_per)
-    rows = materialize_rows(plan, token_ids=gold.token_ids, loss_mask=gold.loss_mask,
-                            token_type_ids=gold.token_type_ids, offsets=gold.offsets, row_len=CAP, pad_id=0)
+    plan = plan_rows(
+        np.diff(gold.offsets),
+        capacity=CAP,
+        strategy=strategy,
+        overflow=overflow,
+        overlap=overlap,
+        loss_mask=gold.loss_mask,
+        max_per_bin=max_per,
+    )
+    rows = materialize_rows(
+        plan,
+        token_ids=gold.token_ids,
+        loss_mask=gold.loss_mask,
+        token_type_ids=gold.token_type_ids,
+        offsets=gold.offsets,
+        row_len=CAP,
+        pad_id=0,
+    )
     return rows.input_ids.reshape(-1, CAP).tolist(), rows, plan, gold
 
 
@@ -262,8 +278,9 @@ def test_materialize_rows_exact_layout():
     types = np.array([1, 1, 3, 1, 3, 0, 1, 1, 3], dtype=np.uint8)
     zero = np.zeros(3, dtype=np.int64)
     plan = RowPlan(np.array([2, 1, 0]), zero, lengths[[2, 1, 0]], zero, np.array([0, 2, 3]))
-    rows = materialize_rows(plan, token_ids=ids, loss_mask=mask, token_type_ids=types, offsets=offsets,
-                            row_len=7, pad_id=99)
+    rows = materialize_rows(
+        plan, token_ids=ids, loss_mask=mask, token_type_ids=types, offsets=offsets, row_len=7, pad_id=99
+    )
     assert rows.input_ids.reshape(2, 7).tolist() == [[30, 31, 32, 33, 20, 21, 99], [10, 11, 12, 99, 99, 99, 99]]
     assert rows.loss_mask.reshape(2, 7).tolist() == [[0, 1, 1, 1, 0, 1, 0], [0, 1, 1, 0, 0, 0, 0]]
     assert rows.position_ids.reshape(2, 7).tolist() == [[0, 1, 2, 3, 0, 1, 0], [0, 1, 2, 0, 0, 0, 0]]
@@ -312,9 +329,11 @@ def test_bfd_fills_each_row_after_its_longest_item_with_the_best_subset_left():
             assert first == max(left)
             left[first] -= 1
             sizes = [k for k in left if left[k]]
-            best = max(sum(k * n for k, n in zip(sizes, counts, strict=True))
-                       for counts in product(*(range(left[k] + 1) for k in sizes))
-                       if sum(k * n for k, n in zip(sizes, counts, strict=True)) <= cap - first)
+            best = max(
+                sum(k * n for k, n in zip(sizes, counts, strict=True))
+                for counts in product(*(range(left[k] + 1) for k in sizes))
+                if sum(k * n for k, n in zip(sizes, counts, strict=True)) <= cap - first
+            )
             assert sum(rest) == best, (lengths.tolist(), cap, row)
             left.subtract(rest)
             left = +left

@@ -43,13 +43,21 @@ def _run(tmp: Path, name: str, src: Path, **sections) -> tuple[dict, Path]:
 @pytest.mark.parametrize("file", sorted(INSTRUCTION))
 def test_bfd_rows_within_a_thousandth_of_ceil_tokens_over_len(tmp_path: Path, file: str, max_seq_len: int):
     src = shared_path(f"datasets/instruction/{file}")
-    r, _ = _run(tmp_path, "ins", src, input={"type": "instruction", **INSTRUCTION[file]},
-                sequence={"max_seq_len": max_seq_len}, checks={"max_reject_rate": 0.2})
+    r, _ = _run(
+        tmp_path,
+        "ins",
+        src,
+        input={"type": "instruction", **INSTRUCTION[file]},
+        sequence={"max_seq_len": max_seq_len},
+        checks={"max_reject_rate": 0.2},
+    )
     m = r["shards"]["splits"]["train"]
     bound = math.ceil(m["gold_tokens"] / max_seq_len)
-    print(f"\n{file} L={max_seq_len}: {m['examples']} examples, {m['gold_tokens']} kept tokens, "
-          f"{m['sequences']} rows, bound {bound}, ratio {m['sequences'] / bound:.5f}, "
-          f"sequence utilization {m['sequence_utilization']}")
+    print(
+        f"\n{file} L={max_seq_len}: {m['examples']} examples, {m['gold_tokens']} kept tokens, "
+        f"{m['sequences']} rows, bound {bound}, ratio {m['sequences'] / bound:.5f}, "
+        f"sequence utilization {m['sequence_utilization']}"
+    )
     assert m["sequences"] <= 1.001 * bound
 
 
@@ -62,9 +70,16 @@ def wiki(tmp_path_factory: pytest.TempPathFactory):
         ("window", {"max_seq_len": 1024, "overflow": "window", "overlap": 128}, {"strategy": "bfd"}),
         ("full", {"max_seq_len": 1024}, {"strategy": "full"}),
     ):
-        runs[name] = _run(tmp_path_factory.mktemp(name), "wiki", src, input={"type": "text"}, sequence=seq,
-                          packing=packing, split={"validation_ratio": 0.1},
-                          output={"formats": ["parquet", "npy", "megatron"], "max_tokens_per_shard": 64 * 1024})
+        runs[name] = _run(
+            tmp_path_factory.mktemp(name),
+            "wiki",
+            src,
+            input={"type": "text"},
+            sequence=seq,
+            packing=packing,
+            split={"validation_ratio": 0.1},
+            output={"formats": ["parquet", "npy", "megatron"], "max_tokens_per_shard": 64 * 1024},
+        )
     return runs
 
 
@@ -109,8 +124,8 @@ def read_mmidx(prefix: Path) -> dict:
     """A reader written from Megatron-LM's published MMIDIDX layout (megatron/core/datasets/indexed_dataset.py)."""
     idx = prefix.with_suffix(".idx").read_bytes()
     assert idx[:9] == b"MMIDIDX\x00\x00"
-    version, = struct.unpack("<Q", idx[9:17])
-    code, = struct.unpack("<B", idx[17:18])
+    (version,) = struct.unpack("<Q", idx[9:17])
+    (code,) = struct.unpack("<B", idx[17:18])
     seqs, docs = struct.unpack("<QQ", idx[18:34])
     at = 34
     sizes = np.frombuffer(idx, dtype="<i4", count=seqs, offset=at)
@@ -121,8 +136,16 @@ def read_mmidx(prefix: Path) -> dict:
     at += 8 * docs
     dtype = {8: np.uint16, 4: np.int32}[code]
     data = np.memmap(prefix.with_suffix(".bin"), dtype=dtype, mode="r")
-    return {"version": version, "code": code, "sizes": sizes, "pointers": pointers, "doc_idx": doc_idx,
-            "rest": len(idx) - at, "data": data, "itemsize": np.dtype(dtype).itemsize}
+    return {
+        "version": version,
+        "code": code,
+        "sizes": sizes,
+        "pointers": pointers,
+        "doc_idx": doc_idx,
+        "rest": len(idx) - at,
+        "data": data,
+        "itemsize": np.dtype(dtype).itemsize,
+    }
 
 
 def test_megatron_export_matches_the_published_index_layout(wiki):

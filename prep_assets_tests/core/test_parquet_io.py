@@ -9,9 +9,17 @@ import pytest
 from prep_assets.core.parquet_io import ParquetSink, token_columns
 from prep_assets.core.records import SHARD_SCHEMA
 
-ROW = {"input_ids": [5, 6, 7, 0], "loss_mask": [0, 1, 1, 0], "position_ids": [0, 1, 2, 0], "segment_ids": [1, 1, 1, 0],
-       "token_type_ids": [1, 1, 3, 2], "seq_lengths": [3], "example_ids": ["d:1"], "example_offsets": [0],
-       "num_loss_tokens": 2}
+ROW = {
+    "input_ids": [5, 6, 7, 0],
+    "loss_mask": [0, 1, 1, 0],
+    "position_ids": [0, 1, 2, 0],
+    "segment_ids": [1, 1, 1, 0],
+    "token_type_ids": [1, 1, 3, 2],
+    "seq_lengths": [3],
+    "example_ids": ["d:1"],
+    "example_offsets": [0],
+    "num_loss_tokens": 2,
+}
 
 
 def test_integer_list_columns_skip_dictionary_and_statistics_other_columns_keep_them(tmp_path: Path):
@@ -21,8 +29,15 @@ def test_integer_list_columns_skip_dictionary_and_statistics_other_columns_keep_
     group = pq.ParquetFile(path).metadata.row_group(0)
     columns = {group.column(i).path_in_schema.split(".")[0]: group.column(i) for i in range(group.num_columns)}
     plain = token_columns(SHARD_SCHEMA)
-    assert plain == {"input_ids", "loss_mask", "position_ids", "segment_ids", "token_type_ids", "seq_lengths",
-                     "example_offsets"}
+    assert plain == {
+        "input_ids",
+        "loss_mask",
+        "position_ids",
+        "segment_ids",
+        "token_type_ids",
+        "seq_lengths",
+        "example_offsets",
+    }
     for name, col in columns.items():
         dictionary = any("DICTIONARY" in e for e in col.encodings)
         assert (dictionary, col.is_stats_set) == ((False, False) if name in plain else (True, True)), name

@@ -129,8 +129,16 @@ def test_json_array_with_bom_has_true_byte_offsets(tmp_path: Path):
 
 
 def test_csv_rows_keep_their_start_line_and_offset_across_quoted_newlines(tmp_path: Path):
-    lines = [b"\xef\xbb\xbfprompt,completion\r\n", b'"two\n', b'lines",ok\r\n', b"\r\n", b"a,b,c\r\n",
-             b'"cr\rinside",x\n', b"\xff\xfe,y\n", b"last,row"]
+    lines = [
+        b"\xef\xbb\xbfprompt,completion\r\n",
+        b'"two\n',
+        b'lines",ok\r\n',
+        b"\r\n",
+        b"a,b,c\r\n",
+        b'"cr\rinside",x\n',
+        b"\xff\xfe,y\n",
+        b"last,row",
+    ]
     (tmp_path / "d.csv").write_bytes(b"".join(lines))
     items, rejects, acct = _read(tmp_path / "d.csv", "csv")
     off = [len(b"".join(lines[:k])) for k in range(len(lines))]
@@ -139,8 +147,10 @@ def test_csv_rows_keep_their_start_line_and_offset_across_quoted_newlines(tmp_pa
         (6, off[5], {"prompt": "cr\rinside", "completion": "x"}),
         (8, off[7], {"prompt": "last", "completion": "row"}),
     ]
-    assert [(r.line, r.byte_offset, r.reason) for r in rejects] == [(5, off[4], "csv_field_count"),
-                                                                     (7, off[6], "invalid_utf8")]
+    assert [(r.line, r.byte_offset, r.reason) for r in rejects] == [
+        (5, off[4], "csv_field_count"),
+        (7, off[6], "invalid_utf8"),
+    ]
     assert acct.unit == "row" and acct.lines_in == 6 and acct.blank_lines == 1
     assert acct.lines_in == len(items) + len(rejects) + acct.blank_lines
 
@@ -160,8 +170,15 @@ def test_parquet_rows_as_json_records_with_row_numbers(tmp_path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({"id": [1, 2, 3], "x": [0.5, float("nan"), None], "note": ["a\rb", "c", None],
-                      "when": [datetime.date(2026, 1, 2)] * 3, "tags": [["p"], [], None]})
+    table = pa.table(
+        {
+            "id": [1, 2, 3],
+            "x": [0.5, float("nan"), None],
+            "note": ["a\rb", "c", None],
+            "when": [datetime.date(2026, 1, 2)] * 3,
+            "tags": [["p"], [], None],
+        }
+    )
     pq.write_table(table, tmp_path / "d.parquet", row_group_size=2)
     items, rejects, acct = _read(tmp_path / "d.parquet", "parquet")
     assert rejects == [] and acct.unit == "row" and acct.lines_in == 3

@@ -26,13 +26,17 @@ def test_wrong_type_and_not_an_object():
 
 def test_instruction_single_pair_and_dialogue_list_kept_in_order():
     spec = make_spec(input={"type": "instruction"}).input
-    assert extract_instruction({"prompt": "p", "completion": "c"}, spec) == {"turns": [{"prompt": "p", "completion": "c"}]}
+    assert extract_instruction({"prompt": "p", "completion": "c"}, spec) == {
+        "turns": [{"prompt": "p", "completion": "c"}]
+    }
     dialogue = [{"prompt": "p1", "completion": "c1"}, {"prompt": "p2", "completion": "c2"}]
     assert extract_instruction(dialogue, spec) == {"turns": dialogue}
 
 
 def test_alpaca_keys_join_instruction_and_input_skipping_empty_input():
-    spec = make_spec(input={"type": "instruction", "prompt_key": ["instruction", "input"], "completion_key": "output"}).input
+    spec = make_spec(
+        input={"type": "instruction", "prompt_key": ["instruction", "input"], "completion_key": "output"}
+    ).input
     rec = {"instruction": "Translate", "input": "bonjour", "output": "hello"}
     assert extract_instruction(rec, spec) == {"turns": [{"prompt": "Translate\n\nbonjour", "completion": "hello"}]}
     rec = {"instruction": "Say hi", "input": "", "output": "hi"}

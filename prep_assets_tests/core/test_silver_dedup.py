@@ -18,8 +18,10 @@ from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import QualitySpec
 from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
 
-WORDS = ("river gauge station report morning evening rain wind north south bridge valley meadow forest "
-         "stone harbor tide signal lamp engine crew ferry market square bakery mill").split()
+WORDS = (
+    "river gauge station report morning evening rain wind north south bridge valley meadow forest "
+    "stone harbor tide signal lamp engine crew ferry market square bakery mill"
+).split()
 
 
 def _doc(rng: random.Random, n: int = 120) -> str:
@@ -46,9 +48,16 @@ def test_crlf_and_lf_versions_dedup_together(tmp_path: Path):
 
 def test_two_chats_sharing_a_500_char_system_prompt_are_both_kept_exact_and_near(tmp_path: Path):
     system = ("You are a careful assistant for a weather service. " * 12)[:500]
-    chats = [{"messages": [{"role": "system", "content": system}, {"role": "user", "content": q},
-                           {"role": "assistant", "content": a}]}
-             for q, a in (("What is 2 + 2?", "4."), ("Name a cold front's sign.", "A sudden drop in temperature."))]
+    chats = [
+        {
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": a},
+            ]
+        }
+        for q, a in (("What is 2 + 2?", "4."), ("Name a cold front's sign.", "A sudden drop in temperature."))
+    ]
     for dedup in ("exact", "near"):
         kept, rejects, _ = _silver(tmp_path / dedup, chats, dedup=dedup)
         assert len(kept) == 2 and rejects == [], dedup
@@ -73,7 +82,9 @@ def test_an_exact_copy_of_a_near_duplicate_names_the_kept_record(tmp_path: Path)
     near = a.replace(a.split()[5], "edited", 1)
     _, rejects, _ = _silver(tmp_path, [{"text": a}, {"text": near}, {"text": near}], dedup="near")
     assert [(r["reason"], r["duplicate_of"].rsplit(":", 1)[1]) for r in rejects] == [
-        ("near_duplicate", "1"), ("near_duplicate", "1")]
+        ("near_duplicate", "1"),
+        ("near_duplicate", "1"),
+    ]
 
 
 def test_near_dedup_keeps_distinct_documents(tmp_path: Path):
@@ -86,14 +97,27 @@ def test_near_dedup_keeps_distinct_documents(tmp_path: Path):
 def test_quality_filters_each_reject_with_their_reason(tmp_path: Path):
     rng = random.Random(6)
     good = _doc(rng, 60)
-    rows = [{"text": good}, {"text": "too few words here"}, {"text": "\n".join(["same line again"] * 5 + [good])},
-            {"text": " ".join(["the same five words here"] * 20)}, {"text": "#### $$$$ %%%% " * 40 + good}]
-    quality = {"min_words": 20, "max_repeated_line_fraction": 0.3, "max_repeated_ngram_fraction": 0.5,
-               "max_non_alnum_fraction": 0.2}
+    rows = [
+        {"text": good},
+        {"text": "too few words here"},
+        {"text": "\n".join(["same line again"] * 5 + [good])},
+        {"text": " ".join(["the same five words here"] * 20)},
+        {"text": "#### $$$$ %%%% " * 40 + good},
+    ]
+    quality = {
+        "min_words": 20,
+        "max_repeated_line_fraction": 0.3,
+        "max_repeated_ngram_fraction": 0.5,
+        "max_non_alnum_fraction": 0.2,
+    }
     kept, rejects, stats = _silver(tmp_path, rows, quality=quality)
     assert len(kept) == 1
     assert {r["source_line"]: r["reason"] for r in rejects} == {
-        2: "too_few_words", 3: "repeated_lines", 4: "repeated_ngrams", 5: "non_alphanumeric"}
+        2: "too_few_words",
+        3: "repeated_lines",
+        4: "repeated_ngrams",
+        5: "non_alphanumeric",
+    }
     assert all(r["content"] for r in rejects)  # the normalized content each filter saw
 
 

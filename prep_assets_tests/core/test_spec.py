@@ -57,7 +57,9 @@ def test_tokenizer_needs_exactly_one_source():
 
 
 def test_mask_key_unknown_for_type():
-    assert "allowed: ['prompt', 'completion']" in _err({**BASE, "input": {"type": "instruction"}, "mask": {"user": "mask"}})
+    assert "allowed: ['prompt', 'completion']" in _err(
+        {**BASE, "input": {"type": "instruction"}, "mask": {"user": "mask"}}
+    )
 
 
 def test_name_must_match_file():
@@ -109,16 +111,22 @@ def test_tabular_mode_follows_the_keys_and_sequential_takes_priority():
     assert make_spec(input={"type": "text"}).max_per_example is None
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"tabular": {"time_series": True, "group_by": "g"}}, "sequential mode (time series) needs group_by and order_by"),
-    ({"tabular": {"mode": "grouped"}}, "grouped mode needs group_by"),
-    ({"tabular": {"mode": "flat", "group_by": "g"}}, "flat mode shuffles single records"),
-    ({"tabular": {"mode": "grouped", "group_by": "g", "time_series": True}}, "time_series: true makes the mode"),
-    ({"packing": {"strategy": "bfd"}}, "packing.strategy must be single, not bfd"),
-    ({"sequence": {"overflow": "truncate_right"}}, "tabular records are never cut"),
-    ({"tabular": {"column_types": {"a": "date"}}}, "tabular.column_types.a"),
-    ({"packing": {"max_sequences_per_example": 0}}, "max_sequences_per_example must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            {"tabular": {"time_series": True, "group_by": "g"}},
+            "sequential mode (time series) needs group_by and order_by",
+        ),
+        ({"tabular": {"mode": "grouped"}}, "grouped mode needs group_by"),
+        ({"tabular": {"mode": "flat", "group_by": "g"}}, "flat mode shuffles single records"),
+        ({"tabular": {"mode": "grouped", "group_by": "g", "time_series": True}}, "time_series: true makes the mode"),
+        ({"packing": {"strategy": "bfd"}}, "packing.strategy must be single, not bfd"),
+        ({"sequence": {"overflow": "truncate_right"}}, "tabular records are never cut"),
+        ({"tabular": {"column_types": {"a": "date"}}}, "tabular.column_types.a"),
+        ({"packing": {"max_sequences_per_example": 0}}, "max_sequences_per_example must be at least 1"),
+    ],
+)
 def test_tabular_spec_errors_name_the_key(extra: dict, message: str):
     with pytest.raises(SpecError, match=re.escape(message)):
         make_spec(input={"type": "tabular"}, **extra)
@@ -134,7 +142,10 @@ def test_tabular_settings_make_every_layer_stale_and_tables_default_to_no_dedup(
     other = make_spec(input={"type": "tabular"}, tabular={"group_by": "b"})
     for layer in ("bronze", "silver", "gold", "shards"):
         assert base.fingerprint(*LAYER_SECTIONS[layer]) != other.fingerprint(*LAYER_SECTIONS[layer])
-    assert base.clean.dedup == "none" and make_spec(input={"type": "tabular"}, clean={"dedup": "exact"}).clean.dedup == "exact"
+    assert (
+        base.clean.dedup == "none"
+        and make_spec(input={"type": "tabular"}, clean={"dedup": "exact"}).clean.dedup == "exact"
+    )
     seq = make_spec(input={"type": "tabular"}, tabular={"group_by": "a", "order_by": "t", "time_series": True})
     assert base.shuffles_rows and not seq.shuffles_rows  # sequential examples stay in order in the shards
 
@@ -155,8 +166,11 @@ def test_spec_paths_are_checked_on_load_and_relative_ones_may_not_leave_the_data
         "missing_template": ("tok", "templates/none.jinja", "is not a file"),
     }
     for name, (tok, template, _) in cases.items():
-        line = f"input: {{type: chat}}\ntokenizer: {{path: {tok}" + (f", chat_template_file: {template}}}" if template
-                                                                    else "}") + "\n"
+        line = (
+            f"input: {{type: chat}}\ntokenizer: {{path: {tok}"
+            + (f", chat_template_file: {template}}}" if template else "}")
+            + "\n"
+        )
         (tmp_path / "datasets" / f"{name}.yaml").write_text(line)
     scan = scan_specs(tmp_path / "datasets")
     assert [s.name for s in scan.specs] == ["ok"]
@@ -165,5 +179,7 @@ def test_spec_paths_are_checked_on_load_and_relative_ones_may_not_leave_the_data
             assert error in scan.broken[name] and f"{name}.yaml" in scan.broken[name], name
     with pytest.raises(SpecError, match="leaves the data dir"):
         load_spec(tmp_path / "datasets" / "escapes.yaml")
-    (tmp_path / "datasets" / "abs.yaml").write_text(f"input: {{type: text}}\ntokenizer: {{path: {tmp_path / 'tok'}}}\n")
+    (tmp_path / "datasets" / "abs.yaml").write_text(
+        f"input: {{type: text}}\ntokenizer: {{path: {tmp_path / 'tok'}}}\n"
+    )
     assert load_spec(tmp_path / "datasets" / "abs.yaml").tokenizer.path == str(tmp_path / "tok")  # absolute: allowed

@@ -65,9 +65,12 @@ def test_rows_from_a_spill_equal_rows_gathered_in_memory(tmp_path: Path):
     spill, ids, mask, types = _spill(tmp_path / "t.tokens", int(lengths.sum()))
     offsets = offsets_from_lengths(lengths)
     plan = plan_rows(lengths, capacity=1024, strategy="bfd", overflow="window", loss_mask=spill.front_to_back("mask"))
-    assert plan.num_rows == plan_rows(lengths, capacity=1024, strategy="bfd", overflow="window", loss_mask=mask).num_rows
-    want = materialize_rows(plan, token_ids=ids, loss_mask=mask, token_type_ids=types, offsets=offsets, row_len=1024,
-                            pad_id=0)
+    assert (
+        plan.num_rows == plan_rows(lengths, capacity=1024, strategy="bfd", overflow="window", loss_mask=mask).num_rows
+    )
+    want = materialize_rows(
+        plan, token_ids=ids, loss_mask=mask, token_type_ids=types, offsets=offsets, row_len=1024, pad_id=0
+    )
     got = rows_from_values(plan, *spill.read(segment_sources(plan, offsets), plan.length), row_len=1024, pad_id=0)
     for name in ("input_ids", "loss_mask", "position_ids", "segment_ids", "token_type_ids", "num_loss_tokens"):
         assert np.array_equal(getattr(got, name), getattr(want, name)), name

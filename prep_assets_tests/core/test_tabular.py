@@ -26,8 +26,10 @@ def test_render_record_keeps_schema_order_numbers_nulls_and_escapes_line_breaks(
     line = render_record(row, COLS)
     assert line == '{"id":7,"when":null,"amount":42.5,"note":"a\\r\\nb"}' and "\n" not in line
     assert json.loads(line) == {"id": 7, "when": None, "amount": 42.5, "note": "a\r\nb"}
-    assert render_record({"id": float("nan"), "when": np.int64(3)}, COLS) == \
-        '{"id":null,"when":3,"amount":null,"note":null}'
+    assert (
+        render_record({"id": float("nan"), "when": np.int64(3)}, COLS)
+        == '{"id":null,"when":3,"amount":null,"note":null}'
+    )
     assert schema_prompt(COLS) == "id, when, amount, note\n"
 
 
@@ -93,11 +95,12 @@ def test_initial_prefill_keeps_the_first_three_records_per_group():
     assert initial_prefill({"g": rows}, "t") == {"g": ['{"t":"00"}', '{"t":"01"}', '{"t":"03"}']}
 
 
-
 def test_csv_column_types_inferred_over_the_drop_leading_zeros_stay_text():
-    rows = [{"n": "3", "x": ".2", "zip": "02134", "t": "2014-02-21", "m": ""},
-            {"n": "-12", "x": "3", "zip": "10001", "t": "2014-02-24", "m": "NA"},
-            {"n": "", "x": "1e-3", "zip": "", "t": "", "m": ""}]
+    rows = [
+        {"n": "3", "x": ".2", "zip": "02134", "t": "2014-02-21", "m": ""},
+        {"n": "-12", "x": "3", "zip": "10001", "t": "2014-02-24", "m": "NA"},
+        {"n": "", "x": "1e-3", "zip": "", "t": "", "m": ""},
+    ]
     types = infer_column_types(rows, [""])
     assert types == {"n": "int", "x": "float", "zip": "string", "t": "string", "m": "string"}
     assert infer_column_types(rows, ["", "NA"])["m"] == "int"  # every cell missing: no evidence against int

@@ -24,14 +24,20 @@ def _run_drops(tmp_path: Path, gpt2: Path, drops: dict[str, str], tabular: dict,
     for name, text in drops.items():
         (data / "raw" / "tab" / name).write_text(text, encoding="utf-8")
     extra.setdefault("checks", {"min_sequence_utilization": 0.0})
-    spec = make_spec("tab", input={"type": "tabular"}, tokenizer={"path": str(gpt2)},
-                     sequence={"max_seq_len": max_seq_len}, tabular=tabular, **extra)
+    spec = make_spec(
+        "tab",
+        input={"type": "tabular"},
+        tokenizer={"path": str(gpt2)},
+        sequence={"max_seq_len": max_seq_len},
+        tabular=tabular,
+        **extra,
+    )
     return data, spec, run_core(data, spec)
 
 
 def _run(tmp_path: Path, gpt2: Path, csv_text: str, tabular: dict, max_seq_len: int = 128, **extra):
     data, spec, runs = _run_drops(tmp_path, gpt2, {"table.csv": csv_text}, tabular, max_seq_len, **extra)
-    (key, r), = runs.items()
+    ((key, r),) = runs.items()
     gold = pq.read_table(r["dirs"][2] / "examples.parquet").to_pylist()
     pt = load_pinned(dataset_paths(data, "tab").tokenizer_dir)
     return data, spec, key, r, gold, pt
@@ -46,12 +52,19 @@ def _line(**row) -> str:
 
 
 FLAT = "id,name,score\n1,ann,3.5\n2,bob,\n3,cy,4\n4,dee,0.25\n5,eve,10\n"
-FLAT_ROWS = [_line(id=1, name="ann", score=3.5), _line(id=2, name="bob", score=None), _line(id=3, name="cy", score=4.0),
-             _line(id=4, name="dee", score=0.25), _line(id=5, name="eve", score=10.0)]
+FLAT_ROWS = [
+    _line(id=1, name="ann", score=3.5),
+    _line(id=2, name="bob", score=None),
+    _line(id=3, name="cy", score=4.0),
+    _line(id=4, name="dee", score=0.25),
+    _line(id=5, name="eve", score=10.0),
+]
 
 
 def test_flat_exact_examples_seeded_shuffle_max_records_and_masks(tmp_path: Path, gpt2_dir: Path):
-    data, spec, key, r, gold, pt = _run(tmp_path, gpt2_dir, FLAT, {}, packing={"max_sequences_per_example": 2, "seed": 4})
+    data, spec, key, r, gold, pt = _run(
+        tmp_path, gpt2_dir, FLAT, {}, packing={"max_sequences_per_example": 2, "seed": 4}
+    )
     order = np.random.default_rng([4, 0]).permutation(5).tolist()  # the train split's seeded shuffle
     expected = [order[0:2], order[2:4], order[4:]]
     assert [g["example_id"] for g in gold] == [f"{key}:train/{k}" for k in range(3)]
@@ -64,8 +77,9 @@ def test_flat_exact_examples_seeded_shuffle_max_records_and_masks(tmp_path: Path
         assert g["token_type_ids"][:prompt] == [TYPE_PROMPT] * prompt
         assert g["token_type_ids"][prompt:-1] == [TYPE_COMPLETION] * (len(g["token_ids"]) - prompt - 1)
         assert g["token_type_ids"][-1] == TYPE_EOS and g["num_prompt_tokens"] == prompt
-    assert all(o.passed for o in evaluate(spec, dataset_paths(data, "tab"), key)), \
-        [o.name for o in evaluate(spec, dataset_paths(data, "tab"), key) if not o.passed]
+    assert all(o.passed for o in evaluate(spec, dataset_paths(data, "tab"), key)), [
+        o.name for o in evaluate(spec, dataset_paths(data, "tab"), key) if not o.passed
+    ]
     tab = r["gold"]["tabular"]
     assert tab["mode"] == "flat" and tab["records_per_example"]["max"] == 2 and tab["records_in_examples"] == 5
 
@@ -77,14 +91,20 @@ def test_flat_flushes_when_the_next_record_would_not_fit(tmp_path: Path, gpt2_di
     sizes = {len(x) for x in pt.encode_batch(rows, continuation=True)}
     assert len(sizes) == 1  # every rendered row has the same number of GPT-2 tokens
     L = prompt + 2 + 2 * sizes.pop()  # room for exactly two rows
-    _, _, _, r, gold, pt = _run(tmp_path / "run", gpt2_dir, "id,name,score\n" + "".join(
-        f"{i},n{i},{i}.5\n" for i in range(1, 6)), {}, max_seq_len=L)
+    _, _, _, r, gold, pt = _run(
+        tmp_path / "run",
+        gpt2_dir,
+        "id,name,score\n" + "".join(f"{i},n{i},{i}.5\n" for i in range(1, 6)),
+        {},
+        max_seq_len=L,
+    )
     assert [len(g["record_ids"]) for g in gold] == [2, 2, 1] and max(len(g["token_ids"]) for g in gold) == L
 
 
 def load_pinned_gpt2(tmp_path: Path, gpt2: Path):
     from prep_assets.core.spec import TokenizerSpec
     from prep_assets.core.tokenizer import pin_tokenizer
+
     dest = tmp_path / "tok"
     dest.mkdir(parents=True)
     pin_tokenizer(TokenizerSpec(path=str(gpt2)), base=tmp_path, dest=dest)
@@ -95,17 +115,21 @@ GROUPED = "who,t,v\nb,2,x\na,1,p\nb,1,y\nc,1,z\na,3,r\na,2,q\n"
 
 
 def test_grouped_units_per_group_ordered_by_order_by_and_packed_counting_groups(tmp_path: Path, gpt2_dir: Path):
-    _, _, key, r, gold, pt = _run(tmp_path, gpt2_dir, GROUPED, {"group_by": "who", "order_by": "t"},
-                                  packing={"max_sequences_per_example": 2})
-    units = {"b": [_line(who="b", t=1, v="y"), _line(who="b", t=2, v="x")],
-             "a": [_line(who="a", t=1, v="p"), _line(who="a", t=2, v="q"), _line(who="a", t=3, v="r")],
-             "c": [_line(who="c", t=1, v="z")]}
+    _, _, key, r, gold, pt = _run(
+        tmp_path, gpt2_dir, GROUPED, {"group_by": "who", "order_by": "t"}, packing={"max_sequences_per_example": 2}
+    )
+    units = {
+        "b": [_line(who="b", t=1, v="y"), _line(who="b", t=2, v="x")],
+        "a": [_line(who="a", t=1, v="p"), _line(who="a", t=2, v="q"), _line(who="a", t=3, v="r")],
+        "c": [_line(who="c", t=1, v="z")],
+    }
     first_seen = ["b", "a", "c"]
     order = [first_seen[g] for g in np.random.default_rng([0, 0]).permutation(3).tolist()]
     expected = [order[:2], order[2:]]
     texts = [_text(pt, g["token_ids"]) for g in gold]
-    assert texts == ["who, t, v\n" + "".join(EOT + "".join(x + "\n" for x in units[k]) + EOT for k in ex)
-                     for ex in expected]
+    assert texts == [
+        "who, t, v\n" + "".join(EOT + "".join(x + "\n" for x in units[k]) + EOT for k in ex) for ex in expected
+    ]
     assert [g["group_keys"] for g in gold] == expected
     tab = r["gold"]["tabular"]
     assert tab["groups"] == 3 and tab["groups_per_example"]["max"] == 2 and tab["examples_per_group"]["max"] == 1
@@ -113,8 +137,14 @@ def test_grouped_units_per_group_ordered_by_order_by_and_packed_counting_groups(
 
 def test_groups_never_divided_between_splits(tmp_path: Path, gpt2_dir: Path):
     rows = "".join(f"g{g},{t},{g * t}\n" for g in range(40) for t in range(3))
-    _, _, _, r, gold, _ = _run(tmp_path, gpt2_dir, "who,t,v\n" + rows, {"group_by": "who"}, max_seq_len=1024,
-                               split={"validation_ratio": 0.2, "test_ratio": 0.2})
+    _, _, _, r, gold, _ = _run(
+        tmp_path,
+        gpt2_dir,
+        "who,t,v\n" + rows,
+        {"group_by": "who"},
+        max_seq_len=1024,
+        split={"validation_ratio": 0.2, "test_ratio": 0.2},
+    )
     split_of: dict[str, set[str]] = {}
     for g in gold:
         for k in g["group_keys"]:
@@ -129,8 +159,14 @@ def test_sequential_continues_in_order_flushes_on_group_change_and_draws_budgets
     rows = [f"s{s},{t:02d},{t}.5\n" for s in (1, 2) for t in range(12)]
     csv_text = "sid,t,v\n" + "".join(rows[::-1])
     L = 100
-    _, _, _, r, gold, pt = _run(tmp_path, gpt2_dir, csv_text, {"group_by": "sid", "order_by": "t", "time_series": True},
-                                max_seq_len=L, packing={"seed": 9})
+    _, _, _, r, gold, pt = _run(
+        tmp_path,
+        gpt2_dir,
+        csv_text,
+        {"group_by": "sid", "order_by": "t", "time_series": True},
+        max_seq_len=L,
+        packing={"seed": 9},
+    )
     tab = r["gold"]["tabular"]
     size = tab["tokens_per_record"]["max"]
     assert tab["mode"] == "sequential" and tab["tokens_per_record"]["min"] == size
@@ -158,9 +194,15 @@ def test_sequential_continues_in_order_flushes_on_group_change_and_draws_budgets
 
 def test_sequential_test_split_uses_the_full_budget_and_train_the_seeded_draws(tmp_path: Path, gpt2_dir: Path):
     rows = "".join(f"s{s},{t:02d},{t}.5\n" for s in range(30) for t in range(8))
-    _, spec, _, r, gold, _ = _run(tmp_path, gpt2_dir, "sid,t,v\n" + rows,
-                                  {"group_by": "sid", "order_by": "t", "time_series": True}, max_seq_len=100,
-                                  split={"test_ratio": 0.5}, packing={"max_sequences_per_example": 100, "seed": 5})
+    _, spec, _, r, gold, _ = _run(
+        tmp_path,
+        gpt2_dir,
+        "sid,t,v\n" + rows,
+        {"group_by": "sid", "order_by": "t", "time_series": True},
+        max_seq_len=100,
+        split={"test_ratio": 0.5},
+        packing={"max_sequences_per_example": 100, "seed": 5},
+    )
     tab = r["gold"]["tabular"]
     record_budget = 100 - tab["schema_prompt_tokens"] - 2
     size = tab["tokens_per_record"]["max"]
@@ -188,8 +230,13 @@ def test_sequential_test_split_uses_the_full_budget_and_train_the_seeded_draws(t
 
 def test_sequential_shard_rows_stay_in_order(tmp_path: Path, gpt2_dir: Path):
     rows = "".join(f"s{s},{t:02d},{t}.5\n" for s in range(6) for t in range(10))
-    data, _, key, r, gold, _ = _run(tmp_path, gpt2_dir, "sid,t,v\n" + rows,
-                                    {"group_by": "sid", "order_by": "t", "time_series": True}, max_seq_len=100)
+    data, _, key, r, gold, _ = _run(
+        tmp_path,
+        gpt2_dir,
+        "sid,t,v\n" + rows,
+        {"group_by": "sid", "order_by": "t", "time_series": True},
+        max_seq_len=100,
+    )
     shard = pq.read_table(r["dirs"][3] / "train" / "part-00000.parquet", columns=["example_ids"]).to_pylist()
     assert [x["example_ids"][0] for x in shard] == [g["example_id"] for g in gold if g["split"] == "train"]
 
@@ -204,10 +251,13 @@ def test_initial_prefill_merges_drops_by_order_by(tmp_path: Path, gpt2_dir: Path
 
 def test_a_group_id_typed_differently_across_drops_stays_in_one_split(tmp_path: Path, gpt2_dir: Path):
     ids = range(40)
-    drops = {"a.csv": "dev,v\n" + "".join(f"{i},1\n" for i in ids),
-             "b.csv": "dev,v\n" + "".join(f"{i},2\n" for i in ids) + "x9,2\n"}  # x9: the column is text here
-    _, _, runs = _run_drops(tmp_path, gpt2_dir, drops, {"group_by": "dev"}, max_seq_len=1024,
-                            split={"test_ratio": 0.5})
+    drops = {
+        "a.csv": "dev,v\n" + "".join(f"{i},1\n" for i in ids),
+        "b.csv": "dev,v\n" + "".join(f"{i},2\n" for i in ids) + "x9,2\n",
+    }  # x9: the column is text here
+    _, _, runs = _run_drops(
+        tmp_path, gpt2_dir, drops, {"group_by": "dev"}, max_seq_len=1024, split={"test_ratio": 0.5}
+    )
     split_of: dict[str, set] = {}
     for r in runs.values():
         for g in pq.read_table(r["dirs"][2] / "examples.parquet").to_pylist():
@@ -218,10 +268,18 @@ def test_a_group_id_typed_differently_across_drops_stays_in_one_split(tmp_path: 
 
 
 def test_jsonl_rows_take_the_union_of_keys_nulls_and_nested_values(tmp_path: Path, gpt2_dir: Path):
-    text = ('{"id": 1, "tags": ["a", "b"]}\n{"id": 2, "extra": {"k": true}, "score": null}\n'
-            '{"id": 3, "tags": null, "score": 1.5}\n"not a row"\n{"id": 4, "score": NaN}\n')
-    data, spec, runs = _run_drops(tmp_path, gpt2_dir, {"rows.jsonl": text}, {}, max_seq_len=256,
-                                  checks={"max_reject_rate": 0.5, "min_sequence_utilization": 0.0})
+    text = (
+        '{"id": 1, "tags": ["a", "b"]}\n{"id": 2, "extra": {"k": true}, "score": null}\n'
+        '{"id": 3, "tags": null, "score": 1.5}\n"not a row"\n{"id": 4, "score": NaN}\n'
+    )
+    data, spec, runs = _run_drops(
+        tmp_path,
+        gpt2_dir,
+        {"rows.jsonl": text},
+        {},
+        max_seq_len=256,
+        checks={"max_reject_rate": 0.5, "min_sequence_utilization": 0.0},
+    )
     (r,) = runs.values()
     assert r["bronze"]["records"] == 3  # NaN is not JSON: that line is a reader reject, never a silent null
     assert sorted(r["bronze"]["rejects_by_reason"]) == ["invalid_json_constant", "not_an_object"]
@@ -230,9 +288,14 @@ def test_jsonl_rows_take_the_union_of_keys_nulls_and_nested_values(tmp_path: Pat
     text_out = _text(pt, g["token_ids"])
     assert text_out.startswith("id, tags, extra, score\n")
     lines = sorted((json.loads(x) for x in text_out.split(EOT)[1].splitlines()), key=json.dumps)
-    assert lines == sorted([{"id": 1, "tags": ["a", "b"], "extra": None, "score": None},
-                            {"id": 2, "tags": None, "extra": {"k": True}, "score": None},
-                            {"id": 3, "tags": None, "extra": None, "score": 1.5}], key=json.dumps)
+    assert lines == sorted(
+        [
+            {"id": 1, "tags": ["a", "b"], "extra": None, "score": None},
+            {"id": 2, "tags": None, "extra": {"k": True}, "score": None},
+            {"id": 3, "tags": None, "extra": None, "score": 1.5},
+        ],
+        key=json.dumps,
+    )
 
 
 def test_over_budget_group_and_record_become_rejects_and_fail_the_budget_gate(tmp_path: Path, gpt2_dir: Path):
@@ -267,7 +330,9 @@ def test_a_huge_record_in_grouped_mode_leaves_its_group_out_once(tmp_path: Path,
     rows = "who,t,v\na,1,x\na,2," + "word " * 80 + "\nb,1,y\n"
     _, _, _, r, gold, _ = _run(tmp_path, gpt2_dir, rows, {"group_by": "who"}, max_seq_len=60)
     rejects = pq.read_table(r["dirs"][2] / "rejects.parquet").to_pylist()
-    assert sorted((x["source_line"], x["reason"]) for x in rejects) == [(2, "group_over_budget"),
-                                                                         (3, "group_over_budget")]
+    assert sorted((x["source_line"], x["reason"]) for x in rejects) == [
+        (2, "group_over_budget"),
+        (3, "group_over_budget"),
+    ]
     assert inv.gold_accounted(r["dirs"][2], r["dirs"][1]).passed
     assert [g["group_keys"] for g in gold] == [["b"]]

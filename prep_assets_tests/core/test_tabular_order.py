@@ -29,13 +29,28 @@ def _sorted(values: list) -> list[int]:
 
 
 def test_m_d_yyyy_orders_by_time_across_month_and_year_boundaries():
-    values = ["1/10/2024 00:00", "1/9/2024 22:00", "1/31/2024 23:59", "2/1/2024 0:00", "12/31/2023 23:00",
-              "1/9/2024", "1/9/2024 22:00:30", "1/9/2024 9:59 PM"]
+    values = [
+        "1/10/2024 00:00",
+        "1/9/2024 22:00",
+        "1/31/2024 23:59",
+        "2/1/2024 0:00",
+        "12/31/2023 23:00",
+        "1/9/2024",
+        "1/9/2024 22:00:30",
+        "1/9/2024 9:59 PM",
+    ]
     typed = order_keys(values, "t")
     assert typed.type == "datetime" and typed.kinds == {"datetime": 8}
     assert [values[i] for i in _sorted(values)] == [
-        "12/31/2023 23:00", "1/9/2024", "1/9/2024 9:59 PM", "1/9/2024 22:00", "1/9/2024 22:00:30",
-        "1/10/2024 00:00", "1/31/2024 23:59", "2/1/2024 0:00"]
+        "12/31/2023 23:00",
+        "1/9/2024",
+        "1/9/2024 9:59 PM",
+        "1/9/2024 22:00",
+        "1/9/2024 22:00:30",
+        "1/10/2024 00:00",
+        "1/31/2024 23:59",
+        "2/1/2024 0:00",
+    ]
     assert sorted(values)[:2] == ["1/10/2024 00:00", "1/31/2024 23:59"]  # what text order did
 
 
@@ -53,7 +68,11 @@ def test_iso_with_a_time_zone_orders_instants_and_without_one_wall_times():
     zoned = ["2024-03-10T01:30:00-05:00", "2024-03-10T07:00:00+01:00", "2024-03-10T06:15Z", "2024-03-10T06:15:00.5Z"]
     assert order_keys(zoned, "t").type == "datetime_tz"
     assert [zoned[i] for i in _sorted(zoned)] == [  # 06:00Z, 06:15Z, 06:15:00.5Z, 06:30Z
-        "2024-03-10T07:00:00+01:00", "2024-03-10T06:15Z", "2024-03-10T06:15:00.5Z", "2024-03-10T01:30:00-05:00"]
+        "2024-03-10T07:00:00+01:00",
+        "2024-03-10T06:15Z",
+        "2024-03-10T06:15:00.5Z",
+        "2024-03-10T01:30:00-05:00",
+    ]
     naive = ["2024-03-10 10:00", "2024-03-09T23:00:59", "2024-03-10", "2024-02-29T12:00"]
     assert order_keys(naive, "t").type == "datetime"
     assert _sorted(naive) == [3, 1, 2, 0]
@@ -91,9 +110,19 @@ def test_unreadable_and_empty_values_have_no_key_and_say_why():
     typed = order_keys([*values, "1/7/2024"], "t")
     assert typed.type == "datetime"  # ...3 of 5 is
     assert sorted(typed.problems) == [1, 2, 3, 4, 5] and [k is None for k in typed.keys] == [
-        False, True, True, True, True, True, False, False]
-    assert typed.problems[1] == ("order_by column 't': 'yesterday' does not read as datetime, the column's type "
-                                 "(3 of its 5 non-empty values do)")
+        False,
+        True,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert typed.problems[1] == (
+        "order_by column 't': 'yesterday' does not read as datetime, the column's type "
+        "(3 of its 5 non-empty values do)"
+    )
     assert "'2/30/2024' does not read as datetime" in typed.problems[4]
     assert typed.problems[3].startswith("order_by column 't' is empty (null)")
     assert typed.problems[5].startswith("order_by column 't' is empty ('  ')")
@@ -111,13 +140,16 @@ def test_ties_keep_input_order_also_across_formats():
 
 
 def test_initial_prefill_types_the_gathered_records_of_every_drop():
-    rows = {"d": [json.dumps({"t": v}) for v in ("1/10/2024 00:00", "1/9/2024 22:00", "12/31/2023 1:00",
-                                                 "1/9/2024 23:00")]}
+    rows = {
+        "d": [json.dumps({"t": v}) for v in ("1/10/2024 00:00", "1/9/2024 22:00", "12/31/2023 1:00", "1/9/2024 23:00")]
+    }
     assert [json.loads(r)["t"] for r in initial_prefill(rows, "t")["d"]] == [
-        "12/31/2023 1:00", "1/9/2024 22:00", "1/9/2024 23:00"]
+        "12/31/2023 1:00",
+        "1/9/2024 22:00",
+        "1/9/2024 23:00",
+    ]
     ms_and_s = {"d": [json.dumps({"t": v}) for v in (1700000002, 1700000001000, 1700000000)]}
-    assert [json.loads(r)["t"] for r in initial_prefill(ms_and_s, "t")["d"]] == [1700000000, 1700000001000,
-                                                                                1700000002]
+    assert [json.loads(r)["t"] for r in initial_prefill(ms_and_s, "t")["d"]] == [1700000000, 1700000001000, 1700000002]
 
 
 # ---------------------------------------------------------------- end to end: order, rejects, accounting
@@ -128,10 +160,16 @@ def _run(tmp_path: Path, gpt2: Path, drops: dict[str, str], tabular: dict, **ext
     (data / "raw" / "tab").mkdir(parents=True)
     for name, text in drops.items():
         (data / "raw" / "tab" / name).write_text(text, encoding="utf-8")
-    sections = {"input": {"type": "tabular"}, "tokenizer": {"path": str(gpt2)}, "clean": {"dedup": "none"},
-                "sequence": {"max_seq_len": 1024}, "split": {"test_ratio": 0.0}, "tabular": tabular,
-                "packing": {"max_sequences_per_example": 50},
-                "checks": {"min_sequence_utilization": 0.0, "max_reject_rate": 1.0}}
+    sections = {
+        "input": {"type": "tabular"},
+        "tokenizer": {"path": str(gpt2)},
+        "clean": {"dedup": "none"},
+        "sequence": {"max_seq_len": 1024},
+        "split": {"test_ratio": 0.0},
+        "tabular": tabular,
+        "packing": {"max_sequences_per_example": 50},
+        "checks": {"min_sequence_utilization": 0.0, "max_reject_rate": 1.0},
+    }
     spec = make_spec("tab", **{**sections, **extra})
     out = {}
     for key, r in run_core(data, spec).items():
@@ -141,8 +179,11 @@ def _run(tmp_path: Path, gpt2: Path, drops: dict[str, str], tabular: dict, **ext
         # every data row kept or rejected once, in the layer that knew why
         assert r["bronze"]["lines_in"] == r["bronze"]["records"] + r["bronze"]["rejects"] + r["bronze"]["blank_lines"]
         in_examples = [rid for e in examples for rid in e["record_ids"]]
-        assert r["silver"]["records"] == len(in_examples) + len(rejects) == len(set(in_examples) | {
-            x["record_id"] for x in rejects})
+        assert (
+            r["silver"]["records"]
+            == len(in_examples) + len(rejects)
+            == len(set(in_examples) | {x["record_id"] for x in rejects})
+        )
         assert inv.gold_accounted(gold, silver).passed
         bronze_rejects = pq.read_table(bronze / "rejects.parquet").to_pylist()
         out[key] = {"examples": examples, "rejects": rejects, "bronze_rejects": bronze_rejects, "stats": r}
@@ -164,13 +205,15 @@ def _ordered_lines(r: dict) -> dict[str, list[int]]:
 
 
 def test_sequences_of_m_d_yyyy_times_are_in_time_order(tmp_path: Path, gpt2_dir: Path):
-    csv = ("dev,t,v\n"
-           "a,1/10/2024 00:00,1\n"  # line 2
-           "a,1/9/2024 22:00,2\n"
-           "b,2/1/2024 0:00,3\n"
-           "a,12/31/2023 23:00,4\n"
-           "b,1/31/2024 23:59,5\n"
-           "a,1/9/2024 22:00:30,6\n")  # line 7
+    csv = (
+        "dev,t,v\n"
+        "a,1/10/2024 00:00,1\n"  # line 2
+        "a,1/9/2024 22:00,2\n"
+        "b,2/1/2024 0:00,3\n"
+        "a,12/31/2023 23:00,4\n"
+        "b,1/31/2024 23:59,5\n"
+        "a,1/9/2024 22:00:30,6\n"
+    )  # line 7
     r = _one(_run(tmp_path, gpt2_dir, {"t.csv": csv}, SEQUENTIAL))
     assert _ordered_lines(r) == {"a": [5, 3, 7, 2], "b": [6, 4]} and r["rejects"] == []
     tab = r["stats"]["gold"]["tabular"]
@@ -179,13 +222,17 @@ def test_sequences_of_m_d_yyyy_times_are_in_time_order(tmp_path: Path, gpt2_dir:
     assert prefill == ["12/31/2023 23:00", "1/9/2024 22:00", "1/9/2024 22:00:30"]
 
 
-@pytest.mark.parametrize(("values", "kind", "order"), [
-    (["2024-03-10T01:30:00-05:00", "2024-03-10T07:00:00+01:00", "2024-03-10T06:15Z"], "datetime_tz", [3, 4, 2]),
-    (["2024-03-10 10:00", "2024-03-09T23:00", "2024-03-10"], "datetime", [3, 4, 2]),
-    ([1700000100, 1700000000, 1699999999], "epoch_s", [4, 3, 2]),
-    ([1700000000500, 1700000000, 1699999999000], "epoch_s_ms", [4, 3, 2]),
-    (["10", "9.5", "-1"], "float", [4, 3, 2]),
-], ids=["iso_zoned", "iso_wall_time", "epoch_s", "epoch_s_and_ms", "ints_and_floats"])
+@pytest.mark.parametrize(
+    ("values", "kind", "order"),
+    [
+        (["2024-03-10T01:30:00-05:00", "2024-03-10T07:00:00+01:00", "2024-03-10T06:15Z"], "datetime_tz", [3, 4, 2]),
+        (["2024-03-10 10:00", "2024-03-09T23:00", "2024-03-10"], "datetime", [3, 4, 2]),
+        ([1700000100, 1700000000, 1699999999], "epoch_s", [4, 3, 2]),
+        ([1700000000500, 1700000000, 1699999999000], "epoch_s_ms", [4, 3, 2]),
+        (["10", "9.5", "-1"], "float", [4, 3, 2]),
+    ],
+    ids=["iso_zoned", "iso_wall_time", "epoch_s", "epoch_s_and_ms", "ints_and_floats"],
+)
 def test_each_type_orders_its_sequences(tmp_path: Path, gpt2_dir: Path, values: list, kind: str, order: list):
     csv = "dev,t\n" + "".join(f"a,{v}\n" for v in values)
     r = _one(_run(tmp_path, gpt2_dir, {"t.csv": csv}, SEQUENTIAL))
@@ -194,18 +241,23 @@ def test_each_type_orders_its_sequences(tmp_path: Path, gpt2_dir: Path, values: 
 
 
 def test_unreadable_and_empty_order_values_are_gold_rejects_naming_the_value(tmp_path: Path, gpt2_dir: Path):
-    csv = ("dev,t,v\n"
-           "a,1/10/2024 00:00,1\n"  # line 2
-           "a,yesterday,2\n"
-           "a,1/9/2024 22:00,3\n"
-           "b,,4\n"
-           "b,1/8/2024 10:00,5\n"
-           "a,2/30/2024,6\n")  # line 7
+    csv = (
+        "dev,t,v\n"
+        "a,1/10/2024 00:00,1\n"  # line 2
+        "a,yesterday,2\n"
+        "a,1/9/2024 22:00,3\n"
+        "b,,4\n"
+        "b,1/8/2024 10:00,5\n"
+        "a,2/30/2024,6\n"
+    )  # line 7
     r = _one(_run(tmp_path, gpt2_dir, {"t.csv": csv}, SEQUENTIAL))
     assert _ordered_lines(r) == {"a": [4, 2], "b": [6]}
     got = [(x["source_line"], x["reason"], x["group_key"], x["source_file"]) for x in r["rejects"]]
-    assert got == [(3, "unorderable_value", "a", "t.csv"), (5, "unorderable_value", "b", "t.csv"),
-                   (7, "unorderable_value", "a", "t.csv")]
+    assert got == [
+        (3, "unorderable_value", "a", "t.csv"),
+        (5, "unorderable_value", "b", "t.csv"),
+        (7, "unorderable_value", "a", "t.csv"),
+    ]
     assert all(x["byte_offset"] > 0 for x in r["rejects"])
     assert "'yesterday' does not read as datetime" in r["rejects"][0]["detail"]
     assert r["rejects"][1]["detail"].startswith("order_by column 't' is empty")
@@ -215,12 +267,14 @@ def test_unreadable_and_empty_order_values_are_gold_rejects_naming_the_value(tmp
 
 
 def test_an_empty_group_cell_is_a_bronze_reject_and_the_text_null_its_own_group(tmp_path: Path, gpt2_dir: Path):
-    csv = ("dev,t\n"
-           "null,2\n"  # line 2: the text "null" names a group
-           ",1\n"  # line 3: no group
-           "null,1\n"
-           "  ,3\n"  # line 5: blank
-           "a,1\n")
+    csv = (
+        "dev,t\n"
+        "null,2\n"  # line 2: the text "null" names a group
+        ",1\n"  # line 3: no group
+        "null,1\n"
+        "  ,3\n"  # line 5: blank
+        "a,1\n"
+    )
     r = _one(_run(tmp_path, gpt2_dir, {"t.csv": csv}, SEQUENTIAL))
     assert _ordered_lines(r) == {"null": [4, 2], "a": [6]} and r["rejects"] == []
     got = [(x["source_line"], x["reason"]) for x in r["bronze_rejects"]]
@@ -233,8 +287,10 @@ def test_null_values_can_make_the_text_null_missing_on_purpose(tmp_path: Path, g
     csv = "dev,t\nnull,2\n,1\na,1\n"
     r = _one(_run(tmp_path, gpt2_dir, {"t.csv": csv}, {**SEQUENTIAL, "null_values": ["", "null"]}))
     assert _ordered_lines(r) == {"a": [4]}
-    assert [(x["source_line"], x["reason"]) for x in r["bronze_rejects"]] == [(2, "empty_group_key"),
-                                                                               (3, "empty_group_key")]
+    assert [(x["source_line"], x["reason"]) for x in r["bronze_rejects"]] == [
+        (2, "empty_group_key"),
+        (3, "empty_group_key"),
+    ]
 
 
 def test_json_rows_null_and_absent_group_keys_are_rejects_the_text_null_a_group(tmp_path: Path, gpt2_dir: Path):
@@ -243,7 +299,10 @@ def test_json_rows_null_and_absent_group_keys_are_rejects_the_text_null_a_group(
     r = _one(_run(tmp_path, gpt2_dir, {"t.jsonl": text}, SEQUENTIAL))
     assert _ordered_lines(r) == {"null": [5, 1]}
     assert [(x["source_line"], x["reason"]) for x in r["bronze_rejects"]] == [
-        (2, "empty_group_key"), (3, "empty_group_key"), (4, "empty_group_key")]
+        (2, "empty_group_key"),
+        (3, "empty_group_key"),
+        (4, "empty_group_key"),
+    ]
     assert "(absent)" in r["bronze_rejects"][1]["detail"]
 
 
@@ -254,11 +313,20 @@ def test_ties_keep_file_order(tmp_path: Path, gpt2_dir: Path):
 
 
 def test_shared_patient_events_empty_timestamps_are_rejects_and_equal_dates_keep_file_order(
-        tmp_path: Path, gpt2_dir: Path):
+    tmp_path: Path, gpt2_dir: Path
+):
     src = shared_path("datasets/tabular/sample-patient-events-12groups-200-records.csv")
     text = src.read_text(encoding="utf-8")
-    r = _one(_run(tmp_path, gpt2_dir, {"events.csv": text}, {"group_by": "patient_name", "order_by": "timestamp"},
-                  sequence={"max_seq_len": 2048}, packing={"max_sequences_per_example": 1}))
+    r = _one(
+        _run(
+            tmp_path,
+            gpt2_dir,
+            {"events.csv": text},
+            {"group_by": "patient_name", "order_by": "timestamp"},
+            sequence={"max_seq_len": 2048},
+            packing={"max_sequences_per_example": 1},
+        )
+    )
     rows = text.splitlines()[1:]
     empty = [n for n, row in enumerate(rows, start=2) if row.split(",")[1] == ""]
     assert len(empty) == 98 and len(rows) == 200

@@ -17,8 +17,12 @@ def dataset_defs(data_dir: Path, name: str) -> list:
     return dataset_assets(load_spec(data_dir / "datasets" / f"{name}.yaml"))
 
 
-def materialize_drops(data_dir: Path, name: str, instance: DagsterInstance, selection: list[str] | None = None,
-                      ) -> dict[str, ExecuteInProcessResult]:
+def materialize_drops(
+    data_dir: Path,
+    name: str,
+    instance: DagsterInstance,
+    selection: list[str] | None = None,
+) -> dict[str, ExecuteInProcessResult]:
     """Register drops, pin the tokenizer, then materialize each partition's layers (with their checks)."""
     paths = dataset_paths(data_dir, name)
     register_drops(paths)
@@ -30,8 +34,9 @@ def materialize_drops(data_dir: Path, name: str, instance: DagsterInstance, sele
     assert tok.success
     chosen = AssetSelection.assets(*(AssetKey([name, n]) for n in (selection or PARTITIONED)))
     return {
-        key: materialize(assets, selection=chosen, partition_key=key, instance=instance, resources=resources,
-                         raise_on_error=False)
+        key: materialize(
+            assets, selection=chosen, partition_key=key, instance=instance, resources=resources, raise_on_error=False
+        )
         for key in keys
     }
 
@@ -44,5 +49,9 @@ def metadata(result: ExecuteInProcessResult, name: str, asset: str) -> dict:
 
 def materialize_manifest(data_dir: Path, name: str, instance: DagsterInstance) -> ExecuteInProcessResult:
     """The (unpartitioned) dataset manifest over every partition materialized so far, with its check."""
-    return materialize(dataset_defs(data_dir, name), selection=[AssetKey([name, DATASET_MANIFEST])], instance=instance,
-                       resources={"lake": LakeResource(data_dir=str(data_dir))})
+    return materialize(
+        dataset_defs(data_dir, name),
+        selection=[AssetKey([name, DATASET_MANIFEST])],
+        instance=instance,
+        resources={"lake": LakeResource(data_dir=str(data_dir))},
+    )

@@ -17,8 +17,13 @@ pytestmark = pytest.mark.slow
 
 
 def _spec(gpt2: Path, input_: dict, **extra) -> dict:
-    return {"input": input_, "tokenizer": {"path": str(gpt2)}, "sequence": {"max_seq_len": 1024},
-            "split": {"validation_ratio": 0.1}, **extra}
+    return {
+        "input": input_,
+        "tokenizer": {"path": str(gpt2)},
+        "sequence": {"max_seq_len": 1024},
+        "split": {"validation_ratio": 0.1},
+        **extra,
+    }
 
 
 @pytest.fixture
@@ -29,10 +34,11 @@ def instance(dagster_home: Path):
 
 def test_gsm8k_instruction_through_every_layer(tmp_path: Path, gpt2_dir: Path, instance):
     src = shared_path("datasets/instruction/gsm8k_train.jsonl")
-    spec = _spec(gpt2_dir, {"type": "instruction", "prompt_key": "question", "completion_key": "answer",
-                            "prompt_postfix": "\n"})
+    spec = _spec(
+        gpt2_dir, {"type": "instruction", "prompt_key": "question", "completion_key": "answer", "prompt_postfix": "\n"}
+    )
     data = write_dataset(tmp_path / "data", "gsm", spec, [src])
-    (key, result), = materialize_drops(data, "gsm", instance).items()
+    ((key, result),) = materialize_drops(data, "gsm", instance).items()
     assert result.success
     checks = result.get_asset_check_evaluations()
     assert len(checks) == 18 and all(c.passed for c in checks)
@@ -53,10 +59,17 @@ def test_gsm8k_instruction_through_every_layer(tmp_path: Path, gpt2_dir: Path, i
 
 def test_alpaca_json_array_with_joined_prompt_keys(tmp_path: Path, gpt2_dir: Path, instance):
     src = shared_path("datasets/instruction/alpaca_en_demo.json")
-    spec = _spec(gpt2_dir, {"type": "instruction", "prompt_key": ["instruction", "input"], "completion_key": "output",
-                            "prompt_postfix": "\n"})
+    spec = _spec(
+        gpt2_dir,
+        {
+            "type": "instruction",
+            "prompt_key": ["instruction", "input"],
+            "completion_key": "output",
+            "prompt_postfix": "\n",
+        },
+    )
     data = write_dataset(tmp_path / "data", "alpaca", spec, [src])
-    (key, result), = materialize_drops(data, "alpaca", instance).items()
+    ((key, result),) = materialize_drops(data, "alpaca", instance).items()
     assert result.success, [c.check_name for c in result.get_asset_check_evaluations() if not c.passed]
     acct = read_json(data / "lake" / "alpaca" / "bronze" / key / "accounting.json")
     assert acct["unit"] == "element" and acct["records"] == acct["lines_in"] > 500
@@ -66,12 +79,16 @@ def test_alpaca_json_array_with_joined_prompt_keys(tmp_path: Path, gpt2_dir: Pat
 
 def test_c4_text_trains_every_token(tmp_path: Path, gpt2_dir: Path, instance):
     src = shared_path("datasets/text/c4_demo.jsonl")
-    spec = _spec(gpt2_dir, {"type": "text", "text_key": "text"}, sequence={"max_seq_len": 2048, "overflow": "truncate_right"})
+    spec = _spec(
+        gpt2_dir, {"type": "text", "text_key": "text"}, sequence={"max_seq_len": 2048, "overflow": "truncate_right"}
+    )
     data = write_dataset(tmp_path / "data", "c4", spec, [src])
-    (key, result), = materialize_drops(data, "c4", instance).items()
+    ((key, result),) = materialize_drops(data, "c4", instance).items()
     assert result.success
-    gold = pq.read_table(data / "lake" / "c4" / "gold" / key / "examples.parquet",
-                         columns=["num_tokens", "num_loss_tokens", "num_prompt_tokens"]).to_pylist()
+    gold = pq.read_table(
+        data / "lake" / "c4" / "gold" / key / "examples.parquet",
+        columns=["num_tokens", "num_loss_tokens", "num_prompt_tokens"],
+    ).to_pylist()
     assert all(r["num_loss_tokens"] == r["num_tokens"] - 1 and r["num_prompt_tokens"] == 0 for r in gold)
 
 
@@ -79,7 +96,7 @@ def test_malformed_drop_fails_bronze_gate_and_stops_lower_layers(tmp_path: Path,
     src = shared_path("datasets/bad/gdp_json_load_error.jsonl")
     spec = _spec(gpt2_dir, {"type": "instruction"}, checks={"max_reject_rate": 0.01})
     data = write_dataset(tmp_path / "data", "bad", spec, [src])
-    (key, result), = materialize_drops(data, "bad", instance).items()
+    ((key, result),) = materialize_drops(data, "bad", instance).items()
     assert not result.success
     failed = {c.check_name: c for c in result.get_asset_check_evaluations() if not c.passed}
     assert set(failed) == {"raw_records_reject_rate"}
@@ -96,20 +113,25 @@ def test_corrupted_gold_fails_gate_and_shards_are_not_materialized(tmp_path: Pat
     src = shared_path("datasets/instruction/gsm8k_train.jsonl")
     spec = _spec(gpt2_dir, {"type": "instruction", "prompt_key": "question", "completion_key": "answer"})
     data = write_dataset(tmp_path / "data", "gsm", spec, [src])
-    (key, first), = materialize_drops(data, "gsm", instance,
-                                      selection=["raw_records", "clean_records", "tokenized_examples"]).items()
+    ((key, first),) = materialize_drops(
+        data, "gsm", instance, selection=["raw_records", "clean_records", "tokenized_examples"]
+    ).items()
     assert first.success
     gold_file = data / "lake" / "gsm" / "gold" / key / "examples.parquet"
     table = pq.read_table(gold_file)
     masks = table.column("loss_mask").to_pylist()
     masks[3] = masks[3][:-1]  # one example's mask one token short: misaligned
-    corrupted = table.set_column(table.schema.get_field_index("loss_mask"), "loss_mask", pa.array(masks, pa.list_(pa.uint8())))
+    corrupted = table.set_column(
+        table.schema.get_field_index("loss_mask"), "loss_mask", pa.array(masks, pa.list_(pa.uint8()))
+    )
     pq.write_table(corrupted, gold_file)
     gold_key, shards_key = AssetKey(["gsm", "tokenized_examples"]), AssetKey(["gsm", "packed_shards"])
     result = materialize(
         dataset_defs(data, "gsm"),
         selection=AssetSelection.checks_for_assets(gold_key) | AssetSelection.assets(shards_key),
-        partition_key=key, instance=instance, resources={"lake": LakeResource(data_dir=str(data))},
+        partition_key=key,
+        instance=instance,
+        resources={"lake": LakeResource(data_dir=str(data))},
         raise_on_error=False,
     )
     failed = [c for c in result.get_asset_check_evaluations() if not c.passed]

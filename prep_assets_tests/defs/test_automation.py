@@ -37,13 +37,21 @@ def test_a_new_drop_is_carried_layer_by_layer_to_the_shards(tmp_path: Path, inst
 
     def evaluate(cursor):
         result = evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
-        names = ("tokenizer", "raw_records", "clean_records", "tokenized_examples", "packed_shards", "dataset_manifest")
+        names = (
+            "tokenizer",
+            "raw_records",
+            "clean_records",
+            "tokenized_examples",
+            "packed_shards",
+            "dataset_manifest",
+        )
         requested = {n: result.get_requested_partitions(_key(n)) for n in names if result.get_num_requested(_key(n))}
         return result, requested
 
     def run(name: str, partition: str | None = key) -> None:
-        assert materialize(assets, selection=[_key(name)], partition_key=partition, instance=instance,
-                           resources=resources).success
+        assert materialize(
+            assets, selection=[_key(name)], partition_key=partition, instance=instance, resources=resources
+        ).success
 
     first, requested = evaluate(None)
     assert requested == {"tokenizer": {None}}  # bronze comes from the sensor; nothing races the tokenizer
@@ -71,9 +79,14 @@ def test_a_failed_bronze_gate_stops_the_drop_there(tmp_path: Path, instance):
     resources = {"lake": LakeResource(data_dir=str(data))}
     first = evaluate_automation_conditions(defs=defs, instance=instance)
     assert materialize(assets, selection=[_key("tokenizer")], instance=instance, resources=resources).success
-    result = materialize(assets, selection=[_key("raw_records")], partition_key=broken, instance=instance,
-                         resources=resources, raise_on_error=False)
+    result = materialize(
+        assets,
+        selection=[_key("raw_records")],
+        partition_key=broken,
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
     assert [c.check_name for c in result.get_asset_check_evaluations() if not c.passed] == ["raw_records_reject_rate"]
     second = evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
     assert broken not in second.get_requested_partitions(_key("clean_records"))
-

@@ -23,7 +23,9 @@ BRONZE_GATES = ["raw_records_accounted", "raw_records_reject_rate", "raw_records
 def drop(tmp_path: Path, dagster_home: Path):
     """A text dataset with one drop (two records, one line that does not parse), its partition registered."""
     spec = {"input": {"type": "text"}, "tokenizer": {"path": "."}, "checks": {"max_reject_rate": 0.5}}
-    data = write_dataset(tmp_path / "data", "t", spec, {"a.jsonl": b'{"text": "hello"}\n{"text": "world"}\nnot json\n'})
+    data = write_dataset(
+        tmp_path / "data", "t", spec, {"a.jsonl": b'{"text": "hello"}\n{"text": "world"}\nnot json\n'}
+    )
     (d,), _ = register_drops(dataset_paths(data, "t"))
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("t_drops", [d.partition])
@@ -31,9 +33,14 @@ def drop(tmp_path: Path, dagster_home: Path):
 
 
 def _run(data: Path, partition: str, instance: DagsterInstance, selection: AssetSelection, defs: list | None = None):
-    return materialize(defs or dataset_assets(load_spec(data / "datasets" / "t.yaml")), selection=selection,
-                       partition_key=partition, instance=instance, raise_on_error=False,
-                       resources={"lake": LakeResource(data_dir=str(data))})
+    return materialize(
+        defs or dataset_assets(load_spec(data / "datasets" / "t.yaml")),
+        selection=selection,
+        partition_key=partition,
+        instance=instance,
+        raise_on_error=False,
+        resources={"lake": LakeResource(data_dir=str(data))},
+    )
 
 
 def test_an_assets_gates_run_as_one_step_with_one_result_per_gate(drop):
@@ -45,16 +52,20 @@ def test_an_assets_gates_run_as_one_step_with_one_result_per_gate(drop):
     evaluations = result.get_asset_check_evaluations()
     assert [(e.check_name, e.passed) for e in evaluations] == [(name, True) for name in BRONZE_GATES]
     infos = instance.event_log_storage.get_asset_check_partition_info(
-        [AssetCheckKey(RAW, n) for n in BRONZE_GATES], partition_keys=[partition])
+        [AssetCheckKey(RAW, n) for n in BRONZE_GATES], partition_keys=[partition]
+    )
     assert sorted((i.check_key.name, i.partition_key, i.is_current) for i in infos) == [
-        (n, partition, True) for n in BRONZE_GATES]
+        (n, partition, True) for n in BRONZE_GATES
+    ]
 
 
 def test_one_gate_can_run_alone(drop):
     data, partition, instance = drop
     assert _run(data, partition, instance, AssetSelection.assets(RAW)).success
-    alone = (AssetSelection.checks(AssetCheckKey(RAW, "raw_records_reject_rate"))
-             | AssetSelection.assets(RAW).without_checks())
+    alone = (
+        AssetSelection.checks(AssetCheckKey(RAW, "raw_records_reject_rate"))
+        | AssetSelection.assets(RAW).without_checks()
+    )
     result = _run(data, partition, instance, alone)
     assert [e.check_name for e in result.get_asset_check_evaluations()] == ["raw_records_reject_rate"]
 
@@ -72,7 +83,9 @@ def test_a_gate_that_raises_leaves_the_others_reporting_and_fails_the_step(drop)
     result = _run(data, partition, instance, AssetSelection.all(), [raw, _partition_gates(spec, "raw_records", gates)])
     assert not result.success
     assert [(e.check_name, e.passed) for e in result.get_asset_check_evaluations()] == [
-        (first.name, True), (last.name, True)]
+        (first.name, True),
+        (last.name, True),
+    ]
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert failure.step_key == "t__raw_records_gates" and "the gate itself broke" in str(failure.event_specific_data)
 
@@ -90,6 +103,8 @@ def test_gold_reject_rate_is_a_blocking_check_of_tokenized_examples_with_its_rat
     result = outcome_result(inv.gold_reject_rate(g, s, 0.05))
     assert not result.passed and result.metadata["gold_reject_rate"].value == 0.5
     table = result.metadata["rejects_by_reason"].value
-    assert [(r.data["reason"], r.data["count"]) for r in table.records] == [("chat_template_dropped_message", 1),
-                                                                           ("too_long", 1)]
+    assert [(r.data["reason"], r.data["count"]) for r in table.records] == [
+        ("chat_template_dropped_message", 1),
+        ("too_long", 1),
+    ]
     assert "d:2" in result.metadata["offending"].value and "f.jsonl:3" in result.metadata["offending"].value

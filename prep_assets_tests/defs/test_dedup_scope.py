@@ -18,8 +18,12 @@ FILES = {  # each later drop repeats lines of the earlier ones (and itself)
     "notes_2026-11-02.jsonl": NOTES[10:30] + NOTES[25:27],
     "notes_2026-11-03.jsonl": NOTES[5:8] + NOTES[28:40],
 }
-SPEC = {"input": {"type": "text"}, "tokenizer": {"path": "."},
-        "clean": {"dedup": "exact", "dedup_scope": "dataset"}, "split": {"validation_ratio": 0.2}}
+SPEC = {
+    "input": {"type": "text"},
+    "tokenizer": {"path": "."},
+    "clean": {"dedup": "exact", "dedup_scope": "dataset"},
+    "split": {"validation_ratio": 0.2},
+}
 
 
 def _run(data: Path, order: list[int], home: Path) -> tuple[dict[str, str], dict[str, dict]]:
@@ -36,13 +40,21 @@ def _run(data: Path, order: list[int], home: Path) -> tuple[dict[str, str], dict
     with DagsterInstance.local_temp(str(home)) as instance:
         instance.add_dynamic_partitions("notes_drops", keys)
         for i in order:
-            result = materialize(assets, selection=selection, partition_key=keys[i], instance=instance,
-                                 resources={"lake": LakeResource(data_dir=str(data))})
+            result = materialize(
+                assets,
+                selection=selection,
+                partition_key=keys[i],
+                instance=instance,
+                resources={"lake": LakeResource(data_dir=str(data))},
+            )
             checks = result.get_asset_check_evaluations()
             assert result.success and len(checks) == 7 and all(c.passed for c in checks)
             meta[keys[i]] = metadata(result, "notes", CLEAN_RECORDS)
-    digests = {str(p.relative_to(paths.root)): hashlib.sha256(p.read_bytes()).hexdigest()
-               for p in sorted((paths.root / "silver").rglob("*")) if p.is_file()}
+    digests = {
+        str(p.relative_to(paths.root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((paths.root / "silver").rglob("*"))
+        if p.is_file()
+    }
     return digests, meta
 
 
@@ -54,4 +66,5 @@ def test_two_materialization_orders_give_the_same_silver(tmp_path: Path):
     # drop 1: 20 kept; drop 2: 10 new of 22 (10 seen in drop 1, 2 repeated in itself); drop 3: 10 new of 15
     assert counts == [(20, 0), (10, 10), (10, 5)]
     assert {k: (m["dagster/row_count"], m["duplicates_of_earlier_drops"]) for k, m in meta_back.items()} == dict(
-        zip(meta, counts))
+        zip(meta, counts)
+    )

@@ -39,8 +39,10 @@ def test_every_partitioned_layer_has_blocking_gates():
     assert ("tokenized_examples", "tokenized_examples_mask_aligned") in checks
     assert ("packed_shards", "packed_shards_positions_restart") in checks
     # sample_text: dedup_scope dataset
-    assert {("clean_records", "clean_records_unique_across_drops"),
-            ("dataset_manifest", "dataset_manifest_duplicates_kept")} <= checks
+    assert {
+        ("clean_records", "clean_records_unique_across_drops"),
+        ("dataset_manifest", "dataset_manifest_duplicates_kept"),
+    } <= checks
     assert len(checks) == 21
     specs = [s for c in defs.asset_checks or [] for s in c.check_specs]  # type: ignore[union-attr]
     # 19 per dataset, plus the two preference pair gates of sample_pref and sample_text's two across-drops
@@ -69,16 +71,22 @@ def test_a_running_drop_and_manifest_sensor_per_dataset():
     defs = build_definitions(SAMPLE_DATA)
     sensors = {s.name: s for s in defs.sensors or []}
     datasets = ("sample_text", "sample_instruct", "sample_chat", "sample_pref", "sample_sensors")
-    assert set(sensors) == ({f"{ds}_drops_sensor" for ds in datasets} | {f"{ds}_manifest_sensor" for ds in datasets}
-                            | {"prep_assets_automation"})
+    assert set(sensors) == (
+        {f"{ds}_drops_sensor" for ds in datasets}
+        | {f"{ds}_manifest_sensor" for ds in datasets}
+        | {"prep_assets_automation"}
+    )
     assert all(s.default_status == DefaultSensorStatus.RUNNING for s in sensors.values())
     assert sensors["sample_text_manifest_sensor"].asset_selection.resolve(defs.resolve_asset_graph()) == {
-        AssetKey(["sample_text", "dataset_manifest"])}
+        AssetKey(["sample_text", "dataset_manifest"])
+    }
     text = sensors["sample_text_drops_sensor"]
     assert text.default_status == DefaultSensorStatus.RUNNING
     # bronze of new drops; silver only to rebuild it when earlier drops changed (sample_text: dedup_scope dataset)
-    assert text.asset_selection.resolve(defs.resolve_asset_graph()) == {AssetKey(["sample_text", "raw_records"]),
-                                                                         AssetKey(["sample_text", "clean_records"])}
+    assert text.asset_selection.resolve(defs.resolve_asset_graph()) == {
+        AssetKey(["sample_text", "raw_records"]),
+        AssetKey(["sample_text", "clean_records"]),
+    }
 
 
 def test_a_broken_spec_becomes_its_own_error_asset_and_every_other_dataset_loads(tmp_path):

@@ -33,8 +33,9 @@ class Ticks:
         self.sensor = build_drop_sensor(load_spec(data / "datasets" / "notes.yaml"))
 
     def tick(self, apply: bool = True) -> SensorResult:
-        ctx = build_sensor_context(instance=self.instance, cursor=self.cursor,
-                                   resources={"lake": LakeResource(data_dir=str(self.data))})
+        ctx = build_sensor_context(
+            instance=self.instance, cursor=self.cursor, resources={"lake": LakeResource(data_dir=str(self.data))}
+        )
         result = self.sensor(ctx)
         assert isinstance(result, SensorResult)
         if apply:  # what the daemon does with the result (build_sensor_context does not apply it)
@@ -116,8 +117,9 @@ def test_hostile_names_give_safe_keys_and_symlinks_or_outside_paths_are_refused(
     assert len(keys) == len(names) == len(set(keys)) and all(KEY.match(k) for k in keys)
     files = {d.file for d in registered_drops(dataset_paths(data, "notes")).values()}
     assert files == set(names)  # the original names are kept as metadata
-    notes = t.sensor(build_sensor_context(instance=instance, cursor=t.cursor,
-                                          resources={"lake": LakeResource(data_dir=str(data))})).skip_reason.skip_message
+    notes = t.sensor(
+        build_sensor_context(instance=instance, cursor=t.cursor, resources={"lake": LakeResource(data_dir=str(data))})
+    ).skip_reason.skip_message
     assert "'link.jsonl': refused, a symlink" in notes
 
 
@@ -143,8 +145,12 @@ def test_dataset_scope_a_replaced_file_requests_silver_again_for_later_drops(tmp
     from prep_assets.core.silver import build_silver
 
     spec = {**SPEC, "clean": {"dedup": "exact", "dedup_scope": "dataset"}}
-    data = write_dataset(tmp_path / "data", "notes", spec, {"a.jsonl": b'{"text": "X"}\n{"text": "Y"}\n',
-                                                             "b.jsonl": b'{"text": "X"}\n{"text": "Z"}\n'})
+    data = write_dataset(
+        tmp_path / "data",
+        "notes",
+        spec,
+        {"a.jsonl": b'{"text": "X"}\n{"text": "Y"}\n', "b.jsonl": b'{"text": "X"}\n{"text": "Z"}\n'},
+    )
     t = Ticks(data, instance)
     t.tick()
     a, b = _keys(t.tick())
@@ -200,8 +206,13 @@ def _two_drops(tmp_path: Path, instance):
 
     def build(names: list[str], partition: str | None, checks: bool = True) -> None:
         selection = AssetSelection.assets(*(AssetKey([ds, n]) for n in names))
-        assert materialize(assets, selection=selection if checks else selection.without_checks(),
-                           partition_key=partition, instance=instance, resources=resources).success
+        assert materialize(
+            assets,
+            selection=selection if checks else selection.without_checks(),
+            partition_key=partition,
+            instance=instance,
+            resources=resources,
+        ).success
 
     return ds, a, b, tick, build
 
@@ -227,8 +238,14 @@ def test_manifest_sensor_refreshes_after_every_shards_update_even_one_landing_wi
     second = tick()
     assert len(second.run_requests) == 1 and second.run_requests[0].run_key != first.run_requests[0].run_key
     # ... but not while a run that builds shards is queued or running (its gates are not in yet)
-    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id="0" * 8 + "-0000-0000-0000-" + "0" * 12,
-                                status=DagsterRunStatus.STARTED, asset_selection=frozenset({AssetKey([ds, "packed_shards"])})))
+    instance.add_run(
+        DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id="0" * 8 + "-0000-0000-0000-" + "0" * 12,
+            status=DagsterRunStatus.STARTED,
+            asset_selection=frozenset({AssetKey([ds, "packed_shards"])}),
+        )
+    )
     waiting = tick()
     assert isinstance(waiting, SkipReason) and "waiting for 1 run" in waiting.skip_message
 

@@ -26,13 +26,20 @@ def instance(dagster_home: Path):
 
 
 def _spec(gpt2: Path, tabular: dict, max_seq_len: int, **extra) -> dict:
-    return {"input": {"type": "tabular"}, "tokenizer": {"path": str(gpt2)}, "clean": {"dedup": "none"},
-            "sequence": {"max_seq_len": max_seq_len}, "split": {"test_ratio": 0.2}, "tabular": tabular, **extra}
+    return {
+        "input": {"type": "tabular"},
+        "tokenizer": {"path": str(gpt2)},
+        "clean": {"dedup": "none"},
+        "sequence": {"max_seq_len": max_seq_len},
+        "split": {"test_ratio": 0.2},
+        "tabular": tabular,
+        **extra,
+    }
 
 
 def _run(tmp_path: Path, instance, name: str, src: Path, spec: dict):
     data = write_dataset(tmp_path / "data", name, spec, [src])
-    (key, result), = materialize_drops(data, name, instance).items()
+    ((key, result),) = materialize_drops(data, name, instance).items()
     return data, key, result
 
 
@@ -83,9 +90,18 @@ def test_patient_events_ordered_by_timestamp_reject_the_rows_without_one(tmp_pat
     # 98 of the 200 rows have no timestamp: no place in their patient's order, each a gold reject with its line
     # (the gold reject rate allowed up to 100% here: this test is about where they go, not the gate)
     src = shared_path("datasets/tabular/sample-patient-events-12groups-200-records.csv")
-    data, key, result = _run(tmp_path, instance, "patients", src, _spec(
-        gpt2_dir, {"group_by": "patient_name", "order_by": "timestamp"}, 2048,
-        checks={"min_sequence_utilization": 0.0, "max_gold_reject_rate": 1.0}))
+    data, key, result = _run(
+        tmp_path,
+        instance,
+        "patients",
+        src,
+        _spec(
+            gpt2_dir,
+            {"group_by": "patient_name", "order_by": "timestamp"},
+            2048,
+            checks={"min_sequence_utilization": 0.0, "max_gold_reject_rate": 1.0},
+        ),
+    )
     assert result.success and all(c.passed for c in result.get_asset_check_evaluations())
     gold = metadata(result, "patients", "tokenized_examples")
     assert gold["order_by_type"] == "datetime" and gold["num_unorderable_records"] == 98
@@ -101,14 +117,21 @@ def test_patient_events_ordered_by_timestamp_reject_the_rows_without_one(tmp_pat
 
 def test_dow_jones_sequential_by_stock_ordered_by_date(tmp_path: Path, gpt2_dir: Path, instance):
     src = shared_path("datasets/tabular/dow_jones_index_group_size_8.csv")
-    data, key, result = _run(tmp_path, instance, "dow", src, _spec(
-        gpt2_dir, {"group_by": "stock", "order_by": "date", "time_series": True}, 512))
+    data, key, result = _run(
+        tmp_path,
+        instance,
+        "dow",
+        src,
+        _spec(gpt2_dir, {"group_by": "stock", "order_by": "date", "time_series": True}, 512),
+    )
     assert result.success and all(c.passed for c in result.get_asset_check_evaluations())
     gold = metadata(result, "dow", "tokenized_examples")
     assert gold["tabular_mode"] == "sequential" and gold["max_sequences_per_example"] == 10
     assert gold["order_by_type"] == "datetime" and gold["num_unorderable_records"] == 0
-    examples = pq.read_table(data / "lake" / "dow" / "gold" / key / "examples.parquet",
-                             columns=["split", "group_keys", "record_ids", "num_tokens"]).to_pylist()
+    examples = pq.read_table(
+        data / "lake" / "dow" / "gold" / key / "examples.parquet",
+        columns=["split", "group_keys", "record_ids", "num_tokens"],
+    ).to_pylist()
     assert all(len(e["group_keys"]) == 1 and e["num_tokens"] <= 512 for e in examples)
     continued = [g for g, n in _count(e["group_keys"][0] for e in examples).items() if n > 1]
     assert len(continued) > 100  # long series continue in the next example
@@ -144,8 +167,13 @@ def test_iris_flat_decodes_back_to_the_rows(tmp_path: Path, gpt2_dir: Path, inst
 
 def test_embedded_carriage_return_parquet_round_trips(tmp_path: Path, gpt2_dir: Path, instance):
     src = shared_path("datasets/tabular/embedded_carriage_return.parquet")
-    data, key, result = _run(tmp_path, instance, "cr", src, _spec(gpt2_dir, {}, 1024, split={"test_ratio": 0.0},
-                                                                 checks={"min_sequence_utilization": 0.0}))
+    data, key, result = _run(
+        tmp_path,
+        instance,
+        "cr",
+        src,
+        _spec(gpt2_dir, {}, 1024, split={"test_ratio": 0.0}, checks={"min_sequence_utilization": 0.0}),
+    )
     assert result.success and all(c.passed for c in result.get_asset_check_evaluations())
     _, rows = _decoded_rows(data, "cr", key)
     source = [{k: _json_safe(v) for k, v in r.items()} for r in pq.read_table(src).to_pylist()]
@@ -155,15 +183,16 @@ def test_embedded_carriage_return_parquet_round_trips(tmp_path: Path, gpt2_dir: 
 
 def test_over_budget_group_fails_the_gate_and_no_shard_is_written(tmp_path: Path, gpt2_dir: Path, instance):
     src = shared_path("datasets/tabular/sample-patient-events-12groups-200-records.csv")
-    data, key, result = _run(tmp_path, instance, "patients", src,
-                             _spec(gpt2_dir, {"group_by": "patient_name"}, 300))
+    data, key, result = _run(tmp_path, instance, "patients", src, _spec(gpt2_dir, {"group_by": "patient_name"}, 300))
     assert not result.success
     failed = [c for c in result.get_asset_check_evaluations() if not c.passed]
     assert [c.check_name for c in failed] == ["tokenized_examples_tabular_budget"]
     message = failed[0].description
     assert message.startswith("10 group(s)/record(s) cannot fit one example of max_seq_len 300 tokens")
     assert "group 'Olivia Thomas' (475 tokens, 19 record(s)" in message
-    assert "group by another column (tabular.group_by), raise sequence.max_seq_len, or lower " \
-           "packing.max_sequences_per_example" in message
+    assert (
+        "group by another column (tabular.group_by), raise sequence.max_seq_len, or lower "
+        "packing.max_sequences_per_example" in message
+    )
     assert result.is_node_untouched("patients__packed_shards")
     assert not (data / "lake" / "patients" / "shards").exists()
