@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prep_assets.core.arrays import offsets_from_lengths, within_offsets
-from prep_assets.core.records import TYPE_PADDING
+from prep_assets.core.records import TYPE_PADDING, TYPE_PROMPT
 
 Bins = list[list[int]]
 STRATEGIES = ("bfd", "ffd", "full", "single")
@@ -610,3 +610,25 @@ def _rows(
         seg_starts=plan.start.astype(np.int32),
         num_loss_tokens=row_loss.astype(np.int32),
     )
+
+
+@dataclass
+class RowCounts:
+    """Token counts over packed rows, accumulated chunk by chunk."""
+
+    output: int = 0
+    loss: int = 0
+    prompt: int = 0
+
+    def add(self, rows: PackedRows) -> None:
+        real = rows.segment_ids > 0
+        self.output += int(np.count_nonzero(real))
+        self.loss += int(rows.loss_mask.sum(dtype=np.int64))
+        self.prompt += int(np.count_nonzero(real & (rows.token_type_ids == TYPE_PROMPT)))
+
+    def merge(self, other: RowCounts) -> None:
+        self.output, self.loss, self.prompt = (
+            self.output + other.output,
+            self.loss + other.loss,
+            self.prompt + other.prompt,
+        )

@@ -12,51 +12,31 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prep_assets.core.arrays import flat_values, list_array, offsets_from_lengths, percentiles, segment_sums
+from prep_assets.core.arrays import flat_values, offsets_from_lengths, percentiles, segment_sums
 from prep_assets.core.errors import DropError
-from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, MemmapWriter, write_megatron
+from prep_assets.core.formats import FORMATS, PARQUET, DocumentFormat, RowFormat, SplitTarget
 from prep_assets.core.lake import (
     EXAMPLES,
     STATS,
     read_json,
-    sha256_file,
     staged_dir,
     write_json_atomic,
 )
-from prep_assets.core.packing import PackedRows, RowPlan, plan_rows, rows_from_values, segment_sources, unit_offsets
-from prep_assets.core.parquet_io import DEFAULT_BATCH, ParquetSink, iter_batches
+from prep_assets.core.packing import (
+    RowCounts,
+    RowPlan,
+    plan_rows,
+    rows_from_values,
+    segment_sources,
+    unit_offsets,
+)
+from prep_assets.core.parquet_io import DEFAULT_BATCH, iter_batches
 from prep_assets.core.records import (
-    SHARD_SCHEMA,
     SPLITS,
-    TYPE_PROMPT,
 )
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spill import TokenSpill
 from prep_assets.core.tokenizer import load_pinned_info
-
-
-def _row_table(rows: PackedRows, example_ids: pa.Array, lo: int, hi: int) -> pa.Table:
-    """Rows [lo, hi) of packed output as a shard table."""
-    L = rows.row_len
-    n = hi - lo
-    tok = slice(lo * L, hi * L)
-    row_offsets = np.arange(n + 1, dtype=np.int64) * L
-    s0, s1 = int(rows.seg_offsets[lo]), int(rows.seg_offsets[hi])
-    seg_offsets = rows.seg_offsets[lo : hi + 1] - s0
-    return pa.table(
-        {
-            "input_ids": list_array(rows.input_ids[tok], row_offsets, pa.int32()),
-            "loss_mask": list_array(rows.loss_mask[tok], row_offsets, pa.uint8()),
-            "position_ids": list_array(rows.position_ids[tok], row_offsets, pa.int32()),
-            "segment_ids": list_array(rows.segment_ids[tok], row_offsets, pa.int32()),
-            "token_type_ids": list_array(rows.token_type_ids[tok], row_offsets, pa.uint8()),
-            "seq_lengths": list_array(rows.seg_lengths[s0:s1], seg_offsets, pa.int32()),
-            "example_ids": pa.ListArray.from_arrays(pa.array(seg_offsets.astype(np.int32)), example_ids[s0:s1]),
-            "example_offsets": list_array(rows.seg_starts[s0:s1], seg_offsets, pa.int32()),
-            "num_loss_tokens": pa.array(rows.num_loss_tokens[lo:hi]),
-        },
-        schema=SHARD_SCHEMA,
-    )
 
 
 @dataclass(frozen=True)
@@ -114,10 +94,6 @@ TABULAR_MANIFEST_KEYS = (
 
 
 SHARD_CHUNK_ROWS = 1024  # rows materialized at once: bounds memory; the bytes never depend on it
-# Rows per Parquet row group of a shard (at 4096 tokens, ~1M tokens). DuckDB works through a row group at a time,
-# so list functions in the shard gates hold about this many rows' lists: 1024-row groups took the row checksum of
-# `packed_shards_match_gold` to +740 MiB, 256-row groups to +220 MiB (and the decoded-row metadata reads one group).
-SHARD_ROW_GROUP = 256
 _SPILL = "_gold_spill"
 
 
@@ -212,51 +188,29 @@ def build_packed_shards(
                 examples = len(sg.offsets) - 1
                 if plan.num_rows or examples:
                     (stage / split).mkdir()
-                memmap = (
-                    MemmapWriter(stage / split / MEMMAP_DIR, f"{split}/{MEMMAP_DIR}", L, info.vocab_size)
-                    if "npy" in spec.output.formats and plan.num_rows
-                    else None
-                )
-                counts, files = RowCounts(), []
-                for k, lo in enumerate(range(0, plan.num_rows, rows_per_shard)):
-                    hi = min(lo + rows_per_shard, plan.num_rows)
-                    rel = f"{split}/part-{k:05d}.parquet"
-                    in_file = RowCounts()
-                    with ParquetSink(
-                        stage / rel, SHARD_SCHEMA, compression=spec.output.compression, row_group_size=SHARD_ROW_GROUP
-                    ) as sink:
-                        for c_lo in range(lo, hi, SHARD_CHUNK_ROWS):
-                            part = plan.rows(c_lo, min(c_lo + SHARD_CHUNK_ROWS, hi))
-                            values = sg.spill.read(segment_sources(part, sg.offsets), part.length)
-                            rows = rows_from_values(part, *values, row_len=L, pad_id=info.pad_id)
-                            del values
-                            example_ids = sg.example_ids.take(pa.array(part.example, type=pa.int64()))
-                            sink.write(_row_table(rows, example_ids, 0, rows.num_rows))
-                            in_file.add(rows)
-                            if memmap is not None:
-                                memmap.append(rows)
-                            del rows
-                    counts.merge(in_file)
-                    files.append(
-                        {
-                            "path": rel,
-                            "sha256": sha256_file(stage / rel),
-                            "sequences": hi - lo,
-                            "tokens": in_file.output,
-                            "loss_tokens": in_file.loss,
-                        }
-                    )
-                exports: dict[str, Any] = {}
-                if memmap is not None:
-                    exports["npy"] = memmap.close()
-                if "megatron" in spec.output.formats and examples:
-                    exports["megatron"] = write_megatron(
-                        stage / split / MEGATRON_PREFIX,
-                        f"{split}/{MEGATRON_PREFIX}",
-                        sg.id_chunks(),
-                        sg.offsets,
-                        info.vocab_size,
-                    )
+                target = SplitTarget(stage / split, split, L, info.vocab_size, spec.output.compression, rows_per_shard)
+                named = [FORMATS[name] for name in spec.output.formats]
+                sinks = {
+                    f.name: f.open(target)
+                    for f in named
+                    if isinstance(f, RowFormat) and (f is PARQUET or plan.num_rows)
+                }
+                counts = RowCounts()
+                for c_lo, c_hi in _chunks(plan.num_rows, rows_per_shard):
+                    part = plan.rows(c_lo, c_hi)
+                    values = sg.spill.read(segment_sources(part, sg.offsets), part.length)
+                    rows = rows_from_values(part, *values, row_len=L, pad_id=info.pad_id)
+                    del values
+                    example_ids = sg.example_ids.take(pa.array(part.example, type=pa.int64()))
+                    for sink in sinks.values():
+                        sink.append(rows, example_ids)
+                    counts.add(rows)
+                    del rows
+                files = sinks.pop(PARQUET.name).close()["files"]
+                exports: dict[str, Any] = {name: sink.close() for name, sink in sinks.items()}
+                for f in named:
+                    if isinstance(f, DocumentFormat) and examples:
+                        exports[f.name] = f.write(target, sg.id_chunks(), sg.offsets)
                 overflow = gold_stats.get("tokens_dropped_by_overflow_by_split", {}).get(split, 0)
                 split_stats[split] = {
                     **split_metrics(sg.offsets, plan, counts, L, overflow),
@@ -283,26 +237,12 @@ def build_packed_shards(
     return stats
 
 
-@dataclass
-class RowCounts:
-    """Token counts over packed rows, accumulated chunk by chunk."""
-
-    output: int = 0
-    loss: int = 0
-    prompt: int = 0
-
-    def add(self, rows: PackedRows) -> None:
-        real = rows.segment_ids > 0
-        self.output += int(np.count_nonzero(real))
-        self.loss += int(rows.loss_mask.sum(dtype=np.int64))
-        self.prompt += int(np.count_nonzero(real & (rows.token_type_ids == TYPE_PROMPT)))
-
-    def merge(self, other: RowCounts) -> None:
-        self.output, self.loss, self.prompt = (
-            self.output + other.output,
-            self.loss + other.loss,
-            self.prompt + other.prompt,
-        )
+def _chunks(num_rows: int, rows_per_file: int) -> Iterator[tuple[int, int]]:
+    """Row ranges of at most SHARD_CHUNK_ROWS rows that never straddle a file boundary of `rows_per_file`."""
+    for lo in range(0, num_rows, rows_per_file):
+        hi = min(lo + rows_per_file, num_rows)
+        for c_lo in range(lo, hi, SHARD_CHUNK_ROWS):
+            yield c_lo, min(c_lo + SHARD_CHUNK_ROWS, hi)
 
 
 def _ratio(a: int, b: int, empty: float) -> float:

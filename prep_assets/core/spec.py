@@ -29,7 +29,6 @@ AUTO_MAX_SEQUENCES = 10  # `max_sequences_per_example: auto` (Safe Synthesizer's
 MaskAction = Literal["train", "mask"]
 Overflow = Literal["drop", "truncate_right", "truncate_left", "window"]
 PackingStrategy = Literal["bfd", "ffd", "full", "single"]
-OutputFormat = Literal["parquet", "npy", "megatron"]
 Layer = Literal["bronze", "silver", "gold", "shards"]
 
 # Which file suffixes each concrete format reads; `auto` picks by suffix.
@@ -280,7 +279,7 @@ class SplitSpec(_Strict):
 
 class OutputSpec(_Strict):
     # parquet always; npy: flat memmap arrays + meta.json; megatron: .bin/.idx of gold documents (text only)
-    formats: list[OutputFormat] = ["parquet"]
+    formats: list[str] = ["parquet"]  # names registered in core/formats.py
     max_tokens_per_shard: int = Field(default=50_000_000, ge=8)
     compression: Literal["zstd", "snappy", "none"] = "zstd"
 
@@ -350,8 +349,10 @@ class DatasetSpec(_Strict):
             self._check_tabular()
         elif self.tabular is not None:
             raise ValueError(f"tabular: applies to input.type tabular, not {self.input.type}")
-        if "megatron" in self.output.formats and self.input.type != "text":
-            raise ValueError("output.formats megatron (the .bin/.idx document layout) is for input.type text only")
+        from prep_assets.core import formats  # the registry imports the writers, which import this module
+
+        for problem in formats.problems(self):
+            raise ValueError(problem)
         if "parquet" not in self.output.formats:
             raise ValueError("output.formats must include parquet (the shards the gates check)")
         if self.output.max_tokens_per_shard < self.sequence.max_seq_len:

@@ -1,0 +1,190 @@
+"""Output formats: the writers a split of packed shards goes through, registered by name.
+
+Two kinds, chosen by what a trainer reads:
+- a *row format* receives the split's packed rows (fixed-length sequences) chunk by chunk, in order, and
+  returns its manifest entry when closed (`parquet`, always written: the gates check it; `npy`);
+- a *document format* receives the split's gold examples whole (token ids in consecutive chunks and the
+  example offsets) and returns its manifest entry (`megatron`).
+
+`output.formats` in a spec names them; a format refuses, when the spec loads, a dataset it cannot represent.
+The shards layer writes every named format without knowing any of them, so a new trainer format is one
+`register(...)` (see docs/extending.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from prep_assets.core.arrays import list_array
+from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, MemmapWriter, write_megatron
+from prep_assets.core.lake import sha256_file
+from prep_assets.core.packing import PackedRows, RowCounts
+from prep_assets.core.parquet_io import ParquetSink
+from prep_assets.core.records import SHARD_SCHEMA
+
+if TYPE_CHECKING:
+    from prep_assets.core.spec import DatasetSpec
+
+# Rows per Parquet row group of a shard (at 4096 tokens, ~1M tokens). DuckDB works through a row group at a time,
+# so list functions in the shard gates hold about this many rows' lists (and the decoded-row metadata reads one).
+SHARD_ROW_GROUP = 256
+
+
+@dataclass(frozen=True)
+class SplitTarget:
+    """Where and how one split of a partition is written."""
+
+    dir: Path  # the split's folder in the staging directory
+    rel: str  # the same folder relative to the partition, as manifest paths name it
+    row_len: int
+    vocab_size: int
+    compression: str
+    rows_per_file: int  # a row format may cut its files here; chunks never straddle these boundaries
+
+
+class RowSink(Protocol):
+    def append(self, rows: PackedRows, example_ids: pa.Array) -> None: ...
+
+    def close(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class RowFormat:
+    name: str
+    open: Callable[[SplitTarget], RowSink]
+    refuses: Callable[[DatasetSpec], str | None] = lambda spec: None  # why it cannot represent a dataset
+
+
+@dataclass(frozen=True)
+class DocumentFormat:
+    name: str
+    # (target, token id chunks of the split's examples in gold order, example offsets) -> manifest entry
+    write: Callable[[SplitTarget, Iterable[np.ndarray], np.ndarray], dict[str, Any]]
+    refuses: Callable[[DatasetSpec], str | None] = lambda spec: None
+
+
+FORMATS: dict[str, RowFormat | DocumentFormat] = {}
+
+
+def register(fmt: RowFormat | DocumentFormat) -> RowFormat | DocumentFormat:
+    if fmt.name in FORMATS:
+        raise ValueError(f"output format {fmt.name!r} is registered already")
+    FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def problems(spec: DatasetSpec) -> list[str]:
+    """Why a spec's `output.formats` cannot be written: unknown names, formats that refuse the dataset."""
+    out = []
+    for name in spec.output.formats:
+        fmt = FORMATS.get(name)
+        if fmt is None:
+            out.append(f"output.formats: unknown format {name!r}; known: {sorted(FORMATS)}")
+        elif (why := fmt.refuses(spec)) is not None:
+            out.append(f"output.formats {name}: {why}")
+    return out
+
+
+def row_table(rows: PackedRows, example_ids: pa.Array) -> pa.Table:
+    """Packed rows as a shard table (the `SHARD_SCHEMA` columns)."""
+    n, L = rows.num_rows, rows.row_len
+    row_offsets = np.arange(n + 1, dtype=np.int64) * L
+    s0, s1 = int(rows.seg_offsets[0]), int(rows.seg_offsets[n])
+    seg_offsets = rows.seg_offsets[: n + 1] - s0
+    return pa.table(
+        {
+            "input_ids": list_array(rows.input_ids[: n * L], row_offsets, pa.int32()),
+            "loss_mask": list_array(rows.loss_mask[: n * L], row_offsets, pa.uint8()),
+            "position_ids": list_array(rows.position_ids[: n * L], row_offsets, pa.int32()),
+            "segment_ids": list_array(rows.segment_ids[: n * L], row_offsets, pa.int32()),
+            "token_type_ids": list_array(rows.token_type_ids[: n * L], row_offsets, pa.uint8()),
+            "seq_lengths": list_array(rows.seg_lengths[s0:s1], seg_offsets, pa.int32()),
+            "example_ids": pa.ListArray.from_arrays(pa.array(seg_offsets.astype(np.int32)), example_ids[s0:s1]),
+            "example_offsets": list_array(rows.seg_starts[s0:s1], seg_offsets, pa.int32()),
+            "num_loss_tokens": pa.array(rows.num_loss_tokens[:n]),
+        },
+        schema=SHARD_SCHEMA,
+    )
+
+
+class ParquetRows:
+    """`part-NNNNN.parquet` files of at most `rows_per_file` rows; each listed with its sha256 and counts."""
+
+    def __init__(self, target: SplitTarget) -> None:
+        self.target = target
+        self.files: list[dict[str, Any]] = []
+        self.sink: ParquetSink | None = None
+        self.counts, self.rows = RowCounts(), 0
+
+    def append(self, rows: PackedRows, example_ids: pa.Array) -> None:
+        if self.sink is None:
+            rel = f"{self.target.rel}/part-{len(self.files):05d}.parquet"
+            self.sink = ParquetSink(
+                self.target.dir.parent / rel,
+                SHARD_SCHEMA,
+                compression=self.target.compression,
+                row_group_size=SHARD_ROW_GROUP,
+            ).__enter__()
+            self.files.append({"path": rel})
+        self.sink.write(row_table(rows, example_ids))
+        self.counts.add(rows)
+        self.rows += rows.num_rows
+        if self.rows == self.target.rows_per_file:
+            self._finish()
+
+    def _finish(self) -> None:
+        assert self.sink is not None
+        self.sink.__exit__(None, None, None)
+        self.sink = None
+        entry = self.files[-1]
+        entry.update(
+            sha256=sha256_file(self.target.dir.parent / entry["path"]),
+            sequences=self.rows,
+            tokens=self.counts.output,
+            loss_tokens=self.counts.loss,
+        )
+        self.counts, self.rows = RowCounts(), 0
+
+    def close(self) -> dict[str, Any]:
+        if self.sink is not None:
+            self._finish()
+        return {"files": self.files}
+
+
+def _npy(target: SplitTarget) -> RowSink:
+    writer = MemmapWriter(target.dir / MEMMAP_DIR, f"{target.rel}/{MEMMAP_DIR}", target.row_len, target.vocab_size)
+    return _MemmapRows(writer)
+
+
+@dataclass
+class _MemmapRows:
+    writer: MemmapWriter
+
+    def append(self, rows: PackedRows, example_ids: pa.Array) -> None:
+        self.writer.append(rows)
+
+    def close(self) -> dict[str, Any]:
+        return self.writer.close()
+
+
+def _megatron(target: SplitTarget, token_ids: Iterable[np.ndarray], offsets: np.ndarray) -> dict[str, Any]:
+    return write_megatron(
+        target.dir / MEGATRON_PREFIX, f"{target.rel}/{MEGATRON_PREFIX}", token_ids, offsets, target.vocab_size
+    )
+
+
+def _text_only(spec: DatasetSpec) -> str | None:
+    if spec.input.type != "text":
+        return "the .bin/.idx document layout is for input.type text only"
+    return None
+
+
+PARQUET = register(RowFormat("parquet", ParquetRows))
+register(RowFormat("npy", _npy))
+register(DocumentFormat("megatron", _megatron, refuses=_text_only))

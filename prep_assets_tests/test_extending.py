@@ -1,0 +1,113 @@
+"""The worked examples of docs/extending.md, executed as written: each registers its extension, uses it
+through the real layers, and takes it out of the registry again."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from prep_assets.core import formats
+from prep_assets.core.errors import SpecError
+from prep_assets.core.lake import read_json, sha256_file
+from prep_assets_tests.conftest import PROJECT, SAMPLE_DATA, make_spec
+
+DOC = PROJECT / "docs" / "extending.md"
+
+
+def run_layers(data_dir: Path, spec, files: dict[str, bytes]) -> dict:
+    """Every layer of one drop through the core builders, with the sample's trained tokenizer."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from prep_assets.core.bronze import build_raw_records
+    from prep_assets.core.drops import register_drops, resolve_drop
+    from prep_assets.core.lake import dataset_paths
+    from prep_assets.core.layers import build_tokenized_examples, build_tokenizer
+    from prep_assets.core.manifest import build_manifest
+    from prep_assets.core.shards import build_packed_shards
+    from prep_assets.core.silver import build_silver
+    from prep_assets.core.spec import parse_spec
+
+    shutil.copytree(SAMPLE_DATA / "corpus", data_dir / "corpus")
+    tok = parse_spec(
+        {"input": {"type": "text"}, "tokenizer": {"train": {"files": ["corpus/*.txt"], "vocab_size": 512}}},
+        path=Path("t.yaml"),
+        default_name="t",
+    )
+    spec = spec.model_copy(update={"tokenizer": tok.tokenizer})
+    paths = dataset_paths(data_dir, spec.name)
+    paths.raw_dir.mkdir(parents=True)
+    for name, data in files.items():
+        (paths.raw_dir / name).write_bytes(data)
+    (drop,), _ = register_drops(paths)
+    build_tokenizer(spec, paths, data_dir)
+    key = drop.partition
+    _, source = resolve_drop(paths, key)
+    build_raw_records(spec, drop, source, paths.partition_dir("bronze", key))
+    build_silver(spec, paths, key)
+    build_tokenized_examples(
+        spec, paths.partition_dir("silver", key), paths.tokenizer_dir, paths.partition_dir("gold", key)
+    )
+    shards = paths.partition_dir("shards", key)
+    build_packed_shards(spec, paths.partition_dir("gold", key), paths.tokenizer_dir, shards)
+    build_manifest(spec, paths, [key])
+    parts = sorted((shards / "train").glob("part-*.parquet"))
+    return {
+        "shards": shards,
+        "manifest": paths.manifest_path,
+        "shard_rows": [r for p in parts for r in pq.read_table(p).to_pylist()],
+    }
+
+
+def example(section: str) -> str:
+    """The python code block of one `## ` section of docs/extending.md."""
+    text = DOC.read_text(encoding="utf-8")
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", body, flags=re.S)
+    return code
+
+
+@pytest.fixture
+def registered_format():
+    before = dict(formats.FORMATS)
+    namespace: dict = {}
+    exec(compile(example("Add an output format"), str(DOC), "exec"), namespace)  # noqa: S102 - our own docs
+    yield namespace
+    formats.FORMATS.clear()
+    formats.FORMATS.update(before)
+
+
+def test_the_output_format_example_writes_every_row_with_labels_and_is_listed_in_the_manifest(
+    registered_format, tmp_path: Path
+):
+    lines = b"".join(json.dumps({"prompt": f"q{i} ", "completion": f"answer {i}"}).encode() + b"\n" for i in range(9))
+    spec = make_spec(
+        "ext",
+        input={"type": "instruction"},
+        sequence={"max_seq_len": 64},
+        output={"formats": ["parquet", "jsonl_rows"]},
+        checks={"min_sequence_utilization": 0},
+    )
+    run = run_layers(tmp_path, spec, {"a.jsonl": lines})
+    stats = read_json(run["shards"] / "stats.json")
+    entry = stats["splits"]["train"]["exports"]["jsonl_rows"]
+    path = run["shards"] / entry["files"][0]["path"]
+    assert sha256_file(path) == entry["files"][0]["sha256"]
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    shards = run["shard_rows"]
+    assert [r["input_ids"] for r in rows] == [s["input_ids"] for s in shards]
+    assert [r["labels"] for r in rows] == [
+        [t if m else -100 for t, m in zip(s["input_ids"], s["loss_mask"])] for s in shards
+    ]
+    manifest = read_json(run["manifest"])
+    listed = manifest["splits"]["train"]["exports"]
+    assert [e["format"] for e in listed] == ["jsonl_rows"]
+
+
+def test_a_format_refuses_at_spec_load_what_it_cannot_represent(registered_format):
+    with pytest.raises(SpecError, match="jsonl_rows: preference pairs need both branches together"):
+        make_spec(input={"type": "preference"}, output={"formats": ["parquet", "jsonl_rows"]})
