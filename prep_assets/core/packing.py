@@ -1,4 +1,4 @@
-"""Packing: planned, then materialized (DESIGN §5).
+"""Packing: planned, then materialized (the shard format: docs/shards.md).
 
 `plan_rows` is a pure function from example lengths to a `RowPlan`: which piece of which example goes
 into which row. A piece is a whole example (`bfd`, `ffd`, `single`), a window of a long example

@@ -252,7 +252,8 @@ def _ratio(a: int, b: int, empty: float) -> float:
 def split_metrics(
     gold_offsets: np.ndarray, plan: RowPlan, counts: RowCounts, row_len: int, dropped_by_overflow: int
 ) -> dict[str, Any]:
-    """DESIGN §5 metrics of one split. Input tokens are gold's plus what overflow cut or dropped in gold."""
+    """The shard metrics of one split (docs/shards.md). Input tokens are gold's plus what overflow cut or dropped
+    in gold."""
     capacity = plan.num_rows * row_len
     examples = len(gold_offsets) - 1
     gold_tokens = int(gold_offsets[-1])

@@ -229,8 +229,8 @@ class PackingSpec(_Strict):
 
 
 class TabularSpec(_Strict):
-    """How table rows become training examples (DESIGN §6). The mode follows from the keys when not given:
-    sequential with `time_series: true`, grouped with `group_by`, else flat."""
+    """How table rows become training examples (docs/spec.md, "Tabular data"). The mode follows from the keys when
+    not given: sequential with `time_series: true`, grouped with `group_by`, else flat."""
 
     mode: TabularMode | None = None
     time_series: bool = False  # sequential; takes priority over grouped when group_by is set
@@ -450,7 +450,7 @@ _MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
     "chat": {"system": "mask", "user": "mask", "assistant": "train", "tool": "mask"},
     # preference: roles of the chosen/rejected branches; the shared prompt is always masked
     "preference": {"system": "mask", "user": "mask", "assistant": "train", "tool": "mask"},
-    # tabular: the schema prompt is always masked, records and their BOS/EOS always trained (DESIGN §6)
+    # tabular: the schema prompt is always masked, records and their BOS/EOS always trained
     "tabular": {},
 }
 

@@ -1,4 +1,4 @@
-"""Tabular records as training examples (DESIGN §6, Safe Synthesizer semantics): typing, rendering, assembly.
+"""Tabular records as training examples (Safe Synthesizer semantics; docs/spec.md): typing, rendering, assembly.
 
 Pure functions over values and token counts; the gold layer (`tabular_gold`) tokenizes and writes.
 
