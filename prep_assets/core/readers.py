@@ -7,59 +7,20 @@ split on `\\n` only, so U+2028/U+2029/NEL or a lone `\\r` inside a record never 
 
 from __future__ import annotations
 
-import csv
 import gzip
 import hashlib
-import io
 import json
 import math
 import re
 import zlib
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import JSON_MAX_DEPTH, loads_json
-
-UTF8_BOM = b"\xef\xbb\xbf"
-EXCERPT_CHARS = 160
-
-
-@dataclass(frozen=True)
-class RawItem:
-    """One parsed input record: its value and where it came from."""
-
-    line: int  # 1-based line where the record starts
-    byte_offset: int
-    text: str  # the record as written (decoded, without line terminator)
-    value: Any
-    sha256: str  # of the record's bytes as written
-
-
-@dataclass(frozen=True)
-class RawReject:
-    line: int
-    byte_offset: int
-    reason: str
-    detail: str
-    excerpt: str
-
-
-@dataclass
-class Accounting:
-    """What a reader saw; `lines_in == parsed + rejected + blank_lines` for line formats."""
-
-    unit: str = "line"  # "line" for line formats, "element" for a JSON array
-    lines_in: int = 0
-    blank_lines: int = 0
-    parsed: int = 0
-    rejected: int = 0
+from prep_assets.core.readers_common import EXCERPT_CHARS, UTF8_BOM, Accounting, RawItem, RawReject, excerpt_of, shown
+from prep_assets.core.readers_tabular import read_csv, read_parquet
 
 
 def _reject_constant(name: str) -> Any:
@@ -89,17 +50,12 @@ class _Unkeepable(ValueError):
         self.reason = reason
 
 
-def _shown(text: str) -> str:
-    """`text` with lone surrogates written as escapes, so a detail that quotes it can be stored."""
-    return text.encode("utf-8", errors="backslashreplace").decode("utf-8")
-
-
 def _lone_surrogate(text: str, where: str) -> str | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         return (
-            f'lone surrogate \\u{ord(text[exc.start]):04x} (UTF-8 cannot encode it) in {where}: "{_shown(text[:80])}"'
+            f'lone surrogate \\u{ord(text[exc.start]):04x} (UTF-8 cannot encode it) in {where}: "{shown(text[:80])}"'
         )
     return None
 
@@ -130,7 +86,7 @@ def _unkeepable(value: Any, text: str, start: int = 0, end: int | None = None) -
                 problem = _lone_surrogate(k, f"a key at {path}") if surrogates else None
                 if problem:
                     return "invalid_unicode", problem
-                stack.append((v, depth + 1, f"{path}.{_shown(k)}"))
+                stack.append((v, depth + 1, f"{path}.{shown(k)}"))
     return None
 
 
@@ -163,11 +119,6 @@ GZIP_MIN_LIMIT = 256 * 1024 * 1024
 def gzip_limit(path: Path, ratio: float) -> int:
     """The most a .gz drop may decompress to: `ratio` x its size, at least 256 MiB (a gzip bomb stops there)."""
     return max(GZIP_MIN_LIMIT, int(ratio * path.stat().st_size))
-
-
-def _excerpt(data: bytes | str) -> str:
-    text = data.decode("utf-8", errors="backslashreplace") if isinstance(data, bytes) else data
-    return text[:EXCERPT_CHARS]
 
 
 def _parse_json(text: str) -> tuple[Any, str | None, str]:
@@ -226,10 +177,10 @@ def read_lines(
             start = offset
             offset += len(raw)
             if limit is not None and offset > limit:
-                yield bomb(line_no, start, _excerpt(raw[:EXCERPT_CHARS]))
+                yield bomb(line_no, start, excerpt_of(raw[:EXCERPT_CHARS]))
                 return
             if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                excerpt = _excerpt(raw[:EXCERPT_CHARS])
+                excerpt = excerpt_of(raw[:EXCERPT_CHARS])
                 size = len(raw)
                 while raw and not raw.endswith(b"\n"):  # skip the rest of the line in bounded chunks
                     del raw  # not held while the next chunk is read
@@ -257,14 +208,14 @@ def read_lines(
             except UnicodeDecodeError as exc:
                 acct.rejected += 1
                 yield RawReject(
-                    line_no, start, "invalid_utf8", f"byte {exc.start} of the line: {exc.reason}", _excerpt(body)
+                    line_no, start, "invalid_utf8", f"byte {exc.start} of the line: {exc.reason}", excerpt_of(body)
                 )
                 continue
             if as_json:
                 value, reason, detail = _parse_json(text)
                 if reason is not None:
                     acct.rejected += 1
-                    yield RawReject(line_no, start, reason, detail, _excerpt(text))
+                    yield RawReject(line_no, start, reason, detail, excerpt_of(text))
                     continue
             else:
                 value = text
@@ -322,7 +273,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
             byte_pos,
             "not_a_json_array",
             "format json expects a top-level array of records",
-            _excerpt(text[pos:]),
+            excerpt_of(text[pos:]),
         )
         return
     pos = _skip_ws(text, pos + 1)
@@ -333,7 +284,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
             value, end = _DECODER.raw_decode(text, pos)
         except ValueError as exc:
             reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
-            yield reject(line, byte_pos, reason, f"{exc}; the rest of the array is unreadable", _excerpt(text[pos:]))
+            yield reject(line, byte_pos, reason, f"{exc}; the rest of the array is unreadable", excerpt_of(text[pos:]))
             return
         except RecursionError:
             found = _value_end(text, pos)
@@ -343,7 +294,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
                     byte_pos,
                     "malformed_json",
                     f"{NESTING_TOO_DEEP}; the element never closes: the rest of the array is unreadable",
-                    _excerpt(text[pos:]),
+                    excerpt_of(text[pos:]),
                 )
                 return
             value, end = None, found
@@ -352,7 +303,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
             problem = _unkeepable(value, text, pos, end)
         element = text[pos:end]
         if problem is not None:
-            yield reject(line, byte_pos, *problem, _excerpt(element))
+            yield reject(line, byte_pos, *problem, excerpt_of(element))
         else:
             acct.lines_in += 1
             acct.parsed += 1
@@ -365,7 +316,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
         else:
             advance(min(pos, len(text)))
             yield reject(
-                line, byte_pos, "malformed_json", "expected ',' or ']' after an array element", _excerpt(text[pos:])
+                line, byte_pos, "malformed_json", "expected ',' or ']' after an array element", excerpt_of(text[pos:])
             )
             return
     if not closed:
@@ -376,7 +327,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
     if tail < len(text):
         advance(tail)
         yield reject(
-            line, byte_pos, "trailing_content", "content after the closing ']' of the array", _excerpt(text[tail:])
+            line, byte_pos, "trailing_content", "content after the closing ']' of the array", excerpt_of(text[tail:])
         )
 
 
@@ -384,251 +335,6 @@ def _skip_ws(text: str, pos: int) -> int:
     while pos < len(text) and text[pos] in " \t\r\n":
         pos += 1
     return pos
-
-
-def _physical_lines(f: IO[bytes], max_line_bytes: int, starts: list[tuple[int, int]], bad: set[int]) -> Iterator[str]:
-    """Decoded physical lines (with their ends) for the csv module; records each line's (number, offset).
-
-    A line that is not UTF-8 is passed on with its bytes escaped and its number put in `bad`.
-    """
-    offset, line_no = 0, 0
-    while raw := f.readline(max_line_bytes + 1):
-        line_no += 1
-        starts.append((line_no, offset))
-        offset += len(raw)
-        if line_no == 1 and raw.startswith(UTF8_BOM):
-            raw = raw[len(UTF8_BOM) :]
-        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-            bad.add(line_no)
-        try:
-            yield raw.decode("utf-8")
-        except UnicodeDecodeError:
-            bad.add(line_no)
-            yield raw.decode("utf-8", errors="backslashreplace")
-
-
-def _header_problem(header: list[str], readable: bool) -> tuple[str, str] | None:
-    """Why no row can be read by column name under this header, or None."""
-    if not readable:
-        return "invalid_utf8", "the header line is not UTF-8 (or too long): no column has a name to read it by"
-    seen: Counter[str] = Counter(header)
-    twice = [name for name, n in seen.items() if n > 1 and name]
-    if twice:
-        return (
-            "csv_duplicate_header",
-            f"the header names {[_shown(n) for n in twice]} more than once, so a row "
-            "cannot map each field to one column; rename the columns",
-        )
-    unnamed = [i for i, name in enumerate(header, 1) if not name]
-    if unnamed:
-        return "bad_csv_header", f"header columns {unnamed} have no name; columns must be named and unique"
-    return None
-
-
-def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[RawItem | RawReject]:
-    """CSV with a header row: each data row a record `{column: text}`, kept at the line and byte offset where it
-    starts (a quoted field may span lines). Accounting is per row: rows in = records + rejects + blank rows;
-    the header is not a record. Values stay text here; empty fields are empty strings. Under a header that
-    cannot name every field (a name twice, an empty name, not UTF-8) every data row is a reject saying so.
-    """
-    acct.unit = "row"
-    csv.field_size_limit(max(csv.field_size_limit(), max_line_bytes))
-    starts: list[tuple[int, int]] = []
-    bad: set[int] = set()
-    with path.open("rb") as f:
-        physical = _physical_lines(f, max_line_bytes, starts, bad)
-        reader = csv.reader(physical, strict=True)
-        header: list[str] | None = None
-        header_problem: tuple[str, str] | None = None
-        consumed = base = 0  # physical lines read; lines read before the current csv reader started
-        while True:
-            first = consumed  # index in `starts` of the row's first physical line
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as exc:
-                # the row that does not parse is a reject; reading resumes at the next physical line
-                line, offset = starts[first] if first < len(starts) else (consumed + 1, 0)
-                acct.lines_in += 1
-                acct.rejected += 1
-                yield RawReject(
-                    line,
-                    offset,
-                    "malformed_csv",
-                    f"{exc}; the row's lines are skipped, reading resumes after them",
-                    "",
-                )
-                if header is None:
-                    return
-                consumed = base = len(starts)
-                reader = csv.reader(physical, strict=True)
-                continue
-            consumed = base + reader.line_num
-            line, offset = starts[first]
-            lines = range(starts[first][0], starts[consumed - 1][0] + 1)
-            if header is None:
-                header = row
-                header_problem = _header_problem(header, not any(n in bad for n in lines))
-                continue
-            acct.lines_in += 1
-            if not row or (len(row) == 1 and not row[0].strip() and len(header) > 1):
-                acct.blank_lines += 1
-                continue
-            text = _csv_text(row)
-            if header_problem is not None:
-                acct.rejected += 1
-                yield RawReject(line, offset, *header_problem, _excerpt(text))
-                continue
-            if any(n in bad for n in lines):
-                acct.rejected += 1
-                yield RawReject(
-                    line, offset, "invalid_utf8", "a line of this row is not UTF-8 (or too long)", _excerpt(text)
-                )
-                continue
-            if len(row) != len(header):
-                acct.rejected += 1
-                yield RawReject(
-                    line, offset, "csv_field_count", f"{len(row)} fields, the header has {len(header)}", _excerpt(text)
-                )
-                continue
-            acct.parsed += 1
-            yield RawItem(
-                line,
-                offset,
-                text,
-                dict(zip(header, row, strict=True)),
-                hashlib.sha256(text.encode("utf-8")).hexdigest(),
-            )
-
-
-def _csv_text(row: list[str]) -> str:
-    """The row re-written as one CSV line (the record as written, normalized quoting)."""
-    out = io.StringIO()
-    csv.writer(out, lineterminator="").writerow(row)
-    return out.getvalue()
-
-
-def _json_safe(value: Any) -> Any:
-    """A Parquet value as JSON: numbers, strings, booleans, null, lists and objects stay; the rest becomes text
-    (timestamps and dates in ISO form, decimals as written, bytes decoded as UTF-8 or UnicodeDecodeError);
-    NaN and infinities become null."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    iso = getattr(value, "isoformat", None)
-    return iso() if callable(iso) else str(value)
-
-
-def _group_offset(group: Any) -> int:
-    """Where a row group's data starts in the file: its first column chunk's first page."""
-    if group.num_columns == 0:
-        return 0
-    chunk = group.column(0)
-    return int(chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset)
-
-
-def _parquet_row(batch: pa.RecordBatch, i: int) -> dict[str, Any] | RawReject:
-    """Row `i` of a batch Arrow could not turn into Python values whole: the row, or why it cannot be read
-    (a reject with line 0 and offset 0, placed by the caller)."""
-    value = {}
-    for name, column in zip(batch.schema.names, batch.columns, strict=True):
-        try:
-            value[name] = column[i].as_py()
-        except UnicodeDecodeError as exc:
-            return RawReject(0, 0, "invalid_utf8", f"column {name!r}: byte {exc.start} of its text: {exc.reason}", "")
-        except (OverflowError, ValueError, pa.ArrowException) as exc:  # e.g. a timestamp beyond year 9999
-            return RawReject(0, 0, "unreadable_value", f"column {name!r}: {type(exc).__name__}: {exc}", "")
-    return value
-
-
-def _parquet_record(value: dict[str, Any]) -> dict[str, Any] | RawReject:
-    """A row's values as JSON; a binary value that is not UTF-8 makes the row a reject, never escaped text."""
-    record = {}
-    for name, v in value.items():
-        try:
-            record[name] = _json_safe(v)
-        except UnicodeDecodeError as exc:
-            return RawReject(
-                0,
-                0,
-                "invalid_utf8",
-                f"column {name!r}: byte {exc.start} of a binary value: "
-                f"{exc.reason}; binary columns are read as UTF-8 text",
-                _excerpt(exc.object),
-            )
-    return record
-
-
-def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Iterator[RawItem | RawReject]:
-    """Parquet: each row a record `{column: value}` in schema order, streamed in batches.
-
-    Provenance: `line` is the 1-based row number and `byte_offset` the file offset where the row's row group
-    starts (its first page).
-    Accounting is per row; an unreadable file is one reject. A row with a value Python cannot hold (text that
-    is not UTF-8, a timestamp out of range) is that row's reject; so is every row of a file that names a
-    column twice (a record would keep one of the two).
-    """
-    acct.unit = "row"
-    try:
-        pf = pq.ParquetFile(str(path))
-        meta = pf.metadata
-        group_offsets = [_group_offset(meta.row_group(g)) for g in range(meta.num_row_groups)]
-        group_rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-    except (pa.ArrowException, OSError) as exc:
-        acct.lines_in += 1
-        acct.rejected += 1
-        yield RawReject(1, 0, "unreadable_parquet", str(exc), "")
-        return
-    names = pf.schema_arrow.names
-    twice = sorted({n for n in names if names.count(n) > 1})
-    row = 0
-    for g, n in enumerate(group_rows):
-        try:
-            for batch in pf.iter_batches(batch_size=batch_size, row_groups=[g]):
-                try:
-                    values: list[Any] | None = batch.to_pylist()
-                except (UnicodeDecodeError, OverflowError, ValueError, pa.ArrowException):
-                    values = None  # row by row, to find the rows that cannot be read
-                for i in range(batch.num_rows):
-                    row += 1
-                    acct.lines_in += 1
-                    if twice:
-                        got: dict[str, Any] | RawReject = RawReject(
-                            0,
-                            0,
-                            "duplicate_column",
-                            f"the file names columns {twice} more than once, so a row "
-                            "cannot map each value to one column; rename the columns",
-                            "",
-                        )
-                    else:
-                        got = values[i] if values is not None else _parquet_row(batch, i)
-                    if isinstance(got, dict):
-                        got = _parquet_record(got)
-                    if isinstance(got, RawReject):
-                        acct.rejected += 1
-                        yield RawReject(row, group_offsets[g], got.reason, got.detail, got.excerpt)
-                        continue
-                    acct.parsed += 1
-                    text = json.dumps(got, ensure_ascii=False, separators=(",", ":"))
-                    yield RawItem(row, group_offsets[g], text, got, hashlib.sha256(text.encode("utf-8")).hexdigest())
-        except (pa.ArrowException, OSError) as exc:
-            done = row - sum(group_rows[:g])
-            acct.lines_in += n - done
-            acct.rejected += n - done
-            for k in range(done, n):  # every row of a row group that cannot be read is its own reject
-                yield RawReject(
-                    sum(group_rows[:g]) + k + 1, group_offsets[g], "unreadable_parquet", f"row group {g}: {exc}", ""
-                )
-            row = sum(group_rows[: g + 1])
 
 
 def read_drop(

@@ -11,7 +11,7 @@ from dagster import DagsterInstance
 
 from prep_assets.core.decode import decode_row, decode_rows
 from prep_assets.core.lake import read_json
-from prep_assets.core.readers import _json_safe
+from prep_assets.core.readers_tabular import json_safe
 from prep_assets_tests.conftest import shared_path, write_dataset
 from prep_assets_tests.defs.helpers import materialize_drops, materialize_manifest, metadata
 
@@ -83,7 +83,7 @@ def test_patient_events_grouped_by_patient(tmp_path: Path, gpt2_dir: Path, insta
     prompts, rows = _decoded_rows(data, "patients", key)
     assert set(prompts) == {"patient_name, timestamp, patient_age\n"}
     source = pacsv.read_csv(src).to_pylist()
-    assert _canonical(rows) == _canonical([{k: _json_safe(v) for k, v in r.items()} for r in source])
+    assert _canonical(rows) == _canonical([{k: json_safe(v) for k, v in r.items()} for r in source])
 
 
 def test_patient_events_ordered_by_timestamp_reject_the_rows_without_one(tmp_path: Path, gpt2_dir: Path, instance):
@@ -111,7 +111,7 @@ def test_patient_events_ordered_by_timestamp_reject_the_rows_without_one(tmp_pat
     assert [r["source_line"] for r in rejects] == [n + 2 for n, row in enumerate(source) if row["timestamp"] is None]
     assert {r["reason"] for r in rejects} == {"unorderable_value"}
     _, rows = _decoded_rows(data, "patients", key)
-    kept = [{k: _json_safe(v) for k, v in r.items()} for r in source if r["timestamp"] is not None]
+    kept = [{k: json_safe(v) for k, v in r.items()} for r in source if r["timestamp"] is not None]
     assert _canonical(rows) == _canonical(kept)
 
 
@@ -176,7 +176,7 @@ def test_embedded_carriage_return_parquet_round_trips(tmp_path: Path, gpt2_dir: 
     )
     assert result.success and all(c.passed for c in result.get_asset_check_evaluations())
     _, rows = _decoded_rows(data, "cr", key)
-    source = [{k: _json_safe(v) for k, v in r.items()} for r in pq.read_table(src).to_pylist()]
+    source = [{k: json_safe(v) for k, v in r.items()} for r in pq.read_table(src).to_pylist()]
     assert any("\r" in str(v) for r in source for v in r.values())
     assert _canonical(rows) == _canonical(source)  # the \r survives, escaped in the JSON line
 

@@ -1,0 +1,269 @@
+"""Table readers: CSV rows and Parquet rows as records with provenance; a row that cannot be read is a reject.
+
+CSV records start at the line and byte offset of their row (a quoted field may span lines); Parquet records are
+rows in schema order, at the byte offset of their row group."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prep_assets.core.readers_common import UTF8_BOM, Accounting, RawItem, RawReject, excerpt_of, shown
+
+
+def _physical_lines(f: IO[bytes], max_line_bytes: int, starts: list[tuple[int, int]], bad: set[int]) -> Iterator[str]:
+    """Decoded physical lines (with their ends) for the csv module; records each line's (number, offset).
+
+    A line that is not UTF-8 is passed on with its bytes escaped and its number put in `bad`.
+    """
+    offset, line_no = 0, 0
+    while raw := f.readline(max_line_bytes + 1):
+        line_no += 1
+        starts.append((line_no, offset))
+        offset += len(raw)
+        if line_no == 1 and raw.startswith(UTF8_BOM):
+            raw = raw[len(UTF8_BOM) :]
+        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+            bad.add(line_no)
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.add(line_no)
+            yield raw.decode("utf-8", errors="backslashreplace")
+
+
+def _header_problem(header: list[str], readable: bool) -> tuple[str, str] | None:
+    """Why no row can be read by column name under this header, or None."""
+    if not readable:
+        return "invalid_utf8", "the header line is not UTF-8 (or too long): no column has a name to read it by"
+    seen: Counter[str] = Counter(header)
+    twice = [name for name, n in seen.items() if n > 1 and name]
+    if twice:
+        return (
+            "csv_duplicate_header",
+            f"the header names {[shown(n) for n in twice]} more than once, so a row "
+            "cannot map each field to one column; rename the columns",
+        )
+    unnamed = [i for i, name in enumerate(header, 1) if not name]
+    if unnamed:
+        return "bad_csv_header", f"header columns {unnamed} have no name; columns must be named and unique"
+    return None
+
+
+def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[RawItem | RawReject]:
+    """CSV with a header row: each data row a record `{column: text}`, kept at the line and byte offset where it
+    starts (a quoted field may span lines). Accounting is per row: rows in = records + rejects + blank rows;
+    the header is not a record. Values stay text here; empty fields are empty strings. Under a header that
+    cannot name every field (a name twice, an empty name, not UTF-8) every data row is a reject saying so.
+    """
+    acct.unit = "row"
+    csv.field_size_limit(max(csv.field_size_limit(), max_line_bytes))
+    starts: list[tuple[int, int]] = []
+    bad: set[int] = set()
+    with path.open("rb") as f:
+        physical = _physical_lines(f, max_line_bytes, starts, bad)
+        reader = csv.reader(physical, strict=True)
+        header: list[str] | None = None
+        header_problem: tuple[str, str] | None = None
+        consumed = base = 0  # physical lines read; lines read before the current csv reader started
+        while True:
+            first = consumed  # index in `starts` of the row's first physical line
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                # the row that does not parse is a reject; reading resumes at the next physical line
+                line, offset = starts[first] if first < len(starts) else (consumed + 1, 0)
+                acct.lines_in += 1
+                acct.rejected += 1
+                yield RawReject(
+                    line,
+                    offset,
+                    "malformed_csv",
+                    f"{exc}; the row's lines are skipped, reading resumes after them",
+                    "",
+                )
+                if header is None:
+                    return
+                consumed = base = len(starts)
+                reader = csv.reader(physical, strict=True)
+                continue
+            consumed = base + reader.line_num
+            line, offset = starts[first]
+            lines = range(starts[first][0], starts[consumed - 1][0] + 1)
+            if header is None:
+                header = row
+                header_problem = _header_problem(header, not any(n in bad for n in lines))
+                continue
+            acct.lines_in += 1
+            if not row or (len(row) == 1 and not row[0].strip() and len(header) > 1):
+                acct.blank_lines += 1
+                continue
+            text = _csv_text(row)
+            if header_problem is not None:
+                acct.rejected += 1
+                yield RawReject(line, offset, *header_problem, excerpt_of(text))
+                continue
+            if any(n in bad for n in lines):
+                acct.rejected += 1
+                yield RawReject(
+                    line, offset, "invalid_utf8", "a line of this row is not UTF-8 (or too long)", excerpt_of(text)
+                )
+                continue
+            if len(row) != len(header):
+                acct.rejected += 1
+                yield RawReject(
+                    line,
+                    offset,
+                    "csv_field_count",
+                    f"{len(row)} fields, the header has {len(header)}",
+                    excerpt_of(text),
+                )
+                continue
+            acct.parsed += 1
+            yield RawItem(
+                line,
+                offset,
+                text,
+                dict(zip(header, row, strict=True)),
+                hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            )
+
+
+def _csv_text(row: list[str]) -> str:
+    """The row re-written as one CSV line (the record as written, normalized quoting)."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow(row)
+    return out.getvalue()
+
+
+def json_safe(value: Any) -> Any:
+    """A Parquet value as JSON: numbers, strings, booleans, null, lists and objects stay; the rest becomes text
+    (timestamps and dates in ISO form, decimals as written, bytes decoded as UTF-8 or UnicodeDecodeError);
+    NaN and infinities become null."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    iso = getattr(value, "isoformat", None)
+    return iso() if callable(iso) else str(value)
+
+
+def _group_offset(group: Any) -> int:
+    """Where a row group's data starts in the file: its first column chunk's first page."""
+    if group.num_columns == 0:
+        return 0
+    chunk = group.column(0)
+    return int(chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset)
+
+
+def _parquet_row(batch: pa.RecordBatch, i: int) -> dict[str, Any] | RawReject:
+    """Row `i` of a batch Arrow could not turn into Python values whole: the row, or why it cannot be read
+    (a reject with line 0 and offset 0, placed by the caller)."""
+    value = {}
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        try:
+            value[name] = column[i].as_py()
+        except UnicodeDecodeError as exc:
+            return RawReject(0, 0, "invalid_utf8", f"column {name!r}: byte {exc.start} of its text: {exc.reason}", "")
+        except (OverflowError, ValueError, pa.ArrowException) as exc:  # e.g. a timestamp beyond year 9999
+            return RawReject(0, 0, "unreadable_value", f"column {name!r}: {type(exc).__name__}: {exc}", "")
+    return value
+
+
+def _parquet_record(value: dict[str, Any]) -> dict[str, Any] | RawReject:
+    """A row's values as JSON; a binary value that is not UTF-8 makes the row a reject, never escaped text."""
+    record = {}
+    for name, v in value.items():
+        try:
+            record[name] = json_safe(v)
+        except UnicodeDecodeError as exc:
+            return RawReject(
+                0,
+                0,
+                "invalid_utf8",
+                f"column {name!r}: byte {exc.start} of a binary value: "
+                f"{exc.reason}; binary columns are read as UTF-8 text",
+                excerpt_of(exc.object),
+            )
+    return record
+
+
+def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Iterator[RawItem | RawReject]:
+    """Parquet: each row a record `{column: value}` in schema order, streamed in batches.
+
+    Provenance: `line` is the 1-based row number and `byte_offset` the file offset where the row's row group
+    starts (its first page).
+    Accounting is per row; an unreadable file is one reject. A row with a value Python cannot hold (text that
+    is not UTF-8, a timestamp out of range) is that row's reject; so is every row of a file that names a
+    column twice (a record would keep one of the two).
+    """
+    acct.unit = "row"
+    try:
+        pf = pq.ParquetFile(str(path))
+        meta = pf.metadata
+        group_offsets = [_group_offset(meta.row_group(g)) for g in range(meta.num_row_groups)]
+        group_rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    except (pa.ArrowException, OSError) as exc:
+        acct.lines_in += 1
+        acct.rejected += 1
+        yield RawReject(1, 0, "unreadable_parquet", str(exc), "")
+        return
+    names = pf.schema_arrow.names
+    twice = sorted({n for n in names if names.count(n) > 1})
+    row = 0
+    for g, n in enumerate(group_rows):
+        try:
+            for batch in pf.iter_batches(batch_size=batch_size, row_groups=[g]):
+                try:
+                    values: list[Any] | None = batch.to_pylist()
+                except (UnicodeDecodeError, OverflowError, ValueError, pa.ArrowException):
+                    values = None  # row by row, to find the rows that cannot be read
+                for i in range(batch.num_rows):
+                    row += 1
+                    acct.lines_in += 1
+                    if twice:
+                        got: dict[str, Any] | RawReject = RawReject(
+                            0,
+                            0,
+                            "duplicate_column",
+                            f"the file names columns {twice} more than once, so a row "
+                            "cannot map each value to one column; rename the columns",
+                            "",
+                        )
+                    else:
+                        got = values[i] if values is not None else _parquet_row(batch, i)
+                    if isinstance(got, dict):
+                        got = _parquet_record(got)
+                    if isinstance(got, RawReject):
+                        acct.rejected += 1
+                        yield RawReject(row, group_offsets[g], got.reason, got.detail, got.excerpt)
+                        continue
+                    acct.parsed += 1
+                    text = json.dumps(got, ensure_ascii=False, separators=(",", ":"))
+                    yield RawItem(row, group_offsets[g], text, got, hashlib.sha256(text.encode("utf-8")).hexdigest())
+        except (pa.ArrowException, OSError) as exc:
+            done = row - sum(group_rows[:g])
+            acct.lines_in += n - done
+            acct.rejected += n - done
+            for k in range(done, n):  # every row of a row group that cannot be read is its own reject
+                yield RawReject(
+                    sum(group_rows[:g]) + k + 1, group_offsets[g], "unreadable_parquet", f"row group {g}: {exc}", ""
+                )
+            row = sum(group_rows[: g + 1])
