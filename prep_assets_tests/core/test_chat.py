@@ -652,7 +652,7 @@ def test_template_with_a_runaway_loop_is_rejected_at_the_time_limit(tmp_path: Pa
 def test_render_guard_never_leaves_an_injected_exception_behind():
     """Deadlines as short as the renders themselves, so injections race the renders' ends; afterwards no
     exception may surface in the thread."""
-    from prep_assets.core.chat import RenderGuard, _RenderTimeout
+    from prep_assets.core.render_guard import RenderGuard, RenderTimeout
 
     guard = RenderGuard(0.002)
 
@@ -666,7 +666,7 @@ def test_render_guard_never_leaves_an_injected_exception_behind():
     for _ in range(300):
         try:
             outcomes[guard.run(busy)] += 1
-        except _RenderTimeout:
+        except RenderTimeout:
             outcomes["stopped"] += 1
     end = time.perf_counter() + 0.5
     while time.perf_counter() < end:  # a leftover injection would be raised here
