@@ -29,7 +29,8 @@ from prep_assets.core.records import (
     Invalid,
     TabularExtractor,
 )
-from prep_assets.core.spec import DatasetSpec, TabularSpec
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.spec_sections import TabularSpec
 from prep_assets.core.tabular import infer_column_types
 
 

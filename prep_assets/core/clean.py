@@ -19,7 +19,8 @@ import regex
 
 from prep_assets.core.lake import canonical_json
 from prep_assets.core.records import content_texts, map_content_texts
-from prep_assets.core.spec import CleanSpec, DatasetSpec, NormalizeSpec, QualitySpec, SplitSpec
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.spec_sections import CleanSpec, NormalizeSpec, QualitySpec, SplitSpec
 
 # C0 and C1 controls and DEL, except tab and newline (carriage return is kept only when line endings
 # are not normalized, so a record never silently changes its line structure).

@@ -29,7 +29,8 @@ from datasketch import MinHash, MinHashLSH
 from prep_assets.core.clean import WORD
 from prep_assets.core.drops import Drop, DropSet, drop_order, earlier_drops
 from prep_assets.core.lake import DatasetPaths, read_json, staged_dir
-from prep_assets.core.spec import DatasetSpec, NearDedupSpec
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.spec_sections import NearDedupSpec
 from prep_assets.core.sql import connect as sql_connect
 
 INDEX_FILE = "hashes.parquet"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, read_json, sha256_file, write_json_atomic
-from prep_assets.core.spec import FORMAT_SUFFIXES
+from prep_assets.core.spec_sections import FORMAT_SUFFIXES
 
 SLUG_MAX = 48
 HASH_LEN = 10

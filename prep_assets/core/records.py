@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from prep_assets.core.errors import DropError
-from prep_assets.core.spec import InputSpec, TabularSpec
+from prep_assets.core.spec_sections import InputSpec, TabularSpec
 from prep_assets.core.tabular import is_empty_group_value, json_value, parse_cell, render_values
 
 

@@ -30,7 +30,8 @@ from prep_assets.core.arrays import list_array, offsets_from_lengths, percentile
 from prep_assets.core.errors import TokenizerError
 from prep_assets.core.parquet_io import ParquetSink
 from prep_assets.core.records import GOLD_REJECT_SCHEMA, GOLD_SCHEMA, SPLITS, TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
-from prep_assets.core.spec import DatasetSpec, TabularSpec
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.spec_sections import TabularSpec
 from prep_assets.core.tabular import (
     UNORDERABLE_VALUE,
     Example,

@@ -27,7 +27,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase  # noqa
 
 from prep_assets.core.errors import TokenizerError  # noqa: E402
 from prep_assets.core.lake import canonical_json, read_json, sha256_file, write_json_atomic  # noqa: E402
-from prep_assets.core.spec import TokenizerSpec, TrainTokenizerSpec  # noqa: E402
+from prep_assets.core.spec_sections import TokenizerSpec, TrainTokenizerSpec  # noqa: E402
 
 FINGERPRINT_FILE = "fingerprint.json"
 TOKENIZER_FILES = (

@@ -16,7 +16,8 @@ from prep_assets.core.gates import (
 from prep_assets.core.gates import (
     TOKENIZED_EXAMPLES as TOKENIZED_EXAMPLES,
 )
-from prep_assets.core.spec import DatasetSpec, Layer
+from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.spec_sections import Layer
 
 TOKENIZER = "tokenizer"
 DATASET_MANIFEST = "dataset_manifest"

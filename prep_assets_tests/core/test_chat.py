@@ -506,7 +506,7 @@ def test_pair_whose_branches_start_with_a_user_turn_passes_the_pair_gate(tmp_pat
 
 def test_preference_extraction_edge_cases_never_mistrain(tmp_path: Path):
     from prep_assets.core.clean import quality_verdict
-    from prep_assets.core.spec import CleanSpec
+    from prep_assets.core.spec_sections import CleanSpec
 
     spec = make_spec(input={"type": "preference"})
     u, a = (lambda t: {"role": "user", "content": t}), (lambda t: {"role": "assistant", "content": t})

@@ -14,7 +14,7 @@ from prep_assets.core.clean import (
     trained_roles,
 )
 from prep_assets.core.lake import canonical_json
-from prep_assets.core.spec import NormalizeSpec, SplitSpec
+from prep_assets.core.spec_sections import NormalizeSpec, SplitSpec
 from prep_assets_tests.conftest import make_spec
 
 NORM = NormalizeSpec()

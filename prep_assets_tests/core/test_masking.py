@@ -5,7 +5,7 @@ import pytest
 
 from prep_assets.core.masking import apply_overflow, tokenize_batch
 from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
-from prep_assets.core.spec import TokenizerSpec
+from prep_assets.core.spec_sections import TokenizerSpec
 from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
 from prep_assets_tests.conftest import make_spec, shared_path
 

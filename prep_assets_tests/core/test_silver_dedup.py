@@ -15,7 +15,7 @@ from prep_assets.core.clean import heuristic_verdict, repeated_ngram_fraction
 from prep_assets.core.drops import register_drops, resolve_drop
 from prep_assets.core.lake import dataset_paths
 from prep_assets.core.silver import build_clean_records
-from prep_assets.core.spec import QualitySpec
+from prep_assets.core.spec_sections import QualitySpec
 from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
 
 WORDS = (

@@ -102,7 +102,7 @@ def test_flat_flushes_when_the_next_record_would_not_fit(tmp_path: Path, gpt2_di
 
 
 def load_pinned_gpt2(tmp_path: Path, gpt2: Path):
-    from prep_assets.core.spec import TokenizerSpec
+    from prep_assets.core.spec_sections import TokenizerSpec
     from prep_assets.core.tokenizer import pin_tokenizer
 
     dest = tmp_path / "tok"

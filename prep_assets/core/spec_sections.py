@@ -1,0 +1,277 @@
+"""The sections of a dataset spec (`input`, `clean`, `tokenizer`, `sequence`, ...): one pydantic model each,
+strict (unknown keys are errors) and frozen. `core/spec.py` assembles them into a `DatasetSpec`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+InputFormat = Literal["auto", "jsonl", "jsonl.gz", "json", "txt", "csv", "parquet"]
+RecordType = Literal["text", "instruction", "chat", "preference", "tabular"]
+TabularMode = Literal["flat", "grouped", "sequential"]
+ColumnType = Literal["string", "int", "float"]
+AUTO_MAX_SEQUENCES = 10  # `max_sequences_per_example: auto` (Safe Synthesizer's default without DP)
+MaskAction = Literal["train", "mask"]
+Overflow = Literal["drop", "truncate_right", "truncate_left", "window"]
+PackingStrategy = Literal["bfd", "ffd", "full", "single"]
+Layer = Literal["bronze", "silver", "gold", "shards"]
+
+# Which file suffixes each concrete format reads; `auto` picks by suffix.
+FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "jsonl.gz": (".jsonl.gz", ".ndjson.gz"),
+    "jsonl": (".jsonl", ".ndjson"),
+    "json": (".json",),
+    "txt": (".txt",),
+    "csv": (".csv",),
+    "parquet": (".parquet",),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class InputSpec(_Strict):
+    format: InputFormat = "auto"
+    type: RecordType
+    text_key: str = "text"
+    prompt_key: str | list[str] = "prompt"
+    completion_key: str = "completion"
+    prompt_separator: str = "\n\n"
+    prompt_prefix: str = ""
+    prompt_postfix: str = ""
+    # chat / preference: where the conversation is and how its roles are named (None = detect per record:
+    # `messages` with role/content, or `conversations` with from/value, or a list of prompt/completion pairs)
+    messages_key: str | None = None
+    role_key: str | None = None
+    content_key: str | None = None
+    role_map: dict[str, str] = {}
+    system_key: str = "system"
+    tools_key: str = "tools"
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
+    max_line_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_gzip_ratio: float = Field(default=100.0, gt=1)  # decompressed / compressed bytes (floor 256 MiB)
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> InputSpec:
+        if isinstance(self.prompt_key, list) and not self.prompt_key:
+            raise ValueError("prompt_key: give a key or a non-empty list of keys")
+        return self
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """Source role name -> chat role: the defaults, overridden by `role_map`."""
+        return {**DEFAULT_ROLE_MAP, **self.role_map}
+
+    @property
+    def prompt_keys(self) -> tuple[str, ...]:
+        return (self.prompt_key,) if isinstance(self.prompt_key, str) else tuple(self.prompt_key)
+
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+DEFAULT_ROLE_MAP: dict[str, str] = {
+    **{r: r for r in CHAT_ROLES},
+    "human": "user",
+    "gpt": "assistant",
+    "function_call": "assistant",
+    "observation": "tool",
+}
+
+
+class NormalizeSpec(_Strict):
+    nfc: bool = True
+    newlines: bool = True
+    control_chars: bool = True
+    trailing_whitespace: bool = True
+
+
+class QualitySpec(_Strict):
+    """Gopher/C4-style heuristics over a record's text (its text fields joined by newlines); each off when null."""
+
+    min_words: int | None = Field(default=None, ge=1)
+    max_repeated_line_fraction: float | None = Field(default=None, ge=0, le=1)  # repeated lines / lines
+    max_repeated_ngram_fraction: float | None = Field(default=None, ge=0, le=1)  # chars in repeated word n-grams
+    repeated_ngram_size: int = Field(default=5, ge=1, le=20)
+    max_non_alnum_fraction: float | None = Field(default=None, ge=0, le=1)  # non-alphanumeric, non-space chars
+
+    @property
+    def enabled(self) -> bool:
+        """Is any heuristic on? (Each is a field that is null when off; `repeated_ngram_size` only sets one up.)"""
+        return any(
+            getattr(self, name) is not None for name in type(self).model_fields if name != "repeated_ngram_size"
+        )
+
+
+class NearDedupSpec(_Strict):
+    """MinHash + LSH near-duplicate removal (`dedup: near`): a record whose estimated Jaccard similarity with a
+    kept record reaches `threshold` is removed."""
+
+    threshold: float = Field(default=0.7, gt=0, le=1)
+    unit: Literal["word", "char"] = "word"
+    ngram: int = Field(default=3, ge=1, le=50)
+    num_perm: int = Field(default=128, ge=16, le=1024)
+    seed: int = 1
+
+
+class CleanSpec(_Strict):
+    normalize: NormalizeSpec | bool = True
+    min_chars: int = Field(default=1, ge=0)
+    max_chars: int | None = Field(default=None, ge=1)
+    quality: QualitySpec = QualitySpec()
+    dedup: Literal["exact", "near", "none"] = "exact"  # near: exact first, then near-duplicates
+    dedup_scope: Literal["drop", "dataset"] = "drop"
+    near: NearDedupSpec = NearDedupSpec()
+    # keep records whose trained turn (completion, assistant message) is empty or whitespace only
+    keep_empty_turns: bool = False
+
+    @model_validator(mode="after")
+    def _scope_needs_dedup(self) -> CleanSpec:
+        if self.dedup_scope == "dataset" and self.dedup == "none":
+            raise ValueError("clean.dedup_scope: dataset needs clean.dedup: exact or near (tables default to none)")
+        return self
+
+    @property
+    def normalization(self) -> NormalizeSpec:
+        if isinstance(self.normalize, NormalizeSpec):
+            return self.normalize
+        if self.normalize:
+            return NormalizeSpec()
+        return NormalizeSpec(nfc=False, newlines=False, control_chars=False, trailing_whitespace=False)
+
+
+class TrainTokenizerSpec(_Strict):
+    files: list[str] = Field(min_length=1)
+    vocab_size: int = Field(default=4096, ge=300, le=1_000_000)
+    min_frequency: int = Field(default=2, ge=1)
+    special_tokens: list[str] = ["<|endoftext|>", "<|pad|>"]
+    eos_token: str = "<|endoftext|>"
+    pad_token: str | None = "<|pad|>"
+    bos_token: str | None = None
+
+    @model_validator(mode="after")
+    def _specials_listed(self) -> TrainTokenizerSpec:
+        for name in ("eos_token", "pad_token", "bos_token"):
+            value = getattr(self, name)
+            if value is not None and value not in self.special_tokens:
+                raise ValueError(f"{name} {value!r} must be one of special_tokens {self.special_tokens}")
+        return self
+
+
+class TokenizerSpec(_Strict):
+    path: str | None = None
+    hub_id: str | None = None
+    revision: str | None = None
+    train: TrainTokenizerSpec | None = None
+    add_bos: bool | None = None
+    add_eos: bool = True
+    # a chat template for tokenizers without one (or to replace theirs): inline Jinja, or a file
+    chat_template: str | None = None
+    chat_template_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TokenizerSpec:
+        given = [k for k in ("path", "hub_id", "train") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of path, hub_id, train (got {given or 'none'})")
+        if self.chat_template is not None and self.chat_template_file is not None:
+            raise ValueError("give chat_template (inline) or chat_template_file, not both")
+        if self.hub_id is not None and not self.revision:
+            raise ValueError("hub_id needs a revision (a commit sha or tag) so the tokenizer is pinned")
+        return self
+
+
+class SequenceSpec(_Strict):
+    max_seq_len: int = Field(default=2048, ge=8, le=1_048_576)
+    overflow: Overflow = "drop"
+    # window: tokens each window repeats from the previous one (masked); at most max_seq_len / 2
+    overlap: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _overlap(self) -> SequenceSpec:
+        if self.overlap and self.overflow != "window":
+            raise ValueError("overlap applies only to overflow: window")
+        if 2 * self.overlap > self.max_seq_len:
+            raise ValueError(f"overlap {self.overlap} must be at most max_seq_len / 2 ({self.max_seq_len // 2})")
+        return self
+
+
+class PackingSpec(_Strict):
+    strategy: PackingStrategy = "bfd"
+    # examples per row; for tabular data, records (flat, sequential) or groups (grouped) per example.
+    # `auto` = 10; unset = no limit, except for tabular data where unset means `auto`.
+    max_sequences_per_example: int | Literal["auto"] | None = None
+
+    @model_validator(mode="after")
+    def _per_example(self) -> PackingSpec:
+        n = self.max_sequences_per_example
+        if isinstance(n, int) and not isinstance(n, bool) and n < 1:
+            raise ValueError("max_sequences_per_example must be at least 1 (or auto)")
+        return self
+
+    seed: int = 0
+    shuffle: bool = True
+
+
+class TabularSpec(_Strict):
+    """How table rows become training examples (docs/spec.md, "Tabular data"). The mode follows from the keys when
+    not given: sequential with `time_series: true`, grouped with `group_by`, else flat."""
+
+    mode: TabularMode | None = None
+    time_series: bool = False  # sequential; takes priority over grouped when group_by is set
+    group_by: str | None = None
+    order_by: str | None = None
+    # CSV cells: which strings are missing values, and column types overriding the inference
+    null_values: list[str] = [""]
+    column_types: dict[str, ColumnType] = {}
+    # the tokens wrapping each unit of records; default: the tokenizer's BOS (its EOS if it has none) and EOS
+    bos_token: str | None = None
+    eos_token: str | None = None
+
+    @model_validator(mode="after")
+    def _keys(self) -> TabularSpec:
+        mode = self.resolved_mode
+        if self.mode is not None and self.time_series and self.mode != "sequential":
+            raise ValueError(f"time_series: true makes the mode sequential, but mode is {self.mode}")
+        if mode == "sequential" and (self.group_by is None or self.order_by is None):
+            raise ValueError("sequential mode (time series) needs group_by and order_by")
+        if mode == "grouped" and self.group_by is None:
+            raise ValueError("grouped mode needs group_by")
+        if mode == "flat" and (self.group_by is not None or self.order_by is not None):
+            raise ValueError("flat mode shuffles single records: group_by/order_by need mode grouped or sequential")
+        return self
+
+    @property
+    def resolved_mode(self) -> TabularMode:
+        if self.time_series or self.mode == "sequential":
+            return "sequential"
+        if self.mode is not None:
+            return self.mode
+        return "grouped" if self.group_by is not None else "flat"
+
+
+class SplitSpec(_Strict):
+    validation_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    test_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _sum(self) -> SplitSpec:
+        if self.validation_ratio + self.test_ratio >= 1.0:
+            raise ValueError("validation_ratio + test_ratio must be below 1 (something must train)")
+        return self
+
+
+class OutputSpec(_Strict):
+    # parquet always; npy: flat memmap arrays + meta.json; megatron: .bin/.idx of gold documents (text only)
+    formats: list[str] = ["parquet"]  # names registered in core/formats.py
+    max_tokens_per_shard: int = Field(default=50_000_000, ge=8)
+    compression: Literal["zstd", "snappy", "none"] = "zstd"
+
+
+class ChecksSpec(_Strict):
+    max_reject_rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    # gold rejects / silver records of a drop (records that could not become a training example)
+    max_gold_reject_rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    min_sequence_utilization: float = Field(default=0.5, ge=0.0, le=1.0)
