@@ -57,7 +57,8 @@ from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, resolve_drop
 from prep_assets.core.lake import STATS as STATS_FILE
 from prep_assets.core.lake import dataset_paths, read_json
-from prep_assets.core.packing import materialize_rows, plan_rows
+from prep_assets.core.packing import plan_rows
+from prep_assets.core.rows import materialize_rows
 from prep_assets.core.shards import GoldArrays, build_packed_shards
 from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import DatasetSpec, parse_spec

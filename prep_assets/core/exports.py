@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from prep_assets.core.lake import sha256_file, write_json_atomic
-from prep_assets.core.packing import PackedRows
+from prep_assets.core.rows import PackedRows
 
 MEMMAP_DIR, MEGATRON_PREFIX = "memmap", "megatron/text_document"
 MMIDIDX_MAGIC = b"MMIDIDX\x00\x00"

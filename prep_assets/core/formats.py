@@ -24,9 +24,9 @@ import pyarrow as pa
 from prep_assets.core.arrays import list_array
 from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, MemmapWriter, write_megatron
 from prep_assets.core.lake import sha256_file
-from prep_assets.core.packing import PackedRows, RowCounts
 from prep_assets.core.parquet_io import ParquetSink
 from prep_assets.core.records import SHARD_SCHEMA
+from prep_assets.core.rows import PackedRows, RowCounts
 
 if TYPE_CHECKING:
     from prep_assets.core.spec import DatasetSpec

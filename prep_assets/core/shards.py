@@ -22,18 +22,12 @@ from prep_assets.core.lake import (
     staged_dir,
     write_json_atomic,
 )
-from prep_assets.core.packing import (
-    RowCounts,
-    RowPlan,
-    plan_rows,
-    rows_from_values,
-    segment_sources,
-    unit_offsets,
-)
+from prep_assets.core.packing import RowPlan, plan_rows, unit_offsets
 from prep_assets.core.parquet_io import DEFAULT_BATCH, iter_batches
 from prep_assets.core.records import (
     SPLITS,
 )
+from prep_assets.core.rows import RowCounts, rows_from_values, segment_sources
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spill import TokenSpill
 from prep_assets.core.tokenizer import load_pinned_info

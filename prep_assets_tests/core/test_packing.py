@@ -13,16 +13,8 @@ import pytest
 from prep_assets.core.arrays import offsets_from_lengths
 from prep_assets.core.errors import SpecError
 from prep_assets.core.masking import apply_overflow
-from prep_assets.core.packing import (
-    RowPlan,
-    materialize_rows,
-    plan_bfd,
-    plan_ffd,
-    plan_rows,
-    plan_single,
-    unit_offsets,
-    window_pieces,
-)
+from prep_assets.core.packing import RowPlan, plan_bfd, plan_ffd, plan_rows, plan_single, unit_offsets, window_pieces
+from prep_assets.core.rows import materialize_rows
 from prep_assets_tests.conftest import make_spec
 
 CAP = 8

@@ -8,7 +8,8 @@ import pytest
 
 from prep_assets.core.arrays import offsets_from_lengths
 from prep_assets.core.exports import write_megatron
-from prep_assets.core.packing import materialize_rows, plan_rows, rows_from_values, segment_sources
+from prep_assets.core.packing import plan_rows
+from prep_assets.core.rows import materialize_rows, rows_from_values, segment_sources
 from prep_assets.core.spill import TokenSpill, runs
 
 
