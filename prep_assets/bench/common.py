@@ -1,0 +1,180 @@
+"""Shared pieces of the benchmarks: paths to the shared corpus, specs, corpora, timing and RSS."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prep_assets.core import layers
+from prep_assets.core.bronze import build_raw_records
+from prep_assets.core.drops import register_drops, resolve_drop
+from prep_assets.core.lake import dataset_paths, read_json
+from prep_assets.core.silver import build_clean_records
+from prep_assets.core.spec import DatasetSpec, parse_spec
+
+SHARED = Path(__file__).resolve().parents[3] / "shared"  # beside the project folder
+DEFAULT_SOURCE = SHARED / "datasets" / "bench" / "bench_pc.jsonl.gz"
+DEFAULT_TOKENIZER = SHARED / "tokenizers" / "gpt2"
+
+
+def _spec(tokenizer: Path, max_seq_len: int, strategy: str = "bfd") -> DatasetSpec:
+    raw = {
+        "input": {"type": "instruction"},
+        "tokenizer": {"path": str(tokenizer)},
+        "sequence": {"max_seq_len": max_seq_len, "overflow": "window", "overlap": 0},
+        "packing": {"strategy": strategy},
+        "checks": {"max_reject_rate": 0.2},
+    }
+    return parse_spec(raw, path=Path("bench.yaml"), default_name="bench")
+
+
+def _line(label: str, seconds: float, tokens: int) -> str:
+    return f"  {label:<34} {seconds:8.2f} s  {tokens / seconds / 1e6:8.2f} M tokens/s"
+
+
+def build_gold(source: Path, tokenizer: Path, max_seq_len: int, work: Path) -> tuple[Path, Path, dict]:
+    """Bronze, silver and gold of `source` under `work` (reused when already built for the same inputs)."""
+    data = work / "data"
+    paths = dataset_paths(data, "bench")
+    marker = work / "gold.json"
+    want = {"source": str(source), "size": source.stat().st_size, "tokenizer": str(tokenizer), "L": max_seq_len}
+    spec = _spec(tokenizer, max_seq_len)
+    if marker.is_file() and read_json(marker)["want"] == want:
+        done = read_json(marker)
+        return Path(done["gold"]), paths.tokenizer_dir, done["stats"]
+    shutil.rmtree(work, ignore_errors=True)
+    paths.raw_dir.mkdir(parents=True)
+    shutil.copyfile(source, paths.raw_dir / source.name)  # drops are regular files (symlinks are skipped)
+    register_drops(paths)
+    layers.build_tokenizer(spec, paths, data)
+    key = sorted(p.stem for p in paths.drops_dir.glob("*.json"))[0]
+    drop, src = resolve_drop(paths, key)
+    b, s, g = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold"))
+    print(f"building gold of {source.name} once (cached in {work})", flush=True)
+    t = time.perf_counter()
+    bronze = build_raw_records(spec, drop, src, b)
+    t_b = time.perf_counter() - t
+    silver = build_clean_records(spec, b, s)
+    t_s = time.perf_counter() - t - t_b
+    gold = layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
+    t_g = time.perf_counter() - t - t_b - t_s
+    stats = {
+        "records": bronze["records"],
+        "kept": silver["records"],
+        "examples": gold["examples"],
+        "tokens": gold["tokens"],
+        "seconds": {"bronze": t_b, "silver": t_s, "gold": t_g},
+    }
+    marker.write_text(json.dumps({"want": want, "gold": str(g), "stats": stats}), encoding="utf-8")
+    return g, paths.tokenizer_dir, stats
+
+
+def _missing(*paths: Path) -> bool:
+    for p in paths:
+        if not p.exists():
+            print(f"error: {p} not found (pass --source / --tokenizer)", file=sys.stderr)
+            return True
+    return False
+
+
+def pc_corpus(source: Path, target_mb: float, out: Path, max_rows: int | None = None) -> int:
+    """A prompt/completion JSONL of about `target_mb` MB (or `max_rows` rows): the rows of `source` in order, then
+    again with " (variant k)" appended to the prompt (distinct records, nearly the same tokens). Returns the row
+    count."""
+    import gzip
+
+    target, size, rows, k = int(target_mb * 1e6), 0, 0, 0
+    limit = max_rows if max_rows is not None else float("inf")
+    with out.open("w", encoding="utf-8") as f:
+        while size < target and rows < limit:
+            opener = gzip.open if source.suffix == ".gz" else open
+            with opener(source, "rt", encoding="utf-8") as src:
+                for line in src:
+                    if size >= target or rows >= limit:
+                        break
+                    if k:
+                        row = json.loads(line)
+                        row["prompt"] = f"{row['prompt']} (variant {k})"
+                        line = json.dumps(row, ensure_ascii=False) + "\n"
+                    f.write(line)
+                    size += len(line.encode("utf-8"))
+                    rows += 1
+            k += 1
+    return rows
+
+
+def bare_tokenizer(corpus: Path, tokenizer: Path, batch: int = 4096) -> tuple[int, float]:
+    """(tokens, seconds) of the Rust tokenizer's `encode_batch_fast` over the corpus' prompts and completions
+    (read and parsed beforehand: only encoding is timed)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+    texts = []
+    with corpus.open(encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            texts += [row.get("prompt") or "", row.get("completion") or ""]
+    tokens, start = 0, time.perf_counter()
+    for lo in range(0, len(texts), batch):
+        tokens += sum(len(e.ids) for e in tok.encode_batch_fast(texts[lo : lo + batch], add_special_tokens=False))
+    return tokens, time.perf_counter() - start
+
+
+class RssSampler:
+    """This process' resident memory every 20 ms in a thread (/proc/self/statm), to tell which step peaked."""
+
+    def __init__(self) -> None:
+        import os
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self._page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with open("/proc/self/statm", "rb") as f:
+            while not self._stop.is_set():
+                f.seek(0)
+                self.samples.append((time.time(), int(f.read().split()[1]) * self._page_mib))
+                self._stop.wait(0.02)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak(self, start: float, end: float) -> float:
+        return max((rss for t, rss in self.samples if start <= t <= end), default=0.0)
+
+
+def _step_peaks(instance: Any, run_id: str, rss: RssSampler) -> dict[str, dict[str, float]]:
+    """Per step: its time span and the process' RSS when it started and at its peak (MiB)."""
+    from dagster import DagsterEventType
+
+    spans: dict[str, list[float]] = {}
+    for entry in instance.all_logs(run_id):
+        ev = entry.dagster_event
+        if ev is None or not entry.step_key:
+            continue
+        if ev.event_type == DagsterEventType.STEP_START:
+            spans[entry.step_key] = [entry.timestamp, entry.timestamp]
+        elif (
+            ev.event_type in (DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE) and entry.step_key in spans
+        ):
+            spans[entry.step_key][1] = entry.timestamp
+    return {
+        k: {
+            "s": round(b - a, 2),
+            "rss_start_mib": round(rss.peak(a - 0.05, a + 0.05)),
+            "peak_mib": round(rss.peak(a, b)),
+        }
+        for k, (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0])
+    }

@@ -1,0 +1,179 @@
+"""`bench e2e`: the whole pipeline through Dagster against the bare tokenizer, with peak RSS."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from prep_assets.bench.common import (
+    RssSampler,
+    _missing,
+    _spec,
+    _step_peaks,
+    bare_tokenizer,
+    pc_corpus,
+)
+from prep_assets.core.drops import register_drops
+from prep_assets.core.lake import STATS as STATS_FILE
+from prep_assets.core.lake import dataset_paths, read_json
+
+
+def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
+    """In a fresh process: tokenizer, then bronze -> shards of the one drop through Dagster; prints JSON."""
+    from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+
+    from prep_assets.definitions import dataset_assets
+    from prep_assets.defs.keys import PARTITIONED, TOKENIZER
+    from prep_assets.defs.resources import LakeResource
+
+    data = work / "data"
+    spec = _spec(tokenizer, max_seq_len)
+    paths = dataset_paths(data, "bench")
+    (drop,), _ = register_drops(paths)
+    assets = dataset_assets(spec)
+    resources = {"lake": LakeResource(data_dir=str(data))}
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("bench_drops", [drop.partition])
+        tok = materialize(assets, selection=[AssetKey(["bench", TOKENIZER])], instance=instance, resources=resources)
+        start = time.perf_counter()
+        with RssSampler() as rss:
+            result = materialize(
+                assets,
+                selection=AssetSelection.assets(*(AssetKey(["bench", n]) for n in PARTITIONED)),
+                partition_key=drop.partition,
+                instance=instance,
+                resources=resources,
+                raise_on_error=False,
+            )
+        wall = time.perf_counter() - start
+        peaks = _step_peaks(instance, result.run_id, rss)
+    steps: dict[str, float] = {}
+    for event in result.get_step_success_events():
+        layer = next((n for n in PARTITIONED if n in (event.step_key or "")), "other")
+        steps[layer] = steps.get(layer, 0.0) + event.event_specific_data.duration_ms / 1000  # type: ignore[union-attr]
+    checks = result.get_asset_check_evaluations()
+    gold = read_json(paths.partition_dir("gold", drop.partition) / STATS_FILE)
+    print(
+        json.dumps(
+            {
+                "success": result.success and tok.success,
+                "wall_s": wall,
+                "layers_s": steps,
+                "steps": peaks,
+                "checks": len(checks),
+                "checks_passed": sum(c.passed for c in checks),
+                "tokens": gold["tokens"],
+                "examples": gold["examples"],
+            }
+        )
+    )
+    return 0 if result.success else 1
+
+
+def _e2e_run(work: Path, tokenizer: Path, max_seq_len: int) -> dict[str, Any] | None:
+    """One measured pipeline run in a fresh process on a fresh lake (the drop stays); None if it failed."""
+    import subprocess
+
+    shutil.rmtree(work / "data" / "lake", ignore_errors=True)
+    child = subprocess.run(
+        [sys.executable, "-m", "prep_assets.bench", "_e2e_child", str(work), str(tokenizer), str(max_seq_len)],
+        capture_output=True,
+        text=True,
+    )
+    if child.returncode != 0 or not child.stdout.strip():
+        print(child.stdout[-2000:], child.stderr[-4000:], file=sys.stderr)
+        return None
+    return dict(json.loads(child.stdout.strip().splitlines()[-1]))
+
+
+def bench_e2e(args: argparse.Namespace) -> int:
+    source, tokenizer = Path(args.source), Path(args.tokenizer)
+    if _missing(source, tokenizer):
+        return 2
+    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "prep_assets_bench_e2e"
+    shutil.rmtree(work, ignore_errors=True)
+    raw = work / "data" / "raw" / "bench"
+    raw.mkdir(parents=True)
+    corpus = raw / "corpus.jsonl"
+    rows = pc_corpus(source, args.rows and 1e6 or args.mb, corpus, max_rows=args.rows)
+    mb = corpus.stat().st_size / 1e6
+    print(f"corpus: {rows:,} prompt/completion rows, {mb:.1f} MB (from {source.name})", flush=True)
+    # This machine's speed drifts by +-10% within minutes, so the bare tokenizer is timed before the first run,
+    # between runs and after the last, and each run is held against the mean of the two timings around it.
+    bare_tokens, bare_s = bare_tokenizer(corpus, tokenizer)
+    print(
+        f"bare tokenizer (encode_batch_fast): {bare_tokens:,} tokens in {bare_s:.2f} s = "
+        f"{bare_tokens / bare_s / 1e6:.3f} M tokens/s",
+        flush=True,
+    )
+    results = []
+    for k in range(args.repeat):
+        run = _e2e_run(work, tokenizer, args.max_seq_len)
+        if run is None:
+            return 1
+        before_s, (_, bare_s) = bare_s, bare_tokenizer(corpus, tokenizer)
+        mean_s = (before_s + bare_s) / 2
+        e2e = run["tokens"] / run["wall_s"]
+        ratio = e2e * mean_s / bare_tokens
+        results.append(
+            {**run, "e2e": e2e, "bare": bare_tokens / mean_s, "ratio": ratio, "before_s": before_s, "after_s": bare_s}
+        )
+        print(
+            f"run {k + 1}/{args.repeat}: end to end through Dagster (bronze -> shards, {run['checks_passed']}/"
+            f"{run['checks']} checks passed): {run['tokens']:,} tokens in {run['wall_s']:.2f} s = "
+            f"{e2e / 1e6:.3f} M tokens/s"
+        )
+        print(
+            f"  bare tokenizer after it: {bare_s:.2f} s = {bare_tokens / bare_s / 1e6:.3f} M tokens/s; the mean "
+            f"around the run {mean_s:.2f} s = {bare_tokens / mean_s / 1e6:.3f} M tokens/s"
+        )
+        for layer, sec in run["layers_s"].items():
+            print(f"  {layer:<20} {sec:8.2f} s")
+        print("  steps (time; the process' RSS when the step started -> its peak during the step):")
+        for step, st in run["steps"].items():
+            print(f"    {step:<58} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
+        print(
+            f"  end-to-end / bare tokenizer: {ratio:.3f} (against the timing before alone: "
+            f"{e2e * before_s / bare_tokens:.3f}, after alone: {e2e * bare_s / bare_tokens:.3f})",
+            flush=True,
+        )
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    ratios = sorted(r["ratio"] for r in results)
+    mid = sorted(results, key=lambda r: r["ratio"])[(len(results) - 1) // 2]  # the median run (the lower middle)
+    if len(results) > 1:
+        print(
+            f"end-to-end / bare tokenizer over {len(results)} runs: median {mid['ratio']:.3f}, "
+            f"min {ratios[0]:.3f}, max {ratios[-1]:.3f} "
+            f"({', '.join(f'{r:.3f}' for r in (x['ratio'] for x in results))})"
+        )
+    print(f"peak RSS of the pipeline process: {peak:,.0f} MiB")
+    print(
+        json.dumps(
+            {
+                "corpus_mb": round(mb, 1),
+                "rows": rows,
+                "max_seq_len": args.max_seq_len,
+                "strategy": "bfd",
+                "runs": len(results),
+                "ratio": round(mid["ratio"], 3),
+                "ratios": [round(r["ratio"], 3) for r in results],
+                "bare_tokens_per_s": round(mid["bare"]),
+                "bare_tokens_per_s_before": round(bare_tokens / mid["before_s"]),
+                "bare_tokens_per_s_after": round(bare_tokens / mid["after_s"]),
+                "e2e_tokens_per_s": round(mid["e2e"]),
+                "wall_s": round(mid["wall_s"], 2),
+                "layers_s": {k: round(v, 2) for k, v in mid["layers_s"].items()},
+                "peak_rss_mib": round(peak),
+                "checks_passed": mid["checks_passed"],
+                "checks": mid["checks"],
+            }
+        )
+    )
+    return 0 if all(r["success"] for r in results) else 1

@@ -1,0 +1,141 @@
+"""`bench longdoc`: one long document through every layer and gate, with peak RSS."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from prep_assets.bench.common import (
+    RssSampler,
+    _missing,
+    _step_peaks,
+)
+from prep_assets.core.drops import register_drops
+from prep_assets.core.lake import STATS as STATS_FILE
+from prep_assets.core.lake import dataset_paths, read_json
+
+
+def long_document(n_bytes: int, tokenizer: Path, seed: int = 0) -> str:
+    """About `n_bytes` of text: seeded lowercase words of the tokenizer's vocabulary, some with punctuation."""
+    import random
+
+    vocab = json.loads((tokenizer / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    words = sorted(
+        w[1:] for w in vocab if w.startswith("\u0120") and w[1:].isalpha() and w[1:].islower() and 2 <= len(w) - 1 <= 5
+    )
+    rng = random.Random(seed)
+    out, size = [], 0
+    while size < n_bytes:
+        word = rng.choice(words) + (rng.choice(".,;") if rng.random() < 0.3 else "")
+        out.append(word)
+        size += len(word) + 1
+    return " ".join(out)
+
+
+def longdoc_spec(tokenizer: Path, max_seq_len: int) -> dict[str, Any]:
+    return {
+        "input": {"type": "text", "text_key": "text"},
+        "clean": {"max_chars": 1 << 40},
+        "tokenizer": {"path": str(tokenizer)},
+        "sequence": {"max_seq_len": max_seq_len},
+        "packing": {"strategy": "full"},
+    }
+
+
+def _longdoc_child(work: Path) -> int:
+    """In a fresh process: tokenizer, then bronze -> shards of the drop under `work` through Dagster; prints JSON."""
+    from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+
+    from prep_assets.core.spec import load_spec
+    from prep_assets.definitions import dataset_assets
+    from prep_assets.defs.keys import PARTITIONED, TOKENIZER
+    from prep_assets.defs.resources import LakeResource
+
+    data = work / "data"
+    spec = load_spec(data / "datasets" / "longdoc.yaml")
+    paths = dataset_paths(data, spec.name)
+    (drop,), _ = register_drops(paths)
+    assets = dataset_assets(spec)
+    resources = {"lake": LakeResource(data_dir=str(data))}
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(f"{spec.name}_drops", [drop.partition])
+        with RssSampler() as rss:
+            tok = materialize(
+                assets, selection=[AssetKey([spec.name, TOKENIZER])], instance=instance, resources=resources
+            )
+            start = time.perf_counter()
+            result = materialize(
+                assets,
+                selection=AssetSelection.assets(*(AssetKey([spec.name, n]) for n in PARTITIONED)),
+                partition_key=drop.partition,
+                instance=instance,
+                resources=resources,
+                raise_on_error=False,
+            )
+            wall = time.perf_counter() - start
+        peaks = _step_peaks(instance, result.run_id, rss)
+    checks = result.get_asset_check_evaluations()
+    gold = read_json(paths.partition_dir("gold", drop.partition) / STATS_FILE)
+    print(
+        json.dumps(
+            {
+                "success": result.success and tok.success,
+                "wall_s": wall,
+                "steps": peaks,
+                "checks": len(checks),
+                "checks_passed": sum(c.passed for c in checks),
+                "failed": [c.check_name for c in checks if not c.passed],
+                "tokens": gold["tokens"],
+                "failed_steps": [e.step_key for e in result.all_events if e.is_step_failure],
+                "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            }
+        )
+    )
+    return 0 if result.success else 1
+
+
+def bench_longdoc(args: argparse.Namespace) -> int:
+    import subprocess
+
+    import yaml
+
+    tokenizer = Path(args.tokenizer)
+    if _missing(tokenizer):
+        return 2
+    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "prep_assets_bench_longdoc"
+    shutil.rmtree(work, ignore_errors=True)
+    data = work / "data"
+    (data / "datasets").mkdir(parents=True)
+    (data / "raw" / "longdoc").mkdir(parents=True)
+    (data / "datasets" / "longdoc.yaml").write_text(
+        yaml.safe_dump(longdoc_spec(tokenizer, args.max_seq_len)), encoding="utf-8"
+    )
+    doc = long_document(int(args.mb * 1e6), tokenizer)
+    (data / "raw" / "longdoc" / "doc.jsonl").write_text(json.dumps({"text": doc}) + "\n", encoding="utf-8")
+    print(f"one document of {len(doc) / 1e6:.2f} MB, packing full at max_seq_len {args.max_seq_len}", flush=True)
+    child = subprocess.run(
+        [sys.executable, "-m", "prep_assets.bench", "_longdoc_child", str(work)], capture_output=True, text=True
+    )
+    if not child.stdout.strip():
+        print(child.stderr[-4000:], file=sys.stderr)
+        return 1
+    run = json.loads(child.stdout.strip().splitlines()[-1])
+    failed = f" (failed: {', '.join(run['failed'])})" if run["failed"] else ""
+    failed += f"; FAILED steps (a gate raised?): {', '.join(run['failed_steps'])}" if run["failed_steps"] else ""
+    print(
+        f"bronze -> shards through Dagster: {run['tokens']:,} tokens in {run['wall_s']:.2f} s, "
+        f"{run['checks_passed']}/{run['checks']} checks passed{failed}"
+    )
+    print("  steps (time; the process' RSS when the step started -> its peak during the step):")
+    for step, st in run["steps"].items():
+        print(f"    {step:<58} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
+    print(f"peak RSS of the pipeline process: {run['peak_rss_mib']:,} MiB")
+    print(json.dumps({"document_mb": round(len(doc) / 1e6, 2), "max_seq_len": args.max_seq_len, **run}))
+    return 0 if run["success"] and child.returncode == 0 else 1
