@@ -24,6 +24,20 @@ from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.tabular import initial_prefill
 
 
+def manifest_partitions(
+    registered: list[str], superseded: dict[str, str], unpassed: dict[str, list[str]]
+) -> tuple[list[str], dict[str, str]]:
+    """Which drops a manifest holds: every registered drop not replaced by a changed file of the same name whose
+    gates all passed on its latest materialization. Returns those (in order) and why each other one is left out
+    (`unpassed`: per drop, the gates that did not pass)."""
+    excluded = {p: f"superseded by {q}" for p, q in superseded.items()}
+    for partition in registered:
+        problems = unpassed.get(partition, [])
+        if problems and partition not in excluded:
+            excluded[partition] = "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else "")
+    return [p for p in registered if p not in excluded], excluded
+
+
 def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> dict[str, Any]:
     """The dataset manifest: every published shard and export of the given partitions, by split, with checksums
     and the split metrics summed over partitions."""

@@ -10,10 +10,7 @@ silver again for drops whose earlier drops changed (a file replaced), run key = 
 import hashlib
 
 from dagster import (
-    AssetKey,
-    AssetRecordsFilter,
     AssetSelection,
-    DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
@@ -28,6 +25,7 @@ from dagster import (
 from prep_assets.core.dedup import stale_silver
 from prep_assets.core.drops import poll_drops, registered_drops, superseded_drops
 from prep_assets.core.spec import DatasetSpec
+from prep_assets.defs.events import latest_event_id, manifest_covers
 from prep_assets.defs.keys import (
     CLEAN_RECORDS,
     DATASET_MANIFEST,
@@ -166,22 +164,3 @@ def build_manifest_sensor(spec: DatasetSpec) -> SensorDefinition:
         )
 
     return _sensor
-
-
-SHARDS_EVENT_ID = "shards_event_id"
-
-
-def latest_event_id(instance: DagsterInstance, key: AssetKey, partition: str | None = None) -> int | None:
-    """Storage id of the asset's latest materialization (of one partition, or any), None if it has none."""
-    flt = AssetRecordsFilter(asset_key=key, asset_partitions=[partition]) if partition is not None else key
-    records = instance.fetch_materializations(flt, limit=1).records
-    return records[0].storage_id if records else None
-
-
-def manifest_covers(instance: DagsterInstance, manifest: AssetKey) -> int:
-    """The latest shards event id the latest manifest was built after (-1 when there is no manifest yet)."""
-    records = instance.fetch_materializations(manifest, limit=1).records
-    if not records or records[0].asset_materialization is None:
-        return -1
-    value = records[0].asset_materialization.metadata.get(SHARDS_EVENT_ID)
-    return int(value.value) if value is not None else -1

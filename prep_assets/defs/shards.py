@@ -11,12 +11,13 @@ from dagster import (
 )
 
 from prep_assets.core.drops import superseded_drops
-from prep_assets.core.manifest import build_manifest
+from prep_assets.core.manifest import build_manifest, manifest_partitions
 from prep_assets.core.records import SHARD_SCHEMA
 from prep_assets.core.shards import build_packed_shards
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.checks import gates_pending, unpassed_gates
+from prep_assets.defs.events import SHARDS_EVENT_ID, latest_event_id
 from prep_assets.defs.keys import (
     DATASET_MANIFEST,
     PACKED_SHARDS,
@@ -28,7 +29,6 @@ from prep_assets.defs.keys import (
 from prep_assets.defs.metadata import column_schema, decoded_row, md_table, user_errors, worker
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
-from prep_assets.defs.sensors import SHARDS_EVENT_ID, latest_event_id
 
 _SPLIT_COLUMNS = (
     "examples",
@@ -154,17 +154,17 @@ def manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
         # taken first: shards landing while this runs make the manifest sensor ask for another refresh
         shards_event_id = latest_event_id(context.instance, asset_key(spec, PACKED_SHARDS))
         registered = sorted(context.instance.get_dynamic_partitions(drops_partitions(spec.name).name))
-        excluded = {p: f"superseded by {q}" for p, q in superseded_drops(paths).items()}
-        for partition, problems in unpassed_gates(context.instance, spec, registered).items():
-            if problems and partition not in excluded:
-                excluded[partition] = "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else "")
-                pending = latest_event_id(context.instance, asset_key(spec, PACKED_SHARDS), partition)
-                if gates_pending(problems) and pending is not None and shards_event_id is not None:
-                    # its gates may still be running (runs go side by side in production): count the manifest
-                    # as built before those shards, so the manifest sensor asks again once they are done
-                    shards_event_id = min(shards_event_id, pending - 1)
+        unpassed = unpassed_gates(context.instance, spec, registered)
+        superseded = superseded_drops(paths)
+        included, excluded = manifest_partitions(registered, superseded, unpassed)
+        for partition in (p for p in excluded if p not in superseded):
+            pending = latest_event_id(context.instance, asset_key(spec, PACKED_SHARDS), partition)
+            if gates_pending(unpassed.get(partition, [])) and pending is not None and shards_event_id is not None:
+                # its gates may still be running (runs go side by side in production): count the manifest
+                # as built before those shards, so the manifest sensor asks again once they are done
+                shards_event_id = min(shards_event_id, pending - 1)
         with user_errors():
-            manifest = build_manifest(spec, paths, [p for p in registered if p not in excluded])
+            manifest = build_manifest(spec, paths, included)
         per_split = [
             {"split": s, "files": len(m["files"]), "exports": len(m["exports"]), **{c: m[c] for c in _SPLIT_COLUMNS}}
             for s, m in manifest["splits"].items()
