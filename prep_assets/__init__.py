@@ -1,11 +1,16 @@
-"""prep_assets: raw LLM training data to training-ready token shards, orchestrated by Dagster."""
+"""prep_assets: raw LLM training data to training-ready token shards, orchestrated by Dagster.
+
+What importing the package does, all of it (nothing else changes global state on import):
+- `ARROW_DEFAULT_MEMORY_POOL=system` unless set (here, before pyarrow loads: Arrow reads it once, and its default
+  pool keeps memory the Parquet reader's threads freed);
+- `TRANSFORMERS_NO_ADVISORY_WARNINGS` and `TRANSFORMERS_VERBOSITY=error` unless set (`core/tokenizer.py`, before
+  transformers loads: offline loading would otherwise warn on every run);
+- the output formats register themselves in `core.formats.FORMATS` when that module loads.
+Building the Dagster definitions happens only in `prep_assets.code_location`, which Dagster imports.
+"""
 
 import os
 
-# Arrow picks its C++ default memory pool once, when pyarrow is first imported, from this variable. Its default,
-# mimalloc, keeps what the Parquet reader's threads freed in their own heaps: after gold was streamed through the
-# shards layer of a 400 MB drop, 240 MB stayed resident with 8.5 MB in use. The system allocator hands it back.
-# Set here, before any module of the package imports pyarrow; a user's own setting still wins.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 __version__ = "0.1.0"

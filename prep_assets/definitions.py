@@ -1,4 +1,6 @@
-"""The one place the Dagster `Definitions` are built: a graph of assets and checks per dataset spec."""
+"""The one place the Dagster `Definitions` are built: a graph of assets and checks per dataset spec.
+
+Importing it builds nothing; the code location Dagster loads is `prep_assets.code_location`."""
 
 from __future__ import annotations
 
@@ -103,6 +105,3 @@ def build_definitions(data_dir: Path | None = None, dataset: str | None = None) 
         resources={"lake": LakeResource(data_dir=str(data_dir), batch_size=default_batch_size())},
         executor=executor_from_env(),
     )
-
-
-defs = build_definitions()
