@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -243,73 +243,81 @@ def _ratio(a: int, b: int, empty: float) -> float:
     return round(a / b, 6) if b else empty
 
 
+@dataclass(frozen=True)
+class Metrics:
+    """The shard metrics of a split, a partition or a dataset (docs/shards.md): counts, summed across splits and
+    drops, and the utilizations derived from them. The one list of metric names (stats, metadata, manifest)."""
+
+    examples: int = 0  # gold examples packed
+    examples_split: int = 0  # examples in more than one segment (windows, `full` cuts)
+    sequences: int = 0  # rows
+    segments: int = 0
+    input_tokens: int = 0  # gold tokens plus what overflow cut or dropped in gold
+    gold_tokens: int = 0
+    output_tokens: int = 0  # tokens in rows, not counting padding
+    loss_tokens: int = 0
+    prompt_tokens: int = 0
+    padding_tokens: int = 0
+    tokens_dropped_by_overflow: int = 0
+    tokens_dropped_by_packing: int = 0
+    windows_dropped: int = 0  # windows without a loss token
+    overlap_tokens: int = 0  # tokens a window repeats from the one before
+
+    @classmethod
+    def summed(cls, parts: Iterable[dict[str, Any]]) -> Metrics:
+        parts = list(parts)
+        return cls(**{name: sum(p.get(name, 0) for p in parts) for name in COUNTS})
+
+    def with_utilizations(self, row_len: int) -> dict[str, Any]:
+        capacity = self.sequences * row_len
+        return {
+            **asdict(self),
+            "data_utilization": _ratio(self.output_tokens - self.overlap_tokens, self.input_tokens, 1.0),
+            "sequence_utilization": _ratio(self.output_tokens, capacity, 0.0),
+            "loss_token_utilization": _ratio(self.loss_tokens, capacity, 0.0),
+        }
+
+
+COUNTS = tuple(f.name for f in fields(Metrics))
+UTILIZATIONS = ("data_utilization", "sequence_utilization", "loss_token_utilization")
+
+
 def split_metrics(
     gold_offsets: np.ndarray, plan: RowPlan, counts: RowCounts, row_len: int, dropped_by_overflow: int
 ) -> dict[str, Any]:
-    """The shard metrics of one split (docs/shards.md). Input tokens are gold's plus what overflow cut or dropped
-    in gold."""
+    """The shard metrics of one split (docs/shards.md), with its length distributions."""
     capacity = plan.num_rows * row_len
     examples = len(gold_offsets) - 1
     gold_tokens = int(gold_offsets[-1])
-    input_tokens = gold_tokens + dropped_by_overflow
     pieces = np.bincount(plan.example, minlength=examples)
-    metrics = {
-        "examples": examples,
-        "examples_split": int(np.count_nonzero(pieces > 1)),
-        "sequences": plan.num_rows,
-        "segments": int(len(plan.example)),
-        "input_tokens": input_tokens,
-        "gold_tokens": gold_tokens,
-        "output_tokens": counts.output,
-        "loss_tokens": counts.loss,
-        "prompt_tokens": counts.prompt,
-        "padding_tokens": capacity - counts.output,
-        "tokens_dropped_by_overflow": dropped_by_overflow,
-        "tokens_dropped_by_packing": plan.dropped_tokens,
-        "windows_dropped": plan.dropped_pieces,
-        "overlap_tokens": plan.overlap_tokens,
-    }
+    metrics = Metrics(
+        examples=examples,
+        examples_split=int(np.count_nonzero(pieces > 1)),
+        sequences=plan.num_rows,
+        segments=int(len(plan.example)),
+        input_tokens=gold_tokens + dropped_by_overflow,
+        gold_tokens=gold_tokens,
+        output_tokens=counts.output,
+        loss_tokens=counts.loss,
+        prompt_tokens=counts.prompt,
+        padding_tokens=capacity - counts.output,
+        tokens_dropped_by_overflow=dropped_by_overflow,
+        tokens_dropped_by_packing=plan.dropped_tokens,
+        windows_dropped=plan.dropped_pieces,
+        overlap_tokens=plan.overlap_tokens,
+    )
     distributions = {
         "segment_length": percentiles(plan.length),
         "segments_per_row": percentiles(np.diff(plan.row_offsets)),
     }
-    return {**metrics, **_utilizations(metrics, row_len), "distributions": distributions}
-
-
-def _utilizations(m: dict[str, Any], row_len: int) -> dict[str, Any]:
-    capacity = m["sequences"] * row_len
-    return {
-        "data_utilization": _ratio(m["output_tokens"] - m["overlap_tokens"], m["input_tokens"], 1.0),
-        "sequence_utilization": _ratio(m["output_tokens"], capacity, 0.0),
-        "loss_token_utilization": _ratio(m["loss_tokens"], capacity, 0.0),
-    }
-
-
-SUMMED = (
-    "examples",
-    "examples_split",
-    "sequences",
-    "segments",
-    "input_tokens",
-    "gold_tokens",
-    "output_tokens",
-    "loss_tokens",
-    "prompt_tokens",
-    "padding_tokens",
-    "tokens_dropped_by_overflow",
-    "tokens_dropped_by_packing",
-    "windows_dropped",
-    "overlap_tokens",
-)
+    return {**metrics.with_utilizations(row_len), "distributions": distributions}
 
 
 def totals(splits: Iterable[dict[str, Any]], row_len: int) -> dict[str, Any]:
     """Partition (or dataset) totals of split metrics; ratios recomputed, max_batch_size the smallest file's rows."""
     splits = list(splits)
-    out: dict[str, Any] = {k: sum(s.get(k, 0) for s in splits) for k in SUMMED}
     sizes = [f["sequences"] for s in splits for f in s.get("files", [])]
-    out["max_batch_size"] = min(sizes, default=0)
-    return {**out, **_utilizations(out, row_len)}
+    return {**Metrics.summed(splits).with_utilizations(row_len), "max_batch_size": min(sizes, default=0)}
 
 
 # ---------------------------------------------------------------- manifest

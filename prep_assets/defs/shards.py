@@ -13,7 +13,7 @@ from dagster import (
 from prep_assets.core.drops import superseded_drops
 from prep_assets.core.manifest import build_manifest, manifest_partitions
 from prep_assets.core.records import SHARD_SCHEMA
-from prep_assets.core.shards import build_packed_shards
+from prep_assets.core.shards import COUNTS, UTILIZATIONS, build_packed_shards
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.checks import gates_pending, unpassed_gates
@@ -30,43 +30,7 @@ from prep_assets.defs.metadata import column_schema, decoded_row, md_table, user
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
-_SPLIT_COLUMNS = (
-    "examples",
-    "examples_split",
-    "sequences",
-    "segments",
-    "input_tokens",
-    "gold_tokens",
-    "output_tokens",
-    "loss_tokens",
-    "prompt_tokens",
-    "padding_tokens",
-    "tokens_dropped_by_overflow",
-    "tokens_dropped_by_packing",
-    "windows_dropped",
-    "overlap_tokens",
-    "data_utilization",
-    "sequence_utilization",
-    "loss_token_utilization",
-    "max_batch_size",
-)
-
-
-_COUNTS = (
-    "examples",
-    "examples_split",
-    "segments",
-    "input_tokens",
-    "gold_tokens",
-    "output_tokens",
-    "loss_tokens",
-    "prompt_tokens",
-    "padding_tokens",
-    "tokens_dropped_by_overflow",
-    "tokens_dropped_by_packing",
-    "windows_dropped",
-    "overlap_tokens",
-)
+_SPLIT_COLUMNS = (*COUNTS, *UTILIZATIONS, "max_batch_size")
 
 
 def shards_asset(spec: DatasetSpec) -> AssetsDefinition:
@@ -110,7 +74,7 @@ def shards_asset(spec: DatasetSpec) -> AssetsDefinition:
             metadata={
                 "worker": worker(),
                 "dagster/row_count": totals["sequences"],
-                **{f"num_{k}": totals[k] for k in _COUNTS},
+                **{f"num_{k}": totals[k] for k in COUNTS if k != "sequences"},
                 **{
                     k: totals[k]
                     for k in ("data_utilization", "sequence_utilization", "loss_token_utilization", "max_batch_size")
