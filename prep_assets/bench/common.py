@@ -6,6 +6,8 @@ import json
 import shutil
 import sys
 import time
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +180,54 @@ def _step_peaks(instance: Any, run_id: str, rss: RssSampler) -> dict[str, dict[s
         }
         for k, (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0])
     }
+
+
+@dataclass(frozen=True)
+class DropRun:
+    """One drop's layers materialized through Dagster in this process, as the benchmark children run them."""
+
+    tokenizer_ok: bool
+    result: Any  # the layers' ExecuteInProcessResult
+    wall: float  # seconds for the layers and their gates
+    peaks: dict[str, dict[str, float]]  # RSS per step
+    gold: dict[str, Any]  # gold's stats.json
+
+
+def run_drop(data: Path, spec: DatasetSpec, *, sample_tokenizer: bool = False) -> DropRun:
+    """Pin the tokenizer, then bronze -> shards with every gate of the data dir's one drop, on an ephemeral
+    instance; RSS is sampled over the layers (and the tokenizer too, with `sample_tokenizer`)."""
+    from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+
+    from prep_assets.core.drops import register_drops
+    from prep_assets.core.lake import STATS, dataset_paths, read_json
+    from prep_assets.definitions import dataset_assets
+    from prep_assets.defs.keys import PARTITIONED, TOKENIZER
+    from prep_assets.defs.resources import LakeResource
+
+    paths = dataset_paths(data, spec.name)
+    (drop,), _ = register_drops(paths)
+    assets = dataset_assets(spec)
+    resources = {"lake": LakeResource(data_dir=str(data))}
+    layers = AssetSelection.assets(*(AssetKey([spec.name, n]) for n in PARTITIONED))
+    rss = RssSampler()
+    with DagsterInstance.ephemeral() as instance, ExitStack() as sampling:
+        instance.add_dynamic_partitions(f"{spec.name}_drops", [drop.partition])
+        if sample_tokenizer:
+            sampling.enter_context(rss)
+        tok = materialize(assets, selection=[AssetKey([spec.name, TOKENIZER])], instance=instance, resources=resources)
+        if not sample_tokenizer:
+            sampling.enter_context(rss)
+        start = time.perf_counter()
+        result = materialize(
+            assets,
+            selection=layers,
+            partition_key=drop.partition,
+            instance=instance,
+            resources=resources,
+            raise_on_error=False,
+        )
+        wall = time.perf_counter() - start
+        sampling.close()
+        peaks = _step_peaks(instance, result.run_id, rss)
+    gold = read_json(paths.partition_dir("gold", drop.partition) / STATS)
+    return DropRun(tok.success, result, wall, peaks, gold)

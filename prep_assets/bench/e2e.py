@@ -8,62 +8,33 @@ import resource
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from prep_assets.bench.common import (
-    RssSampler,
     _missing,
     _spec,
-    _step_peaks,
     bare_tokenizer,
     pc_corpus,
+    run_drop,
 )
-from prep_assets.core.drops import register_drops
-from prep_assets.core.lake import STATS as STATS_FILE
-from prep_assets.core.lake import dataset_paths, read_json
 
 
 def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
     """In a fresh process: tokenizer, then bronze -> shards of the one drop through Dagster; prints JSON."""
-    from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+    from prep_assets.defs.keys import PARTITIONED
 
-    from prep_assets.definitions import dataset_assets
-    from prep_assets.defs.keys import PARTITIONED, TOKENIZER
-    from prep_assets.defs.resources import LakeResource
-
-    data = work / "data"
-    spec = _spec(tokenizer, max_seq_len)
-    paths = dataset_paths(data, "bench")
-    (drop,), _ = register_drops(paths)
-    assets = dataset_assets(spec)
-    resources = {"lake": LakeResource(data_dir=str(data))}
-    with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions("bench_drops", [drop.partition])
-        tok = materialize(assets, selection=[AssetKey(["bench", TOKENIZER])], instance=instance, resources=resources)
-        start = time.perf_counter()
-        with RssSampler() as rss:
-            result = materialize(
-                assets,
-                selection=AssetSelection.assets(*(AssetKey(["bench", n]) for n in PARTITIONED)),
-                partition_key=drop.partition,
-                instance=instance,
-                resources=resources,
-                raise_on_error=False,
-            )
-        wall = time.perf_counter() - start
-        peaks = _step_peaks(instance, result.run_id, rss)
+    run = run_drop(work / "data", _spec(tokenizer, max_seq_len))
+    result, wall, peaks, gold = run.result, run.wall, run.peaks, run.gold
     steps: dict[str, float] = {}
     for event in result.get_step_success_events():
         layer = next((n for n in PARTITIONED if n in (event.step_key or "")), "other")
         steps[layer] = steps.get(layer, 0.0) + event.event_specific_data.duration_ms / 1000  # type: ignore[union-attr]
     checks = result.get_asset_check_evaluations()
-    gold = read_json(paths.partition_dir("gold", drop.partition) / STATS_FILE)
     print(
         json.dumps(
             {
-                "success": result.success and tok.success,
+                "success": result.success and run.tokenizer_ok,
                 "wall_s": wall,
                 "layers_s": steps,
                 "steps": peaks,

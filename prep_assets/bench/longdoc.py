@@ -8,18 +8,13 @@ import resource
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from prep_assets.bench.common import (
-    RssSampler,
     _missing,
-    _step_peaks,
+    run_drop,
 )
-from prep_assets.core.drops import register_drops
-from prep_assets.core.lake import STATS as STATS_FILE
-from prep_assets.core.lake import dataset_paths, read_json
 
 
 def long_document(n_bytes: int, tokenizer: Path, seed: int = 0) -> str:
@@ -51,42 +46,16 @@ def longdoc_spec(tokenizer: Path, max_seq_len: int) -> dict[str, Any]:
 
 def _longdoc_child(work: Path) -> int:
     """In a fresh process: tokenizer, then bronze -> shards of the drop under `work` through Dagster; prints JSON."""
-    from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
-
     from prep_assets.core.spec import load_spec
-    from prep_assets.definitions import dataset_assets
-    from prep_assets.defs.keys import PARTITIONED, TOKENIZER
-    from prep_assets.defs.resources import LakeResource
 
     data = work / "data"
-    spec = load_spec(data / "datasets" / "longdoc.yaml")
-    paths = dataset_paths(data, spec.name)
-    (drop,), _ = register_drops(paths)
-    assets = dataset_assets(spec)
-    resources = {"lake": LakeResource(data_dir=str(data))}
-    with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(f"{spec.name}_drops", [drop.partition])
-        with RssSampler() as rss:
-            tok = materialize(
-                assets, selection=[AssetKey([spec.name, TOKENIZER])], instance=instance, resources=resources
-            )
-            start = time.perf_counter()
-            result = materialize(
-                assets,
-                selection=AssetSelection.assets(*(AssetKey([spec.name, n]) for n in PARTITIONED)),
-                partition_key=drop.partition,
-                instance=instance,
-                resources=resources,
-                raise_on_error=False,
-            )
-            wall = time.perf_counter() - start
-        peaks = _step_peaks(instance, result.run_id, rss)
+    run = run_drop(data, load_spec(data / "datasets" / "longdoc.yaml"), sample_tokenizer=True)
+    result, wall, peaks, gold = run.result, run.wall, run.peaks, run.gold
     checks = result.get_asset_check_evaluations()
-    gold = read_json(paths.partition_dir("gold", drop.partition) / STATS_FILE)
     print(
         json.dumps(
             {
-                "success": result.success and tok.success,
+                "success": result.success and run.tokenizer_ok,
                 "wall_s": wall,
                 "steps": peaks,
                 "checks": len(checks),

@@ -206,38 +206,24 @@ _MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
 # dedup indexes (keyed by silver's version) are rebuilt.
 CODE_VERSION = "4"
 
+# the sections every layer from silver down follows (the order of names never changes a fingerprint)
+_CLEANED = ("input", "checks", "clean", "split", "tabular")
 LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
     # tabular: bronze types CSV cells and checks group_by/order_by; silver draws splits by group
     "bronze": ("input", "checks", "tabular"),
-    "silver": ("input", "checks", "clean", "split", "tabular"),
-    # gold depends on the overflow it applies (keep under full/window), not on the packing strategy itself
+    "silver": _CLEANED,
+    # gold depends on the overflow it applies (keep under full/window), not on the packing strategy itself;
     # tabular gold assembles examples, so it also follows the packing seed and records per example
     "gold": (
-        "input",
-        "checks",
-        "clean",
-        "split",
+        *_CLEANED,
         "mask",
         "mask_default",
         "tokenizer",
         "sequence.max_seq_len",
         "gold_overflow",
-        "tabular",
         "tabular_packing",
     ),
-    "shards": (
-        "input",
-        "checks",
-        "clean",
-        "split",
-        "mask",
-        "mask_default",
-        "tokenizer",
-        "sequence",
-        "packing",
-        "output",
-        "tabular",
-    ),
+    "shards": (*_CLEANED, "mask", "mask_default", "tokenizer", "sequence", "packing", "output"),
 }
 
 
