@@ -1,7 +1,7 @@
 """The blocking quality gates between layers, declared once: each gate's asset, name, description and judge.
 
-The Dagster asset checks (`defs/checks.py`), the manifest's publication (`core/manifest.py`) and the tests all
-read these declarations. How to add a gate: see `Gate`.
+The Dagster asset checks (`defs/checks.py`), the manifest's publication (`core/manifest.py`), the gates table of
+docs/shards.md (`markdown_table`) and the tests all read these declarations. How to add a gate: see `Gate`.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _always(spec: DatasetSpec) -> bool:
 @dataclass(frozen=True)
 class Gate:
     """One blocking gate: the asset it judges, its check's name, its one description (the check's, shown in the
-    UI) and its judge, in the datasets where it `applies`.
+    UI, and its row of the gates table in docs/shards.md) and its judge, in the datasets where it `applies`.
 
     To add a gate: write its invariant in `core/invariants/<layer>.py`, returning an `Outcome` (the violation
     count, offending rows, the figures it measured; a `description` only where figures say more than the count),
@@ -137,8 +137,8 @@ class Gate:
 
     The judge is a function of the `Subject` (the partition's layer folders, or the manifest); a gold rule judged
     row by row is `GoldRows(lambda on: inv.<rule>(...))`, a shard gate reading the shared row pass is
-    `ShardRows("<part of inv.ROW_PARTS>", lambda on, rows: ...)`. The asset check, the UI and the manifest follow
-    by themselves.
+    `ShardRows("<part of inv.ROW_PARTS>", lambda on, rows: ...)`. Then regenerate the table in docs/shards.md
+    (`markdown_table()`; a test holds them equal). The asset check, the UI and the manifest follow by themselves.
     """
 
     asset: str
@@ -382,6 +382,17 @@ def gates_for(spec: DatasetSpec) -> tuple[Gate, ...]:
 def manifest_gates_for(spec: DatasetSpec) -> tuple[Gate, ...]:
     """The gates of `spec`'s manifest."""
     return tuple(g for g in GATES if g.asset == DATASET_MANIFEST and g.applies(spec))
+
+
+def markdown_table() -> str:
+    """The gates table of docs/shards.md: every gate by asset, in the order declared."""
+    lines = ["| asset | check | asserts |", "|---|---|---|"]
+    for i, g in enumerate(GATES):
+        first = i == 0 or GATES[i - 1].asset != g.asset
+        lines.append(
+            f"| {g.asset} | `{g.name}` | {g.description} |" if first else f"| | `{g.name}` | {g.description} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _judged_together(subject: Subject, group: Sequence[Gate]) -> dict[str, inv.Outcome | Exception]:

@@ -1,4 +1,4 @@
-"""The gates as declared: each one name and one description (the check's and the UI's), and
+"""The gates as declared: each one name and one description (the check's, the UI's and the docs' table), and
 judged together (gold's row rules in one pass, the shard gates from one pass over the shard rows) each reports what
 it finds alone."""
 
@@ -13,7 +13,7 @@ from prep_assets.core import invariants as inv
 from prep_assets.core.lake import dataset_paths
 from prep_assets.core.manifest import manifest_outcomes
 from prep_assets.core.records import SILVER_REJECT_SCHEMA, SILVER_SCHEMA
-from prep_assets_tests.conftest import make_spec
+from prep_assets_tests.conftest import PROJECT, make_spec
 from prep_assets_tests.core.lakes import BY_ROWS, GOOD, write_gold, write_silver_and_gold_rejects
 
 
@@ -98,6 +98,15 @@ def test_a_gate_that_measures_more_than_a_count_says_so_in_its_outcome(tmp_path:
     gate = next(x for x in gates.GATES if x.name == "tokenized_examples_reject_rate")
     outcome = gate.probe(make_spec(checks={"max_gold_reject_rate": 0.5}), paths, "k")
     assert outcome.passed and outcome.description == "gold rejects / silver records = 1 / 4 = 25.00% (at most 50.00%)"
+
+
+def test_docs_gates_table_is_the_declared_one():
+    """docs/shards.md holds exactly `markdown_table()`: regenerate it there when a gate changes."""
+    text = (PROJECT / "docs" / "shards.md").read_text(encoding="utf-8")
+    start = text.index("| asset | check | asserts |")
+    end = text.find("\n\n", start)
+    assert text[start : None if end < 0 else end + 1] == gates.markdown_table()
+    assert text.count("| asset | check | asserts |") == 1
 
 
 @pytest.mark.parametrize("scope", ["drop", "dataset"])
