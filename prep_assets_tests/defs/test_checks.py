@@ -108,3 +108,22 @@ def test_gold_reject_rate_is_a_blocking_check_of_tokenized_examples_with_its_rat
         ("too_long", 1),
     ]
     assert "d:2" in result.metadata["offending"].value and "f.jsonl:3" in result.metadata["offending"].value
+
+
+@pytest.mark.slow  # every layer of the sample text dataset, then its manifest
+def test_the_manifests_gates_run_as_one_step_with_one_result_per_gate(tmp_path: Path, dagster_home: Path):
+    from prep_assets.core.gates import manifest_gates_for
+    from prep_assets_tests.conftest import copy_sample_data
+    from prep_assets_tests.defs.helpers import materialize_drops, materialize_manifest
+
+    data = copy_sample_data(tmp_path / "data")
+    spec = load_spec(data / "datasets" / "sample_text.yaml")
+    with DagsterInstance.get() as instance:
+        materialize_drops(data, "sample_text", instance)
+        result = materialize_manifest(data, "sample_text", instance)
+    assert result.success
+    assert "sample_text__dataset_manifest_gates" in {e.step_key for e in result.all_events if e.is_step_success}
+    assert [(e.check_name, e.passed, e.description) for e in result.get_asset_check_evaluations()] == [
+        (g.name, True, g.description) for g in manifest_gates_for(spec)
+    ]
+    assert len(manifest_gates_for(spec)) == 2  # sample_text: dedup_scope dataset
