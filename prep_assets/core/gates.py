@@ -1,14 +1,19 @@
-"""The blocking quality gates between layers, as data: which invariant runs on which asset with which spec values.
+"""The blocking quality gates between layers, declared once: each gate's asset, name, description and judge.
 
-The Dagster asset checks (`defs/checks.py`) and the tests both run these, so a gate is written once.
+The Dagster asset checks (`defs/checks.py`), the manifest's publication (`core/manifest.py`), the gates table of
+docs/shards.md (`markdown_table`) and the tests all read these declarations. How to add a gate: see `Gate`.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from prep_assets.core import invariants as inv
 from prep_assets.core.dedup import earlier_indexes
@@ -26,47 +31,139 @@ RAW_RECORDS, CLEAN_RECORDS, TOKENIZED_EXAMPLES, PACKED_SHARDS = (
     "tokenized_examples",
     "packed_shards",
 )
+DATASET_MANIFEST = "dataset_manifest"
 
-Probe = Callable[[DatasetSpec, DatasetPaths, str], inv.Outcome]
+
+def _layer_dir(layer: str) -> property:
+    return property(lambda on: on.paths.partition_dir(layer, on.partition), doc=f"the partition's {layer} folder")
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a gate judges: one partition of a dataset (its layers' folders), or, for the manifest's gates, the
+    dataset's manifest: the one given (before it is published) or else the published one."""
+
+    spec: DatasetSpec
+    paths: DatasetPaths
+    partition: str = ""
+    given_manifest: dict[str, Any] | None = None
+
+    bronze = _layer_dir("bronze")
+    silver = _layer_dir("silver")
+    gold = _layer_dir("gold")
+    shards = _layer_dir("shards")
+
+    @property
+    def shard_files(self) -> list[Path]:
+        return inv.shard_files(self.shards)
+
+    @cached_property
+    def manifest(self) -> dict[str, Any]:
+        return read_json(self.paths.manifest_path) if self.given_manifest is None else self.given_manifest
+
+
+Judge = Callable[[Subject], inv.Outcome]
+
+
+class SharedPass(ABC):
+    """A judge whose gates, when several run together, read one pass over the data (`shared`) rather than one
+    each; run alone, a gate makes the pass for itself (`alone`). Either way a gate gets the same outcome."""
+
+    @classmethod
+    @abstractmethod
+    def shared(cls, subject: Subject, judges: Sequence[Any]) -> Any:
+        """The one pass, for the judges of the gates run together (in their order)."""
+
+    @abstractmethod
+    def from_shared(self, subject: Subject, value: Any, index: int) -> inv.Outcome:
+        """This judge's outcome from the pass (`index`: its place among the judges)."""
+
+    @abstractmethod
+    def alone(self, subject: Subject) -> inv.Outcome:
+        """This judge's outcome from a pass of its own."""
+
+
+@dataclass(frozen=True)
+class GoldRows(SharedPass):
+    """A gold gate judged example by example (`inv.RowRule`): the rules judged together share one pass over gold."""
+
+    rule: Callable[[Subject], inv.RowRule]
+
+    @classmethod
+    def shared(cls, subject: Subject, judges: Sequence[GoldRows]) -> list[inv.Outcome]:
+        return inv.gold_rows(subject.gold, [j.rule(subject) for j in judges])
+
+    def from_shared(self, subject: Subject, value: list[inv.Outcome], index: int) -> inv.Outcome:
+        return value[index]
+
+    def alone(self, subject: Subject) -> inv.Outcome:
+        return inv.gold_rows(subject.gold, [self.rule(subject)])[0]
+
+
+@dataclass(frozen=True)
+class ShardRows(SharedPass):
+    """A shard gate that reads its `part` of `inv.shard_rows` (None: it makes the pass for its own part)."""
+
+    part: str
+    from_rows: Callable[[Subject, pa.Table | None], inv.Outcome]
+
+    @classmethod
+    def shared(cls, subject: Subject, judges: Sequence[ShardRows]) -> pa.Table | None:
+        files = subject.shard_files
+        return inv.shard_rows(files, [j.part for j in judges], subject.spec.sequence.max_seq_len) if files else None
+
+    def from_shared(self, subject: Subject, value: pa.Table | None, index: int) -> inv.Outcome:
+        return self.from_rows(subject, value)
+
+    def alone(self, subject: Subject) -> inv.Outcome:
+        return self.from_rows(subject, None)
+
+
+def _always(spec: DatasetSpec) -> bool:
+    return True
 
 
 @dataclass(frozen=True)
 class Gate:
+    """One blocking gate: the asset it judges, its check's name, its one description (the check's, shown in the
+    UI, and its row of the gates table in docs/shards.md) and its judge, in the datasets where it `applies`.
+
+    To add a gate: write its invariant in `core/invariants/<layer>.py`, returning an `Outcome` (the violation
+    count, offending rows, the figures it measured; a `description` only where figures say more than the count),
+    then declare it here, in `GATES`, at its place in its asset's order:
+
+        Gate(CLEAN_RECORDS, "clean_records_<assertion>", "what it asserts, in the spec's terms",
+             lambda on: inv.silver_<assertion>(on.silver, on.spec.clean.<option>), applies=lambda s: ...)
+
+    The judge is a function of the `Subject` (the partition's layer folders, or the manifest); a gold rule judged
+    row by row is `GoldRows(lambda on: inv.<rule>(...))`, a shard gate reading the shared row pass is
+    `ShardRows("<part of inv.ROW_PARTS>", lambda on, rows: ...)`. Then regenerate the table in docs/shards.md
+    (`markdown_table()`; a test holds them equal). The asset check, the UI and the manifest follow by themselves.
+    """
+
     asset: str
     name: str
     description: str
-    probe: Probe
-    applies: Callable[[DatasetSpec], bool] = lambda spec: True
-    # a gold gate judged row by row: `outcomes` evaluates the rules of the gates it runs together in one pass
-    rule: Callable[[DatasetSpec, DatasetPaths], inv.RowRule] | None = None
-    # a shard gate that reads `inv.shard_rows` (this part of it): `outcomes` makes one pass for the gates it runs
-    part: str | None = None
-    judge: Callable[[DatasetSpec, DatasetPaths, str, Any], inv.Outcome] | None = None
+    judge: Judge | SharedPass
+    applies: Callable[[DatasetSpec], bool] = _always
+
+    def named(self, outcome: inv.Outcome) -> inv.Outcome:
+        """The outcome under this gate's name, described by this gate unless it found more to say."""
+        return replace(outcome, name=self.name, description=outcome.description or self.description)
+
+    def evaluate(self, subject: Subject) -> inv.Outcome:
+        """This gate judged alone."""
+        judge = self.judge.alone if isinstance(self.judge, SharedPass) else self.judge
+        return self.named(judge(subject))
+
+    def probe(self, spec: DatasetSpec, paths: DatasetPaths, partition: str) -> inv.Outcome:
+        """This gate judged alone on one partition."""
+        return self.evaluate(Subject(spec, paths, partition))
 
 
-def _row_gate(name: str, description: str, rule: Callable[[DatasetSpec, DatasetPaths], inv.RowRule]) -> Gate:
-    return Gate(
-        TOKENIZED_EXAMPLES, name, description, lambda s, p, k: inv.gold_rows(gold(p, k), [rule(s, p)])[0], rule=rule
-    )
-
-
-def _rows_gate(
-    name: str, description: str, part: str, judge: Callable[[DatasetSpec, DatasetPaths, str, Any], inv.Outcome]
-) -> Gate:
-    """A shard gate judged from `inv.shard_rows`: alone (no rows given), it makes the pass for its own part."""
-    return Gate(PACKED_SHARDS, name, description, lambda s, p, k: judge(s, p, k, None), part=part, judge=judge)
-
-
-def _dir(layer: str) -> Callable[[DatasetPaths, str], Path]:
-    return lambda p, k: p.partition_dir(layer, k)
-
-
-bronze, silver, gold, shards = _dir("bronze"), _dir("silver"), _dir("gold"), _dir("shards")
-
-
-def _source(p: DatasetPaths, k: str) -> Path | None:
+def _source(on: Subject) -> Path | None:
     try:
-        return resolve_drop(p, k)[1]
+        return resolve_drop(on.paths, on.partition)[1]
     except DropError:
         return None  # the file is gone or changed: account against the reader's own line count
 
@@ -81,236 +178,276 @@ def _reported(shards_dir: Path) -> dict[str, Any] | None:
     return read_json(stats)["splits"] if stats.is_file() else None
 
 
+def _manifest_partitions(on: Subject) -> list[dict[str, Any]]:
+    return [{"partition": k, **v} for k, v in on.manifest["partitions"].items()]
+
+
+def _is(input_type: str) -> Callable[[DatasetSpec], bool]:
+    return lambda spec: spec.input.type == input_type
+
+
 GATES: tuple[Gate, ...] = (
     Gate(
         RAW_RECORDS,
         "raw_records_accounted",
-        "records + rejects + blank lines = lines in the drop file (recounted independently of the reader)",
-        lambda s, p, k: inv.bronze_accounted(bronze(p, k), _source(p, k)),
+        "records + rejects + blank lines = lines in the drop file (elements of a JSON array, rows of a CSV or "
+        "Parquet file), recounted independently of the reader",
+        lambda on: inv.bronze_accounted(on.bronze, _source(on)),
     ),
     Gate(
         RAW_RECORDS,
         "raw_records_reject_rate",
-        "rejects / lines <= checks.max_reject_rate",
-        lambda s, p, k: inv.bronze_reject_rate(bronze(p, k), s.checks.max_reject_rate),
+        "rejects / (records + rejects) ≤ `checks.max_reject_rate` (blank lines excluded); metadata: the rate and "
+        "the rejects by reason",
+        lambda on: inv.bronze_reject_rate(on.bronze, on.spec.checks.max_reject_rate),
     ),
     Gate(
         RAW_RECORDS,
         "raw_records_required_fields",
         "provenance present, record ids unique, content valid JSON",
-        lambda s, p, k: inv.bronze_required_fields(bronze(p, k)),
+        lambda on: inv.bronze_required_fields(on.bronze),
     ),
     Gate(
         CLEAN_RECORDS,
         "clean_records_unique",
-        "no two kept records share a content sha256 (clean.dedup exact)",
-        lambda s, p, k: inv.silver_unique(silver(p, k)),
+        "with `clean.dedup: exact`: no two kept records have the same content (hash and bytes)",
+        lambda on: inv.silver_unique(on.silver),
         applies=lambda s: s.clean.dedup == "exact",
     ),
     Gate(
         CLEAN_RECORDS,
         "clean_records_unique_across_drops",
-        "clean.dedup_scope dataset: no kept record has the "
-        "content sha256 of a record in a drop registered earlier (their dedup indexes)",
-        lambda s, p, k: inv.silver_unique_across_drops(silver(p, k), [f for _, f in earlier_indexes(s, p, k)]),
+        "with `clean.dedup: exact` and `dedup_scope: dataset`: no kept record has the content (hash and bytes) of "
+        "a record of a drop registered earlier (their dedup indexes; a missing index fails)",
+        lambda on: inv.silver_unique_across_drops(
+            on.silver, [f for _, f in earlier_indexes(on.spec, on.paths, on.partition)]
+        ),
         applies=lambda s: s.clean.dedup == "exact" and s.clean.dedup_scope == "dataset",
     ),
     Gate(
         CLEAN_RECORDS,
         "clean_records_length_bounds",
-        "clean.min_chars <= chars <= clean.max_chars",
-        lambda s, p, k: inv.silver_lengths(silver(p, k), s.clean.min_chars, s.clean.max_chars),
+        "`clean.min_chars` ≤ chars ≤ `clean.max_chars` for every kept record",
+        lambda on: inv.silver_lengths(on.silver, on.spec.clean.min_chars, on.spec.clean.max_chars),
     ),
     Gate(
         CLEAN_RECORDS,
         "clean_records_accounted",
-        "silver records + silver rejects = bronze records, one to one",
-        lambda s, p, k: inv.silver_accounted(silver(p, k), bronze(p, k)),
+        "each bronze record is exactly once in silver records or rejects",
+        lambda on: inv.silver_accounted(on.silver, on.bronze),
     ),
-    _row_gate(
+    Gate(
+        TOKENIZED_EXAMPLES,
         "tokenized_examples_mask_aligned",
-        "ids, mask and types of equal length; mask in {0,1} and 1 only on "
-        "the token types `mask` trains (completion/EOS by default)",
-        lambda s, p: inv.mask_aligned_rule(trainable_types(s)),
+        "equal list lengths, counts equal to the lists, mask ∈ {0,1}, mask 1 only on the token types `mask` trains "
+        "(completion/EOS by default)",
+        GoldRows(lambda on: inv.mask_aligned_rule(trainable_types(on.spec))),
     ),
-    _row_gate(
+    Gate(
+        TOKENIZED_EXAMPLES,
         "tokenized_examples_have_loss_tokens",
-        "every example has at least one loss token",
-        lambda s, p: inv.loss_tokens_rule(),
+        "every example has ≥ 1 loss token",
+        GoldRows(lambda on: inv.loss_tokens_rule()),
     ),
-    _row_gate(
+    Gate(
+        TOKENIZED_EXAMPLES,
         "tokenized_examples_ids_in_vocab",
-        "every token id < the tokenizer's vocab size",
-        lambda s, p: inv.ids_in_vocab_rule(load_pinned_info(p.tokenizer_dir).vocab_size),
+        "0 ≤ every token id < the tokenizer's vocab size",
+        GoldRows(lambda on: inv.ids_in_vocab_rule(load_pinned_info(on.paths.tokenizer_dir).vocab_size)),
     ),
-    _row_gate(
+    Gate(
+        TOKENIZED_EXAMPLES,
         "tokenized_examples_within_max_len",
-        "1 <= tokens <= sequence.max_seq_len (any length >= 1 where "
-        "packing splits examples: strategy full or overflow window)",
-        lambda s, p: inv.within_max_len_rule(s.sequence.max_seq_len, s.splits_examples),
+        "1 ≤ tokens ≤ `sequence.max_seq_len` (any length ≥ 1 under `full` or `window`, which split examples in "
+        "packing)",
+        GoldRows(lambda on: inv.within_max_len_rule(on.spec.sequence.max_seq_len, on.spec.splits_examples)),
     ),
     Gate(
         TOKENIZED_EXAMPLES,
         "tokenized_examples_accounted",
-        "gold examples + gold rejects = silver records",
-        lambda s, p, k: inv.gold_accounted(gold(p, k), silver(p, k)),
+        "gold examples + gold rejects = silver records, one to one (a pair counts once; a tabular example counts "
+        "each record in `record_ids`)",
+        lambda on: inv.gold_accounted(on.gold, on.silver),
     ),
     Gate(
         TOKENIZED_EXAMPLES,
         "tokenized_examples_reject_rate",
-        "gold rejects / records entering gold (silver's "
-        "kept records) <= checks.max_gold_reject_rate; the rejects shown by reason, with counts and example rows",
-        lambda s, p, k: inv.gold_reject_rate(gold(p, k), silver(p, k), s.checks.max_gold_reject_rate),
+        "gold rejects / records entering gold (silver's kept records) ≤ `checks.max_gold_reject_rate` (default "
+        "0.05); metadata: the rate, the counts, and the rejects by reason with a few example rows (record id, "
+        "file:line, detail)",
+        lambda on: inv.gold_reject_rate(on.gold, on.silver, on.spec.checks.max_gold_reject_rate),
     ),
     Gate(
         TOKENIZED_EXAMPLES,
         "tokenized_examples_pairs_complete",
-        "preference: each pair has one chosen and one "
-        "rejected example, in one split, with identical masked prompt tokens",
-        lambda s, p, k: inv.gold_pairs_complete(gold(p, k)),
-        applies=lambda s: s.input.type == "preference",
+        "preference only: one chosen + one rejected example per pair, one split, the first `shared_prefix_tokens` "
+        "identical and masked",
+        lambda on: inv.gold_pairs_complete(on.gold),
+        applies=_is("preference"),
     ),
     Gate(
         TOKENIZED_EXAMPLES,
         "tokenized_examples_tabular_budget",
-        "tabular: every record, and in grouped mode "
-        "every group, fits one example (schema prompt + records + BOS/EOS <= sequence.max_seq_len); fails before "
-        "any shard is written, naming the largest groups, their tokens, the budget and the remedies",
-        lambda s, p, k: inv.gold_tabular_budget(gold(p, k), s.sequence.max_seq_len),
-        applies=lambda s: s.input.type == "tabular",
+        "tabular only: no record (any mode) or group (grouped) left out for not fitting `sequence.max_seq_len` "
+        "with the schema prompt and BOS/EOS; fails before any shard is written, naming the largest, their "
+        "tokens, the budget and the remedies",
+        lambda on: inv.gold_tabular_budget(on.gold, on.spec.sequence.max_seq_len),
+        applies=_is("tabular"),
     ),
-    _rows_gate(
+    Gate(
+        PACKED_SHARDS,
         "packed_shards_fixed_length",
-        "every row exactly sequence.max_seq_len",
-        "fixed",
-        lambda s, p, k, r: inv.shards_fixed_length(inv.shard_files(shards(p, k)), s.sequence.max_seq_len, r),
+        "every list column exactly `sequence.max_seq_len`; `num_loss_tokens` = sum of the mask; one example id "
+        "and offset per segment",
+        ShardRows(
+            "fixed", lambda on, rows: inv.shards_fixed_length(on.shard_files, on.spec.sequence.max_seq_len, rows)
+        ),
     ),
     Gate(
         PACKED_SHARDS,
         "packed_shards_padding_masked",
-        "padding: pad id, mask 0, segment 0",
-        lambda s, p, k: inv.shards_padding_masked(
-            inv.shard_files(shards(p, k)), load_pinned_info(p.tokenizer_dir).pad_id
-        ),
+        "padding (segment 0) = pad id, mask 0, padding token type, position 0",
+        lambda on: inv.shards_padding_masked(on.shard_files, load_pinned_info(on.paths.tokenizer_dir).pad_id),
     ),
-    _rows_gate(
+    Gate(
+        PACKED_SHARDS,
         "packed_shards_positions_restart",
-        "positions restart at segment starts; first token masked",
-        "layout",
-        lambda s, p, k, r: inv.shards_positions_restart(inv.shard_files(shards(p, k)), r),
+        "positions 0 at each segment start, +1 inside; segments 1..k; segment starts masked; the segments are "
+        "exactly the ones `seq_lengths` lists (a row whose segments run past them fails as a row: the other gates "
+        "judge only the tokens `seq_lengths` covers)",
+        ShardRows("layout", lambda on, rows: inv.shards_positions_restart(on.shard_files, rows)),
     ),
     Gate(
         PACKED_SHARDS,
         "packed_shards_tokens_conserved",
-        "per split, shard tokens = gold tokens - tokens dropped "
-        "by packing + window overlaps (recomputed from gold, and equal to the packer's own figures); every example "
-        "placed as the strategy requires (whole, its windows, or tiled by `full`)",
-        lambda s, p, k: inv.shards_tokens_conserved(
-            inv.shard_files(shards(p, k)), gold(p, k), layout(s), _reported(shards(p, k))
-        ),
+        "per split: shard tokens = gold tokens − tokens dropped by packing + window overlaps, both recomputed from "
+        "gold in SQL and equal to the packer's own figures; every example placed as the strategy requires: whole "
+        "once (bfd/ffd/single), as exactly its windows with a loss token, or (full) tiled from token 0 to its "
+        "end, in its own split",
+        lambda on: inv.shards_tokens_conserved(on.shard_files, on.gold, layout(on.spec), _reported(on.shards)),
     ),
-    _rows_gate(
+    Gate(
+        PACKED_SHARDS,
         "packed_shards_match_gold",
-        "every shard token equals the gold token it came from (id, type, mask); "
-        "segment starts and window overlaps masked",
-        "checksum",
-        lambda s, p, k, r: inv.shards_match_gold(inv.shard_files(shards(p, k)), gold(p, k), s.sequence.overlap, r),
+        "token by token, each segment equals its gold example at its offset (id, type), with gold's mask except "
+        "the segment's first token (and a window's overlap), masked (rows first: a sum of per-token hashes of "
+        "position, id, mask and type against the same sum over the row's gold tokens; then, for failing rows "
+        "only, segment by segment and the first bad token; a failing row whose listed segments all match is a "
+        "violation of its own: its `seq_lengths` cover tokens no example id names)",
+        ShardRows(
+            "checksum",
+            lambda on, rows: inv.shards_match_gold(on.shard_files, on.gold, on.spec.sequence.overlap, rows),
+        ),
     ),
     Gate(
         PACKED_SHARDS,
         "packed_shards_utilization",
-        "sequence utilization >= checks.min_sequence_utilization",
-        lambda s, p, k: inv.shards_utilization(
-            inv.shard_files(shards(p, k)), s.sequence.max_seq_len, s.checks.min_sequence_utilization
+        "tokens in segments / (rows × `sequence.max_seq_len`) ≥ `checks.min_sequence_utilization`",
+        lambda on: inv.shards_utilization(
+            on.shard_files, on.spec.sequence.max_seq_len, on.spec.checks.min_sequence_utilization
         ),
     ),
     Gate(
         PACKED_SHARDS,
         "packed_shards_pairs_together",
-        "preference: both examples of a pair in the same row",
-        lambda s, p, k: inv.shards_pairs_together(inv.shard_files(shards(p, k)), gold(p, k)),
-        applies=lambda s: s.input.type == "preference",
+        "preference only: both examples of every pair in the same row (so file, row group and split)",
+        lambda on: inv.shards_pairs_together(on.shard_files, on.gold),
+        applies=_is("preference"),
+    ),
+    Gate(
+        DATASET_MANIFEST,
+        "dataset_manifest_one_tokenizer",
+        "every partition's shards were made with the pinned tokenizer (one fingerprint)",
+        lambda on: inv.shards_one_tokenizer(_manifest_partitions(on), on.manifest["tokenizer_fingerprint"]),
+    ),
+    Gate(
+        DATASET_MANIFEST,
+        "dataset_manifest_duplicates_kept",
+        "with `dedup_scope: dataset`: every duplicate removed from the manifest's drops names a record kept in "
+        "them (a copy kept only in a replaced or failed drop would otherwise be lost; rebuild the named drops' "
+        "silver)",
+        lambda on: inv.duplicates_resolve_to_kept(
+            [on.paths.partition_dir("silver", k) for k in sorted(on.manifest["partitions"])]
+        ),
+        applies=lambda s: s.clean.dedup_scope == "dataset",
     ),
 )
 
 
 def gates_for(spec: DatasetSpec) -> tuple[Gate, ...]:
-    return tuple(g for g in GATES if g.applies(spec))
+    """The gates of `spec`'s partitions (every asset but the manifest)."""
+    return tuple(g for g in GATES if g.asset != DATASET_MANIFEST and g.applies(spec))
 
 
-def _judged_together(
-    group: list[Gate], shared: Callable[[], Any], judge: Callable[[int, Gate, Any], inv.Outcome]
-) -> dict[str, inv.Outcome | Exception]:
-    """Each gate of `group` judged from one shared pass: the pass's error is every gate's, a gate's error its own."""
+def manifest_gates_for(spec: DatasetSpec) -> tuple[Gate, ...]:
+    """The gates of `spec`'s manifest."""
+    return tuple(g for g in GATES if g.asset == DATASET_MANIFEST and g.applies(spec))
+
+
+def markdown_table() -> str:
+    """The gates table of docs/shards.md: every gate by asset, in the order declared."""
+    lines = ["| asset | check | asserts |", "|---|---|---|"]
+    for i, g in enumerate(GATES):
+        first = i == 0 or GATES[i - 1].asset != g.asset
+        lines.append(
+            f"| {g.asset} | `{g.name}` | {g.description} |" if first else f"| | `{g.name}` | {g.description} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _judged_together(subject: Subject, group: Sequence[Gate]) -> dict[str, inv.Outcome | Exception]:
+    """Each gate of `group` (one kind of `SharedPass`) judged from one shared pass: the pass's error is every
+    gate's, a gate's error its own."""
+    judges = [g.judge for g in group if isinstance(g.judge, SharedPass)]
     try:
-        value = shared()
+        value = type(judges[0]).shared(subject, judges)
     except Exception as exc:
         return {g.name: exc for g in group}
     out: dict[str, inv.Outcome | Exception] = {}
-    for i, g in enumerate(group):
+    for i, (g, judge) in enumerate(zip(group, judges, strict=True)):
         try:
-            out[g.name] = judge(i, g, value)
+            out[g.name] = g.named(judge.from_shared(subject, value, i))
         except Exception as exc:
             out[g.name] = exc
     return out
 
 
+def judged(subject: Subject, gates: Sequence[Gate]) -> list[tuple[Gate, inv.Outcome | Exception]]:
+    """Each gate's outcome, in order, or the exception its evaluation raised (the others still run). Gates of one
+    kind of `SharedPass` run together read one pass; all of them use one DuckDB database."""
+    with shared_database():
+        together: dict[str, inv.Outcome | Exception] = {}
+        for kind in dict.fromkeys(type(g.judge) for g in gates if isinstance(g.judge, SharedPass)):
+            group = [g for g in gates if type(g.judge) is kind]
+            if len(group) > 1:
+                together.update(_judged_together(subject, group))
+        out: list[tuple[Gate, inv.Outcome | Exception]] = []
+        for g in gates:
+            if g.name in together:
+                out.append((g, together[g.name]))
+                continue
+            try:
+                out.append((g, g.evaluate(subject)))
+            except Exception as exc:
+                out.append((g, exc))
+        return out
+
+
 def outcomes(
     spec: DatasetSpec, paths: DatasetPaths, partition: str, gates: Sequence[Gate]
 ) -> list[tuple[Gate, inv.Outcome | Exception]]:
-    """Each gate's outcome, in order, or the exception its evaluation raised (the others still run). The gates
-    with a row rule are judged together, in one pass over gold (four scans took 0.9 s of the 100 MB benchmark), and
-    the shard gates that read `inv.shard_rows` from one pass over the shards. All of them use one DuckDB database."""
-    with shared_database():
-        return _outcomes(spec, paths, partition, gates)
+    """`judged` on one partition."""
+    return judged(Subject(spec, paths, partition), gates)
 
 
-def _outcomes(
-    spec: DatasetSpec, paths: DatasetPaths, partition: str, gates: Sequence[Gate]
-) -> list[tuple[Gate, inv.Outcome | Exception]]:
-    together: dict[str, inv.Outcome | Exception] = {}
-    ruled = [g for g in gates if g.rule is not None]
-    if ruled:
-        together.update(
-            _judged_together(
-                ruled,
-                lambda: inv.gold_rows(gold(paths, partition), [g.rule(spec, paths) for g in ruled if g.rule]),
-                lambda i, g, results: results[i],
-            )
-        )
-    by_rows = [g for g in gates if g.judge is not None]
-    if len(by_rows) > 1:
-        files = inv.shard_files(shards(paths, partition))
-        together.update(
-            _judged_together(
-                by_rows,
-                lambda: (
-                    inv.shard_rows(files, [g.part for g in by_rows if g.part], spec.sequence.max_seq_len)
-                    if files
-                    else None
-                ),
-                lambda i, g, rows: g.judge(spec, paths, partition, rows),
-            )
-        )  # type: ignore[misc]
-    out: list[tuple[Gate, inv.Outcome | Exception]] = []
-    for g in gates:
-        if g.name in together:
-            out.append((g, together[g.name]))
-            continue
-        try:
-            out.append((g, g.probe(spec, paths, partition)))
-        except Exception as exc:
-            out.append((g, exc))
-    return out
+def raised(results: list[tuple[Gate, inv.Outcome | Exception]]) -> list[inv.Outcome]:
+    """The outcomes, or the first gate's error raised (once every gate has run)."""
+    for _, outcome in results:
+        if isinstance(outcome, Exception):
+            raise outcome
+    return [o for _, o in results if isinstance(o, inv.Outcome)]
 
 
 def evaluate(spec: DatasetSpec, paths: DatasetPaths, partition: str, asset: str | None = None) -> list[inv.Outcome]:
     """Run the gates of one partition (of one asset, or all), as the asset checks do; a gate's error is raised."""
-    results = []
-    for _, outcome in outcomes(
-        spec, paths, partition, [g for g in gates_for(spec) if asset is None or g.asset == asset]
-    ):
-        if isinstance(outcome, Exception):
-            raise outcome
-        results.append(outcome)
-    return results
+    return raised(outcomes(spec, paths, partition, [g for g in gates_for(spec) if asset is None or g.asset == asset]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prep_assets.core import gates
 from prep_assets.core import invariants as inv
 from prep_assets.core.errors import ManifestError
 from prep_assets.core.lake import (
@@ -106,12 +107,8 @@ def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]
 
 def manifest_outcomes(spec: DatasetSpec, paths: DatasetPaths, manifest: dict[str, Any]) -> list[inv.Outcome]:
     """The manifest's gates, judged on a manifest (built or published): the asset checks run the same."""
-    parts = [{"partition": k, **v} for k, v in manifest["partitions"].items()]
-    outcomes = [inv.shards_one_tokenizer(parts, manifest["tokenizer_fingerprint"])]
-    if spec.clean.dedup_scope == "dataset":
-        partitions = sorted(manifest["partitions"])
-        outcomes.append(inv.duplicates_resolve_to_kept([paths.partition_dir("silver", k) for k in partitions]))
-    return outcomes
+    subject = gates.Subject(spec, paths, given_manifest=manifest)
+    return gates.raised(gates.judged(subject, gates.manifest_gates_for(spec)))
 
 
 def manifest_file_problems(root: Path, manifest: dict[str, Any]) -> list[str]:

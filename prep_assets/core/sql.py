@@ -38,9 +38,7 @@ def connect() -> duckdb.DuckDBPyConnection:
 @contextmanager
 def shared_database() -> Iterator[None]:
     """Within this block `connect` gives cursors of one database rather than a database each. The gates of one
-    asset run this way: a new database per gate cost its start (~11 ms) and, each time, the page faults of
-    memory the last one had given back (the 100 MB benchmark's six shard gates: 2.42 s, 0.6 s of it in the
-    kernel; shared: 2.2 s, 0.33 s)."""
+    asset run this way: a database per gate pays its start and faults in again the memory the last one gave back."""
     db = _database()
     token = _SHARED.set(db)
     try:

@@ -1,4 +1,4 @@
-"""Blocking quality gates between layers: thin wrappers over `core.invariants` (DuckDB over Parquet).
+"""Blocking quality gates between layers: the gates `core.gates` declares, as Dagster asset checks.
 
 A failed gate names the offending rows in its metadata and stops the layers below it in the same run.
 """
@@ -16,16 +16,14 @@ from dagster import (
     AssetKey,
     DagsterInstance,
     MetadataValue,
-    asset_check,
     multi_asset_check,
 )
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from prep_assets.core import invariants as inv
-from prep_assets.core.gates import Gate, gates_for, outcomes
-from prep_assets.core.lake import read_json
+from prep_assets.core.gates import Gate, Subject, gates_for, judged, manifest_gates_for
 from prep_assets.core.spec import DatasetSpec
-from prep_assets.defs.keys import DATASET_MANIFEST, asset_key
+from prep_assets.defs.keys import PARTITIONED, asset_key
 from prep_assets.defs.metadata import counts_table, md_table
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
@@ -60,18 +58,18 @@ def outcome_result(outcome: inv.Outcome, asset: AssetKey | None = None, name: st
     )
 
 
-def _partition_gates(spec: DatasetSpec, asset: str, gates: list[Gate]) -> AssetChecksDefinition:
-    """The gates of one partitioned asset, as one step (a Dagster step costs ~30 ms): each gate still is its own
-    blocking check with its own result, and any subset of them can run alone (the UI's "Execute" on one check).
-    A gate that raises does not stop the others; the step then fails with the first error."""
+def _gates_check(spec: DatasetSpec, asset: str, gates: list[Gate]) -> AssetChecksDefinition:
+    """The gates of one asset, as one step (each Dagster step has a fixed cost): each gate still is its own blocking
+    check with its own result, and any subset of them can run alone (the UI's "Execute" on one check). A gate
+    that raises does not stop the others; the step then fails with the first error. The partitioned layers' gates
+    judge one partition, the manifest's the published manifest."""
     key = asset_key(spec, asset)
+    partitions = drops_partitions(spec.name) if asset in PARTITIONED else None
 
     @multi_asset_check(
         name="__".join(key.path) + "_gates",  # op names are one namespace across datasets
         specs=[
-            AssetCheckSpec(
-                g.name, asset=key, blocking=True, description=g.description, partitions_def=drops_partitions(spec.name)
-            )
+            AssetCheckSpec(g.name, asset=key, blocking=True, description=g.description, partitions_def=partitions)
             for g in gates
         ],
         can_subset=True,
@@ -79,9 +77,10 @@ def _partition_gates(spec: DatasetSpec, asset: str, gates: list[Gate]) -> AssetC
     )
     def _checks(context: AssetCheckExecutionContext, lake: LakeResource) -> Iterator[AssetCheckResult]:
         selected = {k.name for k in context.selected_asset_check_keys}
+        partition = context.partition_key if partitions is not None else ""
         error: Exception | None = None
-        for gate, outcome in outcomes(
-            spec, lake.paths(spec.name), context.partition_key, [g for g in gates if g.name in selected]
+        for gate, outcome in judged(
+            Subject(spec, lake.paths(spec.name), partition), [g for g in gates if g.name in selected]
         ):
             if isinstance(outcome, Exception):  # the other gates still run and report
                 error = error or outcome
@@ -91,39 +90,6 @@ def _partition_gates(spec: DatasetSpec, asset: str, gates: list[Gate]) -> AssetC
             raise error
 
     return _checks
-
-
-def _manifest_gate(spec: DatasetSpec) -> AssetChecksDefinition:
-    @asset_check(
-        asset=asset_key(spec, DATASET_MANIFEST),
-        name="dataset_manifest_one_tokenizer",
-        blocking=True,
-        description="every partition's shards were made with the pinned tokenizer (one fingerprint)",
-    )
-    def _check(lake: LakeResource) -> AssetCheckResult:
-        paths = lake.paths(spec.name)
-        manifest = read_json(paths.manifest_path)
-        parts = [{"partition": k, **v} for k, v in manifest["partitions"].items()]
-        return outcome_result(inv.shards_one_tokenizer(parts, manifest["tokenizer_fingerprint"]))
-
-    return _check
-
-
-def _manifest_duplicates_gate(spec: DatasetSpec) -> AssetChecksDefinition:
-    @asset_check(
-        asset=asset_key(spec, DATASET_MANIFEST),
-        name="dataset_manifest_duplicates_kept",
-        blocking=True,
-        description="clean.dedup_scope dataset: every duplicate removed from the manifest's drops names a record "
-        "kept in them (a copy kept only in a replaced or failed drop would otherwise be lost; rebuild the named "
-        "drops' silver)",
-    )
-    def _check(lake: LakeResource) -> AssetCheckResult:
-        paths = lake.paths(spec.name)
-        partitions = sorted(read_json(paths.manifest_path)["partitions"])
-        return outcome_result(inv.duplicates_resolve_to_kept([paths.partition_dir("silver", k) for k in partitions]))
-
-    return _check
 
 
 NEVER_RUN = "never run"
@@ -161,9 +127,6 @@ def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: lis
 
 
 def gate_checks(spec: DatasetSpec) -> list[AssetChecksDefinition]:
-    manifest = [_manifest_gate(spec)]
-    if spec.clean.dedup_scope == "dataset":
-        manifest.append(_manifest_duplicates_gate(spec))
-    gates = gates_for(spec)
+    gates = gates_for(spec) + manifest_gates_for(spec)
     assets = list(dict.fromkeys(g.asset for g in gates))  # in layer order
-    return [_partition_gates(spec, a, [g for g in gates if g.asset == a]) for a in assets] + manifest
+    return [_gates_check(spec, a, [g for g in gates if g.asset == a]) for a in assets]

@@ -1,45 +1,20 @@
-"""The gates run together: the shard gates that read one pass over the shard rows report what each finds alone."""
+"""The gates as declared: each one name and one description (the check's, the UI's and the docs' table), and
+judged together (gold's row rules in one pass, the shard gates from one pass over the shard rows) each reports what
+it finds alone."""
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core import gates
 from prep_assets.core import invariants as inv
 from prep_assets.core.lake import dataset_paths
-from prep_assets_tests.conftest import make_spec
-from prep_assets_tests.core.test_invariants import GOOD, _gold, _row, _shard
-
-PAD = [0] * 5
-
-
-def _row8(**over: list) -> dict:
-    """test_invariants' row, padded to 8 tokens (the smallest max_seq_len a spec takes)."""
-    base = {
-        "input_ids": [5, 6, 7],
-        "loss_mask": [0, 1, 1],
-        "position_ids": [0, 1, 2],
-        "segment_ids": [1, 1, 1],
-        "token_type_ids": [1, 1, 3],
-    }
-    base.update(over)
-    return _row(**{k: v + ([2] * 5 if k == "token_type_ids" else PAD) for k, v in base.items()})
-
-
-BY_ROWS = ["packed_shards_fixed_length", "packed_shards_positions_restart", "packed_shards_match_gold"]
-
-
-@pytest.fixture
-def lake(tmp_path: Path):
-    """A partition whose shards break fixed_length (row 1), positions_restart (row 2) and match_gold (row 3)."""
-    paths = dataset_paths(tmp_path, "ds")
-    _shard(
-        paths.partition_dir("shards", "k") / "train" / "part-00000.parquet",
-        [_row8(), _row8(input_ids=[5, 6]), _row8(position_ids=[0, 1, 3]), _row8(input_ids=[5, 7, 6])],
-    )
-    _gold(paths.partition_dir("gold", "k"), [GOOD])
-    spec = make_spec(sequence={"max_seq_len": 8})
-    return spec, paths, [g for g in gates.gates_for(spec) if g.name in BY_ROWS]
+from prep_assets.core.manifest import manifest_outcomes
+from prep_assets.core.records import SILVER_REJECT_SCHEMA, SILVER_SCHEMA
+from prep_assets_tests.conftest import PROJECT, make_spec
+from prep_assets_tests.core.lakes import BY_ROWS, GOOD, write_gold, write_silver_and_gold_rejects
 
 
 def test_shard_gates_run_together_report_what_each_finds_alone(lake):
@@ -77,3 +52,75 @@ def test_a_gate_that_raises_on_the_shared_rows_leaves_the_others_their_outcomes(
     assert str(out["packed_shards_positions_restart"]) == "positions broke"
     assert [r["row"] for r in out["packed_shards_fixed_length"].offending] == [1]  # type: ignore[union-attr]
     assert not out["packed_shards_match_gold"].passed  # type: ignore[union-attr]
+
+
+def test_gold_row_gates_run_together_are_named_and_report_what_each_finds_alone(tmp_path: Path):
+    paths = dataset_paths(tmp_path, "ds")
+    write_gold(
+        paths.partition_dir("gold", "k"),
+        [
+            GOOD,
+            {"token_ids": [5, 6, 7], "loss_mask": [0, 1], "token_type_ids": [1, 1, 3]},
+            {"token_ids": [1, 2], "loss_mask": [0, 0], "token_type_ids": [1, 3]},
+            {"token_ids": [1, 99, 3, 4, 5, 6, 7, 8, 9], "loss_mask": [0] + [1] * 8, "token_type_ids": [1] * 8 + [3]},
+        ],
+    )
+    spec = make_spec(sequence={"max_seq_len": 8})
+    names = [
+        "tokenized_examples_mask_aligned",
+        "tokenized_examples_have_loss_tokens",
+        "tokenized_examples_within_max_len",
+    ]
+    chosen = [g for g in gates.gates_for(spec) if g.name in names]
+    together = gates.outcomes(spec, paths, "k", chosen)
+    assert [(o.name, [r["example_id"] for r in o.offending]) for _, o in together] == [  # type: ignore[union-attr]
+        ("tokenized_examples_mask_aligned", ["d:2"]),
+        ("tokenized_examples_have_loss_tokens", ["d:3"]),
+        ("tokenized_examples_within_max_len", ["d:4"]),
+    ]
+    assert [o for _, o in together] == [g.probe(spec, paths, "k") for g in chosen]
+
+
+def test_every_gate_has_one_name_and_its_outcome_carries_its_description(lake):
+    spec, paths, chosen = lake
+    assert len({g.name for g in gates.GATES}) == len(gates.GATES)
+    assert all(g.name.startswith(g.asset) and g.description for g in gates.GATES)
+    for g, outcome in gates.outcomes(spec, paths, "k", chosen):
+        assert outcome.name == g.name and outcome.description == g.description  # type: ignore[union-attr]
+
+
+def test_a_gate_that_measures_more_than_a_count_says_so_in_its_outcome(tmp_path: Path):
+    paths = dataset_paths(tmp_path, "ds")
+    s, g = write_silver_and_gold_rejects(tmp_path / "built", 4, [("too_long", 2)])
+    for built, layer in ((s, "silver"), (g, "gold")):
+        paths.partition_dir(layer, "k").parent.mkdir(parents=True, exist_ok=True)
+        built.rename(paths.partition_dir(layer, "k"))
+    gate = next(x for x in gates.GATES if x.name == "tokenized_examples_reject_rate")
+    outcome = gate.probe(make_spec(checks={"max_gold_reject_rate": 0.5}), paths, "k")
+    assert outcome.passed and outcome.description == "gold rejects / silver records = 1 / 4 = 25.00% (at most 50.00%)"
+
+
+def test_docs_gates_table_is_the_declared_one():
+    """docs/shards.md holds exactly `markdown_table()`: regenerate it there when a gate changes."""
+    text = (PROJECT / "docs" / "shards.md").read_text(encoding="utf-8")
+    start = text.index("| asset | check | asserts |")
+    end = text.find("\n\n", start)
+    assert text[start : None if end < 0 else end + 1] == gates.markdown_table()
+    assert text.count("| asset | check | asserts |") == 1
+
+
+@pytest.mark.parametrize("scope", ["drop", "dataset"])
+def test_the_manifest_is_judged_by_its_declared_gates(tmp_path: Path, scope: str):
+    spec = make_spec(clean={"dedup_scope": scope})
+    paths = dataset_paths(tmp_path, "ds")
+    manifest = {"tokenizer_fingerprint": "a", "partitions": {"k1": {"tokenizer_fingerprint": "b"}}}
+    silver = paths.partition_dir("silver", "k1")
+    silver.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([], schema=SILVER_SCHEMA), silver / "records.parquet")
+    pq.write_table(pa.Table.from_pylist([], schema=SILVER_REJECT_SCHEMA), silver / "rejects.parquet")
+    out = manifest_outcomes(spec, paths, manifest)
+    assert [o.name for o in out] == [g.name for g in gates.manifest_gates_for(spec)]
+    assert out[0].name == "dataset_manifest_one_tokenizer" and out[0].violations == 1
+    assert out[0].offending == [{"partition": "k1", "tokenizer_fingerprint": "b"}]
+    assert [o.passed for o in out[1:]] == ([True] if scope == "dataset" else [])
+    assert not set(gates.manifest_gates_for(spec)) & set(gates.gates_for(spec))

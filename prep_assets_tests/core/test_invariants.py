@@ -7,45 +7,28 @@ import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core import invariants as inv
-from prep_assets.core.records import GOLD_SCHEMA, SHARD_SCHEMA
-
-
-def _gold(dir_: Path, rows: list[dict]) -> Path:
-    dir_.mkdir(parents=True, exist_ok=True)
-    base = {"drop": "d", "source_file": "f.jsonl", "byte_offset": 0, "split": "train"}
-    full = [
-        {
-            **base,
-            "example_id": f"d:{i + 1}",
-            "record_id": f"d:{i + 1}",
-            "source_line": i + 1,
-            "num_tokens": len(r["token_ids"]),
-            "num_loss_tokens": sum(r["loss_mask"]),
-            "num_prompt_tokens": 0,
-            **r,
-        }
-        for i, r in enumerate(rows)
-    ]
-    pq.write_table(pa.Table.from_pylist(full, schema=GOLD_SCHEMA), dir_ / "examples.parquet")
-    return dir_
-
-
-GOOD = {"token_ids": [5, 6, 7], "loss_mask": [0, 1, 1], "token_type_ids": [1, 1, 3]}
+from prep_assets_tests.core.lakes import (
+    GOOD,
+    shard_row,
+    write_gold,
+    write_shard,
+    write_silver_and_gold_rejects,
+)
 
 
 def test_gold_mask_misaligned_is_named_with_file_and_line(tmp_path: Path):
-    g = _gold(tmp_path / "g", [GOOD, {"token_ids": [5, 6, 7], "loss_mask": [0, 1], "token_type_ids": [1, 1, 3]}])
+    g = write_gold(tmp_path / "g", [GOOD, {"token_ids": [5, 6, 7], "loss_mask": [0, 1], "token_type_ids": [1, 1, 3]}])
     out = inv.gold_mask_aligned(g)
     assert out.violations == 1 and out.offending == [{"example_id": "d:2", "location": "f.jsonl:2"}]
 
 
 def test_gold_mask_on_prompt_type_fails(tmp_path: Path):
-    g = _gold(tmp_path / "g", [{"token_ids": [5, 6], "loss_mask": [0, 1], "token_type_ids": [0, 0]}])
+    g = write_gold(tmp_path / "g", [{"token_ids": [5, 6], "loss_mask": [0, 1], "token_type_ids": [0, 0]}])
     assert inv.gold_mask_aligned(g).violations == 1
 
 
 def test_gold_no_loss_tokens_ids_out_of_vocab_and_too_long(tmp_path: Path):
-    g = _gold(
+    g = write_gold(
         tmp_path / "g",
         [
             GOOD,
@@ -59,31 +42,9 @@ def test_gold_no_loss_tokens_ids_out_of_vocab_and_too_long(tmp_path: Path):
     assert inv.gold_mask_aligned(g).passed
 
 
-def _shard(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=SHARD_SCHEMA), path)
-    return path
-
-
-def _row(**over) -> dict:
-    row = {
-        "input_ids": [5, 6, 7, 0],
-        "loss_mask": [0, 1, 1, 0],
-        "position_ids": [0, 1, 2, 0],
-        "segment_ids": [1, 1, 1, 0],
-        "token_type_ids": [1, 1, 3, 2],
-        "seq_lengths": [3],
-        "example_ids": ["d:1"],
-        "example_offsets": [0],
-        "num_loss_tokens": 2,
-    }
-    row.update(over)
-    return row
-
-
 def test_good_shard_passes_every_shard_invariant(tmp_path: Path):
-    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row()])]
-    g = _gold(tmp_path / "g", [GOOD])
+    f = [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row()])]
+    g = write_gold(tmp_path / "g", [GOOD])
     for out in (
         inv.shards_fixed_length(f, 4),
         inv.shards_padding_masked(f, 0),
@@ -131,8 +92,8 @@ def test_good_shard_passes_every_shard_invariant(tmp_path: Path):
     ],
 )
 def test_corrupted_shard_fails_its_invariant(tmp_path: Path, corruption, invariant):
-    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row(**corruption)])]
-    g = _gold(tmp_path / "g", [GOOD])
+    f = [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row(**corruption)])]
+    g = write_gold(tmp_path / "g", [GOOD])
     out = invariant(f, g)
     assert not out.passed and out.offending
 
@@ -185,7 +146,7 @@ def test_corrupted_shard_fails_its_invariant(tmp_path: Path, corruption, invaria
 )
 def test_padding_gate_judges_every_segment_0_token_not_only_a_clean_tail(tmp_path: Path, row, bad_tokens):
     # its first step sets aside rows whose tokens from the first segment-0 one on are all clean padding
-    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row(**row)])]
+    f = [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row(**row)])]
     out = inv.shards_padding_masked(f, 0)
     assert [r["token"] for r in out.offending] == bad_tokens and out.violations == len(bad_tokens)
 
@@ -209,7 +170,7 @@ def test_positions_restart_judges_tokens_not_seq_lengths_and_catches_a_skipped_s
         "example_offsets": [0, 0],
         "num_loss_tokens": 2,
     }
-    ok = [_shard(tmp_path / "a" / "train" / "part-00000.parquet", [_row(), two])]
+    ok = [write_shard(tmp_path / "a" / "train" / "part-00000.parquet", [shard_row(), two])]
     assert inv.shards_positions_restart(ok).passed
     skipped = {
         **two,
@@ -218,12 +179,14 @@ def test_positions_restart_judges_tokens_not_seq_lengths_and_catches_a_skipped_s
         "example_ids": ["d:1", "d:3", "d:2"],
         "example_offsets": [0, 0, 0],
     }
-    out = inv.shards_positions_restart([_shard(tmp_path / "b" / "train" / "part-00000.parquet", [_row(), skipped])])
+    out = inv.shards_positions_restart(
+        [write_shard(tmp_path / "b" / "train" / "part-00000.parquet", [shard_row(), skipped])]
+    )
     assert out.violations == 1 and out.offending[0]["row"] == 1 and out.offending[0]["token"] == 3
 
 
 def test_utilization_below_threshold_fails(tmp_path: Path):
-    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row()])]
+    f = [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row()])]
     out = inv.shards_utilization(f, 4, 0.9)
     assert not out.passed and out.facts["sequence_utilization"] == 0.75
 
@@ -287,15 +250,15 @@ def test_count_elements_is_independent_of_the_reader(tmp_path: Path):
 
 
 def test_mask_on_prompt_passes_when_the_spec_trains_prompts(tmp_path: Path):
-    g = _gold(tmp_path / "g", [{"token_ids": [5, 6], "loss_mask": [0, 1], "token_type_ids": [0, 0]}])
+    g = write_gold(tmp_path / "g", [{"token_ids": [5, 6], "loss_mask": [0, 1], "token_type_ids": [0, 0]}])
     assert inv.gold_mask_aligned(g, trainable_types=(0, 1, 3)).passed
     assert not inv.gold_mask_aligned(g, trainable_types=(1, 3)).passed
 
 
 def test_match_gold_and_positions_name_the_first_bad_token_of_a_later_segment(tmp_path: Path):
     """Two segments in one row: the segment-level gates must find where the second one starts (token 4)."""
-    g = _gold(tmp_path / "g", [GOOD, {"token_ids": [8, 9], "loss_mask": [0, 1], "token_type_ids": [1, 3]}])
-    good = _row(
+    g = write_gold(tmp_path / "g", [GOOD, {"token_ids": [8, 9], "loss_mask": [0, 1], "token_type_ids": [1, 3]}])
+    good = shard_row(
         input_ids=[5, 6, 7, 8, 9, 0],
         loss_mask=[0, 1, 1, 0, 1, 0],
         position_ids=[0, 1, 2, 0, 1, 0],
@@ -306,13 +269,15 @@ def test_match_gold_and_positions_name_the_first_bad_token_of_a_later_segment(tm
         example_offsets=[0, 0],
         num_loss_tokens=3,
     )
-    ok = [_shard(tmp_path / "ok" / "train" / "part-00000.parquet", [good])]
+    ok = [write_shard(tmp_path / "ok" / "train" / "part-00000.parquet", [good])]
     assert inv.shards_match_gold(ok, g).passed and inv.shards_positions_restart(ok).passed
-    swapped = [_shard(tmp_path / "bad" / "train" / "part-00000.parquet", [{**good, "input_ids": [5, 6, 7, 9, 8, 0]}])]
+    swapped = [
+        write_shard(tmp_path / "bad" / "train" / "part-00000.parquet", [{**good, "input_ids": [5, 6, 7, 9, 8, 0]}])
+    ]
     out = inv.shards_match_gold(swapped, g)
     assert out.violations == 1 and out.offending[0]["example_id"] == "d:2" and out.offending[0]["token"] == 4
     trained_start = [
-        _shard(
+        write_shard(
             tmp_path / "start" / "train" / "part-00000.parquet",
             [{**good, "loss_mask": [0, 1, 1, 1, 1, 0], "num_loss_tokens": 4}],
         )
@@ -343,16 +308,16 @@ def test_match_gold_and_positions_name_the_first_bad_token_of_a_later_segment(tm
 )
 def test_match_gold_finds_the_bad_rows_then_their_segments_and_first_bad_token(tmp_path: Path, second, bad):
     """Pass 1 compares each row's token-hash sum with its gold's; pass 2 names the failing rows' segments."""
-    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row(), _row(**second), _row()])]
-    g = _gold(tmp_path / "g", [GOOD])
+    f = [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row(), shard_row(**second), shard_row()])]
+    g = write_gold(tmp_path / "g", [GOOD])
     out = inv.shards_match_gold(f, g)
     assert [(r["row"], r["example_id"], r["token"]) for r in out.offending] == bad
     assert out.violations == len(bad)
 
 
 def test_match_gold_rows_without_segments_pass_and_tokens_no_segment_names_are_their_own_violation(tmp_path: Path):
-    g = _gold(tmp_path / "g", [GOOD])
-    padding = _row(
+    g = write_gold(tmp_path / "g", [GOOD])
+    padding = shard_row(
         input_ids=[0, 0, 0, 0],
         loss_mask=[0, 0, 0, 0],
         position_ids=[0, 0, 0, 0],
@@ -363,13 +328,13 @@ def test_match_gold_rows_without_segments_pass_and_tokens_no_segment_names_are_t
         example_offsets=[],
         num_loss_tokens=0,
     )
-    no_lengths = _row(seq_lengths=[])  # segments named but no lengths: nothing to compare (fixed_length flags it)
-    ok = [_shard(tmp_path / "ok" / "train" / "part-00000.parquet", [_row(), padding, no_lengths])]
+    no_lengths = shard_row(seq_lengths=[])  # segments named but no lengths: nothing to compare (fixed_length flags it)
+    ok = [write_shard(tmp_path / "ok" / "train" / "part-00000.parquet", [shard_row(), padding, no_lengths])]
     assert inv.shards_match_gold(ok, g).passed
     # seq_lengths covering a token that no example id names: the row fails though no listed segment does
-    unnamed = _row(seq_lengths=[3, 1])
-    bad_token = _row(input_ids=[5, 6, 8, 0])
-    mixed = [_shard(tmp_path / "bad" / "train" / "part-00000.parquet", [unnamed, bad_token])]
+    unnamed = shard_row(seq_lengths=[3, 1])
+    bad_token = shard_row(input_ids=[5, 6, 8, 0])
+    mixed = [write_shard(tmp_path / "bad" / "train" / "part-00000.parquet", [unnamed, bad_token])]
     out = inv.shards_match_gold(mixed, g)
     assert out.violations == 2
     assert [(r["row"], r["token"]) for r in out.offending] == [(0, None), (1, 3)]
@@ -400,13 +365,15 @@ def test_match_gold_rows_without_segments_pass_and_tokens_no_segment_names_are_t
     ids=["seq_lengths_short", "trained_token_past_the_segments", "one_segment_listed_as_two", "no_segments_listed"],
 )
 def test_positions_restart_fails_a_row_whose_segments_are_not_its_seq_lengths(tmp_path: Path, row):
-    out = inv.shards_positions_restart([_shard(tmp_path / "train" / "part-00000.parquet", [_row(), _row(**row)])])
+    out = inv.shards_positions_restart(
+        [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row(), shard_row(**row)])]
+    )
     assert out.violations == 1 and out.offending[0]["row"] == 1 and out.offending[0]["token"] is None
     assert "seq_lengths" in out.offending[0]["detail"]
 
 
 def test_gold_row_rules_judged_in_one_pass_equal_each_judged_alone(tmp_path: Path):
-    g = _gold(
+    g = write_gold(
         tmp_path / "g",
         [
             GOOD,
@@ -418,27 +385,28 @@ def test_gold_row_rules_judged_in_one_pass_equal_each_judged_alone(tmp_path: Pat
     rules = [inv.mask_aligned_rule(), inv.loss_tokens_rule(), inv.ids_in_vocab_rule(50), inv.within_max_len_rule(3)]
     together = inv.gold_rows(g, rules)
     assert together == [inv.gold_rows(g, [rule])[0] for rule in rules]
-    assert [(o.name, [r["example_id"] for r in o.offending]) for o in together] == [
-        ("tokenized_examples_mask_aligned", ["d:2"]),
-        ("tokenized_examples_have_loss_tokens", ["d:3"]),
-        ("tokenized_examples_ids_in_vocab", ["d:4"]),
-        ("tokenized_examples_within_max_len", ["d:4"]),
-    ]
+    # in the order of the rules: mask_aligned, have_loss_tokens, ids_in_vocab, within_max_len
+    assert [[r["example_id"] for r in o.offending] for o in together] == [["d:2"], ["d:3"], ["d:4"], ["d:4"]]
     assert together[2].offending[0]["max_id"] == 99 and together[3].offending[0]["tokens"] == 4
 
 
 def test_shard_row_gates_judged_from_one_pass_equal_each_judged_alone(tmp_path: Path):
     """`shard_rows` with every part, handed to fixed_length, positions_restart and match_gold, gives each the outcome
     it finds on its own; rows broken for each gate, and a clean one, in two files."""
-    a = _shard(
+    a = write_shard(
         tmp_path / "train" / "part-00000.parquet",
-        [_row(), _row(input_ids=[5, 6, 7]), _row(position_ids=[0, 1, 3, 0]), _row(input_ids=[5, 7, 6, 0])],
+        [
+            shard_row(),
+            shard_row(input_ids=[5, 6, 7]),
+            shard_row(position_ids=[0, 1, 3, 0]),
+            shard_row(input_ids=[5, 7, 6, 0]),
+        ],
     )
-    b = _shard(
+    b = write_shard(
         tmp_path / "train" / "part-00001.parquet",
-        [_row(seq_lengths=[2]), _row(num_loss_tokens=1), _row(seq_lengths=[]), _row()],
+        [shard_row(seq_lengths=[2]), shard_row(num_loss_tokens=1), shard_row(seq_lengths=[]), shard_row()],
     )
-    g = _gold(tmp_path / "g", [GOOD])
+    g = write_gold(tmp_path / "g", [GOOD])
     files = [a, b]
     rows = inv.shard_rows(files, ["fixed", "layout", "checksum"], 4)
     assert rows.num_rows == 8 and rows.column_names == ["file", "row", "length", "fixed_broken", "layout_differs", "h"]
@@ -461,9 +429,12 @@ def test_shard_row_gates_judged_from_one_pass_equal_each_judged_alone(tmp_path: 
 def test_shard_rows_pass_survives_seq_lengths_summing_past_32_bits_and_the_gates_name_the_row(tmp_path: Path):
     """The shared pass holds no value that a corrupt row can overflow: the row is reported, no gate raises."""
     f = [
-        _shard(
+        write_shard(
             tmp_path / "train" / "part-00000.parquet",
-            [_row(), _row(seq_lengths=[2**31 - 1, 2**31 - 1], example_ids=["d:1", "d:1"], example_offsets=[0, 0])],
+            [
+                shard_row(),
+                shard_row(seq_lengths=[2**31 - 1, 2**31 - 1], example_ids=["d:1", "d:1"], example_offsets=[0, 0]),
+            ],
         )
     ]
     rows = inv.shard_rows(f, ["fixed", "layout", "checksum"], 4)
@@ -474,60 +445,16 @@ def test_shard_rows_pass_survives_seq_lengths_summing_past_32_bits_and_the_gates
 
 
 def test_shard_rows_refuses_unknown_parts_and_fixed_without_a_length(tmp_path: Path):
-    f = [_shard(tmp_path / "train" / "part-00000.parquet", [_row()])]
+    f = [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row()])]
     with pytest.raises(ValueError, match="parts"):
         inv.shard_rows(f, ["fixed"])
     with pytest.raises(ValueError, match="parts"):
         inv.shard_rows(f, ["checksums"])
 
 
-def _silver_and_gold_rejects(tmp_path: Path, records: int, rejects: list[tuple[str, int]]) -> tuple[Path, Path]:
-    """`records` silver records; gold rejects (reason, source_line) among them."""
-    from prep_assets.core.records import GOLD_REJECT_SCHEMA, SILVER_SCHEMA
-
-    s, g = tmp_path / "s", tmp_path / "g"
-    s.mkdir(parents=True), g.mkdir(parents=True)
-    prov = {"drop": "d", "source_file": "f.jsonl", "byte_offset": 0, "split": "train"}
-    pq.write_table(
-        pa.Table.from_pylist(
-            [
-                {
-                    **prov,
-                    "record_id": f"d:{i}",
-                    "source_line": i,
-                    "content": "{}",
-                    "content_sha256": str(i),
-                    "num_chars": 5,
-                }
-                for i in range(1, records + 1)
-            ],
-            schema=SILVER_SCHEMA,
-        ),
-        s / "records.parquet",
-    )
-    pq.write_table(
-        pa.Table.from_pylist(
-            [
-                {
-                    **prov,
-                    "record_id": f"d:{line}",
-                    "source_line": line,
-                    "reason": reason,
-                    "detail": f"why {line}",
-                    "num_tokens": 0,
-                }
-                for reason, line in rejects
-            ],
-            schema=GOLD_REJECT_SCHEMA,
-        ),
-        g / "rejects.parquet",
-    )
-    return s, g
-
-
 def test_gold_reject_rate_fails_over_the_threshold_with_reasons_counts_and_examples(tmp_path: Path):
     rejects = [("chat_template_dropped_message", line) for line in (9, 2, 4, 7, 5)] + [("empty_after_template", 3)]
-    s, g = _silver_and_gold_rejects(tmp_path, 10, rejects)
+    s, g = write_silver_and_gold_rejects(tmp_path, 10, rejects)
     out = inv.gold_reject_rate(g, s, 0.5)
     assert out.violations == 1 and not out.passed
     assert out.facts == {
@@ -548,8 +475,8 @@ def test_gold_reject_rate_fails_over_the_threshold_with_reasons_counts_and_examp
 
 
 def test_gold_reject_rate_passes_without_rejects_and_on_an_empty_drop(tmp_path: Path):
-    s, g = _silver_and_gold_rejects(tmp_path / "a", 4, [])
+    s, g = write_silver_and_gold_rejects(tmp_path / "a", 4, [])
     out = inv.gold_reject_rate(g, s, 0.0)
     assert out.passed and out.offending == [] and out.facts["gold_reject_rate"] == 0.0
-    s, g = _silver_and_gold_rejects(tmp_path / "b", 0, [])
+    s, g = write_silver_and_gold_rejects(tmp_path / "b", 0, [])
     assert inv.gold_reject_rate(g, s, 0.05).passed

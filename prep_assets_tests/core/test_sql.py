@@ -4,7 +4,7 @@ import duckdb
 import pytest
 
 from prep_assets.core import gates, sql
-from prep_assets_tests.core.test_gates import BY_ROWS, lake  # noqa: F401  (the fixture)
+from prep_assets_tests.core.lakes import BY_ROWS
 
 
 def _tables(con) -> list[str]:
@@ -56,7 +56,7 @@ def _alone(gate: gates.Gate, spec, paths) -> object:
         return _text(exc)
 
 
-def test_gates_run_together_give_the_same_outcomes_in_one_database_as_each_in_its_own(lake):  # noqa: F811
+def test_gates_run_together_give_the_same_outcomes_in_one_database_as_each_in_its_own(lake):
     spec, paths, _ = lake
     chosen = [g for g in gates.gates_for(spec) if g.asset == gates.PACKED_SHARDS]
     shared = [(g.name, _text(o)) for g, o in gates.outcomes(spec, paths, "k", chosen)]

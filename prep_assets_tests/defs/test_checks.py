@@ -11,7 +11,7 @@ from prep_assets.core.gates import Gate, gates_for
 from prep_assets.core.lake import dataset_paths
 from prep_assets.core.spec import load_spec
 from prep_assets.definitions import dataset_assets
-from prep_assets.defs.checks import _partition_gates
+from prep_assets.defs.checks import _gates_check
 from prep_assets.defs.resources import LakeResource
 from prep_assets_tests.conftest import write_dataset
 
@@ -80,7 +80,7 @@ def test_a_gate_that_raises_leaves_the_others_reporting_and_fails_the_step(drop)
     first, *_, last = [g for g in gates_for(spec) if g.asset == "raw_records"]
     gates = [first, Gate("raw_records", "raw_records_broken", "raises", broken), last]
     raw = next(a for a in dataset_assets(spec) if isinstance(a, AssetsDefinition) and RAW in a.keys)
-    result = _run(data, partition, instance, AssetSelection.all(), [raw, _partition_gates(spec, "raw_records", gates)])
+    result = _run(data, partition, instance, AssetSelection.all(), [raw, _gates_check(spec, "raw_records", gates)])
     assert not result.success
     assert [(e.check_name, e.passed) for e in result.get_asset_check_evaluations()] == [
         (first.name, True),
@@ -93,13 +93,13 @@ def test_a_gate_that_raises_leaves_the_others_reporting_and_fails_the_step(drop)
 def test_gold_reject_rate_is_a_blocking_check_of_tokenized_examples_with_its_rate_and_reasons(tmp_path: Path):
     from prep_assets.defs.checks import gate_checks, outcome_result
     from prep_assets_tests.conftest import make_spec
-    from prep_assets_tests.core.test_invariants import _silver_and_gold_rejects
+    from prep_assets_tests.core.lakes import write_silver_and_gold_rejects
 
     spec = make_spec("t")
     specs = [s for c in gate_checks(spec) for s in c.check_specs]
     gold = next(s for s in specs if s.name == "tokenized_examples_reject_rate")
     assert gold.asset_key == AssetKey(["t", "tokenized_examples"]) and gold.blocking
-    s, g = _silver_and_gold_rejects(tmp_path, 4, [("chat_template_dropped_message", 2), ("too_long", 3)])
+    s, g = write_silver_and_gold_rejects(tmp_path, 4, [("chat_template_dropped_message", 2), ("too_long", 3)])
     result = outcome_result(inv.gold_reject_rate(g, s, 0.05))
     assert not result.passed and result.metadata["gold_reject_rate"].value == 0.5
     table = result.metadata["rejects_by_reason"].value
@@ -108,3 +108,22 @@ def test_gold_reject_rate_is_a_blocking_check_of_tokenized_examples_with_its_rat
         ("too_long", 1),
     ]
     assert "d:2" in result.metadata["offending"].value and "f.jsonl:3" in result.metadata["offending"].value
+
+
+@pytest.mark.slow  # every layer of the sample text dataset, then its manifest
+def test_the_manifests_gates_run_as_one_step_with_one_result_per_gate(tmp_path: Path, dagster_home: Path):
+    from prep_assets.core.gates import manifest_gates_for
+    from prep_assets_tests.conftest import copy_sample_data
+    from prep_assets_tests.defs.helpers import materialize_drops, materialize_manifest
+
+    data = copy_sample_data(tmp_path / "data")
+    spec = load_spec(data / "datasets" / "sample_text.yaml")
+    with DagsterInstance.get() as instance:
+        materialize_drops(data, "sample_text", instance)
+        result = materialize_manifest(data, "sample_text", instance)
+    assert result.success
+    assert "sample_text__dataset_manifest_gates" in {e.step_key for e in result.all_events if e.is_step_success}
+    assert [(e.check_name, e.passed, e.description) for e in result.get_asset_check_evaluations()] == [
+        (g.name, True, g.description) for g in manifest_gates_for(spec)
+    ]
+    assert len(manifest_gates_for(spec)) == 2  # sample_text: dedup_scope dataset

@@ -1,0 +1,124 @@
+"""What the invariants of every layer share: their `Outcome`, and running our own SQL over Parquet with every
+value bound as a parameter, never interpolated."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from prep_assets.core.sql import connect as sql_connect
+
+SAMPLE = 20
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an invariant found: the number of violations (0 passes), up to `SAMPLE` offending rows (ids and
+    file:line where the layer has them) and the figures it measured.
+
+    `description` is empty unless the evaluation has something to say beyond the count (a rate and its figures,
+    the groups over budget and the remedies); a gate fills it with its own description otherwise, and fills in
+    its `name` (`core.gates`: each gate's name and description are declared there, once)."""
+
+    violations: int
+    offending: list[dict[str, Any]] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    name: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.violations == 0
+
+
+def _query(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run `sql` with the named parameters it uses (`$name`); values are always bound, never interpolated."""
+    with sql_connect() as con:
+        return _rows_in(con, sql, params)
+
+
+def _scalar(sql: str, params: dict[str, Any]) -> Any:
+    rows = _query(sql, params)
+    return next(iter(rows[0].values())) if rows else None
+
+
+def _files(paths: list[Path]) -> list[str]:
+    return [str(p) for p in paths]
+
+
+def _violating_rows(
+    source: str,
+    where: str,
+    columns: str,
+    params: dict[str, Any],
+    order: str = "source_line",
+    tables: dict[str, pa.Table] | None = None,
+) -> tuple[int, list[dict[str, Any]]]:
+    """(count, first SAMPLE rows) of `source` matching `where`; `source` and `where` are our own SQL text, and
+    `tables` Arrow tables the SQL names (registered under those fixed names).
+
+    One pass over the data: the violating rows (normally none) are kept in a temp table, then counted and sampled."""
+    with sql_connect() as con:
+        for table_name, table in (tables or {}).items():
+            con.register(table_name, table)
+        return _violations_in(con, source, where, columns, params, order)
+
+
+def _bound(sql: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters `sql` uses (`$name`): DuckDB refuses unused ones."""
+    used = set(re.findall(r"\$([A-Za-z_]\w*)", sql))
+    return {k: v for k, v in params.items() if k in used}
+
+
+def _violations_in(
+    con: Any, source: str, where: str, columns: str, params: dict[str, Any], order: str
+) -> tuple[int, list[dict[str, Any]]]:
+    """`_violating_rows` on an open connection (whose temp tables `source` may name)."""
+    sql = f"CREATE TEMP TABLE violations AS SELECT * FROM {source} WHERE {where}"
+    con.execute(sql, _bound(sql, params))
+    count = con.execute("SELECT count(*) FROM violations").fetchall()[0][0]
+    cur = con.execute(f"SELECT {columns} FROM violations ORDER BY {order} LIMIT $n", {"n": SAMPLE})
+    cols = [d[0] for d in cur.description]
+    return int(count), [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+
+def _rows_in(con: Any, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    cur = con.execute(sql, _bound(sql, params))
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+
+_LOCATION = "source_file || ':' || source_line AS location"
+
+
+def _one_to_one(
+    upstream: Path,
+    outputs: tuple[Path, Path],
+    kept_where: str = "true",
+    kept_ids: str = "record_id",
+) -> Outcome:
+    """Each upstream record_id is exactly once among the two output tables (kept + rejected); `kept_ids` is the
+    SQL naming the kept rows' record ids (our own text, e.g. an unnest of a list column)."""
+    p = {"u": str(upstream), "a": str(outputs[0]), "b": str(outputs[1])}
+    sql = f"""
+        WITH out AS (SELECT {kept_ids} AS record_id FROM read_parquet($a) WHERE {kept_where}
+                     UNION ALL SELECT record_id FROM read_parquet($b)),
+             cnt AS (SELECT record_id, count(*) AS n FROM out GROUP BY record_id),
+             up AS (SELECT record_id, {_LOCATION} FROM read_parquet($u))
+        SELECT coalesce(up.record_id, cnt.record_id) AS record_id, up.location, coalesce(cnt.n, 0) AS times_out
+        FROM up FULL OUTER JOIN cnt USING (record_id) WHERE coalesce(cnt.n, 0) <> 1 OR up.record_id IS NULL
+    """
+    n, bad = _violating_rows(f"({sql})", "true", "*", p, order="record_id")
+    facts = {
+        k: _scalar(f"SELECT count(*) FROM (SELECT {ids} FROM read_parquet($x) WHERE {w})", {"x": v})
+        for k, v, w, ids in (
+            ("upstream", p["u"], "true", "record_id"),
+            ("kept", p["a"], kept_where, kept_ids),
+            ("rejected", p["b"], "true", "record_id"),
+        )
+    }
+    return Outcome(n, bad, facts)

@@ -1,0 +1,40 @@
+"""Manifest invariants: over the drops a manifest includes, one tokenizer, and every removed duplicate naming a
+record that is kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prep_assets.core.invariants.common import SAMPLE, Outcome, _violating_rows
+
+
+def duplicates_resolve_to_kept(silver_dirs: list[Path]) -> Outcome:
+    """Every record removed as a (near) duplicate from the given drops names a record kept in them, directly or
+    through one removed as a near duplicate of a kept one: no record is lost to a copy that is not shipped."""
+    facts: dict[str, Any] = {"drops": len(silver_dirs)}
+    if not silver_dirs:
+        return Outcome(0, [], facts)
+    source = """(WITH kept AS (SELECT record_id FROM read_parquet($records)),
+                      rej AS (SELECT record_id, duplicate_of, source_file, source_line FROM read_parquet($rejects)
+                              WHERE duplicate_of IS NOT NULL)
+                 SELECT r.record_id, r.source_file || ':' || r.source_line AS location, r.source_line, r.duplicate_of
+                 FROM rej AS r LEFT JOIN rej AS via ON r.duplicate_of = via.record_id
+                 WHERE r.duplicate_of NOT IN (SELECT record_id FROM kept)
+                   AND (via.duplicate_of IS NULL OR via.duplicate_of NOT IN (SELECT record_id FROM kept)))"""
+    params = {
+        "records": [str(d / "records.parquet") for d in silver_dirs],
+        "rejects": [str(d / "rejects.parquet") for d in silver_dirs],
+    }
+    n, bad = _violating_rows(source, "true", "record_id, location, duplicate_of", params, order="record_id")
+    return Outcome(n, bad, facts)
+
+
+def shards_one_tokenizer(shards_stats: list[dict[str, Any]], pinned_fingerprint: str) -> Outcome:
+    """All shards listed in the manifest were made with the pinned tokenizer."""
+    offending = [
+        {"partition": s["partition"], "tokenizer_fingerprint": s["tokenizer_fingerprint"]}
+        for s in shards_stats
+        if s["tokenizer_fingerprint"] != pinned_fingerprint
+    ]
+    return Outcome(len(offending), offending[:SAMPLE], {"pinned": pinned_fingerprint})

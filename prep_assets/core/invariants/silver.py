@@ -1,0 +1,80 @@
+"""Silver invariants: kept records unique (within the drop, and across drops for `dedup_scope: dataset`), within
+the length bounds, and every bronze record accounted for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prep_assets.core.invariants.common import _LOCATION, SAMPLE, Outcome, _one_to_one, _violating_rows
+
+# the upper bound where `clean.max_chars` sets none: past any record's length
+_NO_MAX_CHARS = 2**62
+
+
+def silver_unique(silver_dir: Path) -> Outcome:
+    """No two kept records have the same content (hash and bytes; within the drop)."""
+    # same content => same hash: contents are grouped only for hashes held more than once (grouping every
+    # content holds a drop's text in memory)
+    source = (
+        "(SELECT content_sha256, list(record_id ORDER BY source_line) AS record_ids, count(*) AS copies "
+        "FROM read_parquet($s) WHERE content_sha256 IN "
+        "(SELECT content_sha256 FROM read_parquet($s) GROUP BY content_sha256 HAVING count(*) > 1) "
+        "GROUP BY content_sha256, content)"
+    )
+    n, dup = _violating_rows(
+        source,
+        "copies > 1",
+        "content_sha256, record_ids, copies",
+        {"s": str(silver_dir / "records.parquet")},
+        order="content_sha256",
+    )
+    return Outcome(n, dup)
+
+
+def silver_unique_across_drops(silver_dir: Path, earlier: list[Path]) -> Outcome:
+    """No kept record's content is held by an earlier drop's dedup index (dedup_scope: dataset); an index that
+    is missing fails the check (it cannot be verified)."""
+    missing = [str(p) for p in earlier if not p.is_file()]
+    facts: dict[str, Any] = {"earlier_drops": len(earlier)}
+    if missing:
+        return Outcome(len(missing), [{"missing_index": m} for m in missing[:SAMPLE]], facts)
+    if not earlier:
+        return Outcome(0, [], facts)
+    source = (
+        "(SELECT s.record_id, any_value(s.source_file || ':' || s.source_line) AS location, "
+        "any_value(s.source_line) AS source_line, min(i.record_id) AS earlier_record_id "
+        "FROM read_parquet($s) AS s JOIN read_parquet($i) AS i "
+        "ON s.content_sha256 = i.content_sha256 AND s.content = i.content GROUP BY s.record_id)"
+    )
+    n, bad = _violating_rows(
+        source,
+        "true",
+        "record_id, location, earlier_record_id",
+        {"s": str(silver_dir / "records.parquet"), "i": [str(p) for p in earlier]},
+    )
+    return Outcome(n, bad, facts)
+
+
+def silver_lengths(silver_dir: Path, min_chars: int, max_chars: int | None) -> Outcome:
+    """Every kept record has min_chars <= chars <= max_chars (and at least one)."""
+    p = {
+        "s": str(silver_dir / "records.parquet"),
+        "lo": min_chars,
+        "hi": max_chars if max_chars is not None else _NO_MAX_CHARS,
+    }
+    n, bad = _violating_rows(
+        "read_parquet($s)",
+        "num_chars < $lo OR num_chars > $hi OR num_chars <= 0",
+        f"record_id, {_LOCATION}, num_chars",
+        p,
+    )
+    return Outcome(n, bad, {"min_chars": min_chars, "max_chars": max_chars})
+
+
+def silver_accounted(silver_dir: Path, bronze_dir: Path) -> Outcome:
+    """Each bronze record is exactly once in silver records or silver rejects."""
+    return _one_to_one(
+        bronze_dir / "records.parquet",
+        (silver_dir / "records.parquet", silver_dir / "rejects.parquet"),
+    )
