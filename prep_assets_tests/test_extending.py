@@ -56,9 +56,12 @@ def run_layers(data_dir: Path, spec, files: dict[str, bytes]) -> dict:
     build_packed_shards(spec, paths.partition_dir("gold", key), paths.tokenizer_dir, shards)
     build_manifest(spec, paths, [key])
     parts = sorted((shards / "train").glob("part-*.parquet"))
+    silver = pq.read_table(paths.partition_dir("silver", key) / "records.parquet").to_pylist()
     return {
         "shards": shards,
         "manifest": paths.manifest_path,
+        "partition": key,
+        "record_ids": [r["record_id"] for r in sorted(silver, key=lambda r: r["source_line"])],
         "shard_rows": [r for p in parts for r in pq.read_table(p).to_pylist()],
     }
 
@@ -111,3 +114,18 @@ def test_the_output_format_example_writes_every_row_with_labels_and_is_listed_in
 def test_a_format_refuses_at_spec_load_what_it_cannot_represent(registered_format):
     with pytest.raises(SpecError, match="jsonl_rows: preference pairs need both branches together"):
         make_spec(input={"type": "preference"}, output={"formats": ["parquet", "jsonl_rows"]})
+
+
+def test_the_gate_example_passes_a_clean_partition_and_names_the_record_that_breaks_it(tmp_path: Path):
+    namespace: dict = {}
+    exec(compile(example("Add a gate"), str(DOC), "exec"), namespace)  # noqa: S102 - our own docs
+    gate = namespace["GATE"]
+    lines = [json.dumps({"text": t}).encode() + b"\n" for t in ("fine\ntext", "ok\nok\nok\nthen more", "no stutter")]
+    spec = make_spec("gate", sequence={"max_seq_len": 64}, checks={"min_sequence_utilization": 0})
+    run = run_layers(tmp_path, spec, {"a.jsonl": b"".join(lines)})
+    from prep_assets.core.lake import dataset_paths
+
+    outcome = gate.probe(spec, dataset_paths(tmp_path, "gate"), run["partition"])
+    assert outcome.name == "clean_records_no_stutter" and outcome.violations == 1
+    assert outcome.offending == [{"record_id": run["record_ids"][1], "line": 2}]
+    assert outcome.description == "no kept record repeats a non-blank line three times in a row"
