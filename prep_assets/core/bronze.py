@@ -21,10 +21,10 @@ from prep_assets.core.lake import (
 )
 from prep_assets.core.parquet_io import DEFAULT_BATCH, ColumnBuffer, ParquetSink, RowBuffer, gc_paused
 from prep_assets.core.readers import Accounting, RawItem, RawReject, gzip_limit, read_drop
+from prep_assets.core.record_types import record_type
 from prep_assets.core.records import (
     BRONZE_REJECT_SCHEMA,
     BRONZE_SCHEMA,
-    EXTRACTORS,
     Extractor,
     Invalid,
     TabularExtractor,
@@ -45,8 +45,9 @@ def _extractor(spec: DatasetSpec, fmt: str, source: Path, drop: Drop) -> Extract
     """The record type's extractor. For tables, a first read fixes the drop's schema: CSV cells' column types
     (the group_by column stays text unless typed in the spec: it names groups), and for JSON rows the union
     of their keys in first-seen order."""
-    if spec.input.type != "tabular":
-        return EXTRACTORS[spec.input.type]
+    kind = record_type(spec.input.type)
+    if kind.extract is not None:
+        return kind.extract
     tab = spec.tabular or TabularSpec()
     if fmt == "txt":
         raise DropError(f"{drop.file}: tabular input reads rows (csv, parquet, jsonl, json), not txt lines")

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import regex
 
 from prep_assets.core.lake import canonical_json
+from prep_assets.core.record_types import record_type
 from prep_assets.core.records import content_texts, map_content_texts
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spec_sections import CleanSpec, NormalizeSpec, QualitySpec, SplitSpec
@@ -105,7 +106,7 @@ class Verdict:
 
 def trained_roles(spec: DatasetSpec) -> frozenset[str]:
     """The chat roles whose messages are training targets under a spec (none for other types)."""
-    if spec.input.type not in ("chat", "preference"):
+    if not record_type(spec.input.type).roles:
         return frozenset()
     return frozenset(r for r in spec.mask_keys if spec.mask_action(r) == "train")
 

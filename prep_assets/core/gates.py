@@ -21,6 +21,7 @@ from prep_assets.core.drops import resolve_drop
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, read_json
 from prep_assets.core.masking import trainable_types
+from prep_assets.core.record_types import record_type
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.sql import shared_database
 from prep_assets.core.tokenizer import load_pinned_info
@@ -182,8 +183,12 @@ def _manifest_partitions(on: Subject) -> list[dict[str, Any]]:
     return [{"partition": k, **v} for k, v in on.manifest["partitions"].items()]
 
 
-def _is(input_type: str) -> Callable[[DatasetSpec], bool]:
-    return lambda spec: spec.input.type == input_type
+def _paired(spec: DatasetSpec) -> bool:
+    return record_type(spec.input.type).paired
+
+
+def _table_rows(spec: DatasetSpec) -> bool:
+    return record_type(spec.input.type).table_rows
 
 
 GATES: tuple[Gate, ...] = (
@@ -283,7 +288,7 @@ GATES: tuple[Gate, ...] = (
         "preference only: one chosen + one rejected example per pair, one split, the first `shared_prefix_tokens` "
         "identical and masked",
         lambda on: inv.gold_pairs_complete(on.gold),
-        applies=_is("preference"),
+        applies=_paired,
     ),
     Gate(
         TOKENIZED_EXAMPLES,
@@ -292,7 +297,7 @@ GATES: tuple[Gate, ...] = (
         "with the schema prompt and BOS/EOS; fails before any shard is written, naming the largest, their "
         "tokens, the budget and the remedies",
         lambda on: inv.gold_tabular_budget(on.gold, on.spec.sequence.max_seq_len),
-        applies=_is("tabular"),
+        applies=_table_rows,
     ),
     Gate(
         PACKED_SHARDS,
@@ -352,7 +357,7 @@ GATES: tuple[Gate, ...] = (
         "packed_shards_pairs_together",
         "preference only: both examples of every pair in the same row (so file, row group and split)",
         lambda on: inv.shards_pairs_together(on.shard_files, on.gold),
-        applies=_is("preference"),
+        applies=_paired,
     ),
     Gate(
         DATASET_MANIFEST,

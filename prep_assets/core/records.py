@@ -334,13 +334,6 @@ class TabularExtractor:
         return {"columns": self.columns, "values": values}
 
 
-EXTRACTORS: dict[str, Extractor] = {
-    "text": extract_text,
-    "instruction": extract_instruction,
-    "chat": extract_chat,
-    "preference": extract_preference,
-}
-
 _MESSAGE_LISTS = ("messages", "prompt", "chosen", "rejected")
 
 

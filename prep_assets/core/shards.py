@@ -24,6 +24,7 @@ from prep_assets.core.lake import (
 )
 from prep_assets.core.packing import RowPlan, plan_rows, unit_offsets
 from prep_assets.core.parquet_io import DEFAULT_BATCH, iter_batches
+from prep_assets.core.record_types import record_type
 from prep_assets.core.records import (
     SPLITS,
 )
@@ -69,7 +70,7 @@ def plan_split(
         overlap=spec.sequence.overlap,
         loss_mask=loss_mask,
         example_loss=example_loss,
-        units=unit_offsets(pair_ids) if spec.input.type == "preference" else None,
+        units=unit_offsets(pair_ids) if record_type(spec.input.type).paired else None,
         max_per_bin=spec.max_per_example,
         shuffle_seed=seed,
     )

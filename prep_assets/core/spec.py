@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError, model_validator
 
 from prep_assets.core.errors import SpecError
+from prep_assets.core.record_types import TYPES, record_type
 from prep_assets.core.spec_sections import (
     AUTO_MAX_SEQUENCES,
     ChecksSpec,
@@ -69,19 +70,22 @@ class DatasetSpec(_Strict):
     def _consistent(self) -> DatasetSpec:
         if not DATASET_NAME_RE.match(self.name):
             raise ValueError(f"name {self.name!r}: use lower-case letters, digits and _ (starting with a letter)")
-        if self.input.type not in ("text", "tabular") and self.input.format == "txt":
+        if self.input.type not in TYPES:
+            raise ValueError(f"input.type {self.input.type!r}: unknown; registered types: {sorted(TYPES)}")
+        kind = record_type(self.input.type)
+        if self.input.format == "txt" and not (kind.one_per_line or kind.table_rows):  # tables say it themselves
             raise ValueError(f"input.format txt holds one text per line; it cannot carry {self.input.type} records")
         allowed = self.mask_keys
         unknown = sorted(set(self.mask) - set(allowed))
         if unknown:
             raise ValueError(f"mask: unknown key(s) {unknown} for type {self.input.type}; allowed: {list(allowed)}")
         per_row = self.max_per_example
-        if self.input.type == "preference" and per_row is not None and per_row < 2:
+        if kind.paired and per_row is not None and per_row < 2:
             raise ValueError(
                 "packing.max_sequences_per_example must be at least 2 for preference data: "
                 "both examples of a pair share a row"
             )
-        if self.input.type == "preference" and (self.packing.strategy == "full" or self.sequence.overflow == "window"):
+        if kind.paired and (self.packing.strategy == "full" or self.sequence.overflow == "window"):
             raise ValueError(
                 "preference pairs stay whole in one row: packing.strategy full and sequence.overflow "
                 "window would split them; use bfd, ffd or single with drop or truncate_*"
@@ -91,7 +95,7 @@ class DatasetSpec(_Strict):
                 "sequence.overlap applies to windows (overflow: window with bfd, ffd or single); "
                 "packing.strategy full cuts examples across rows without repeating tokens"
             )
-        if self.input.type == "tabular":
+        if kind.table_rows:
             self._check_tabular()
         elif self.tabular is not None:
             raise ValueError(f"tabular: applies to input.type tabular, not {self.input.type}")
@@ -125,7 +129,7 @@ class DatasetSpec(_Strict):
     def max_per_example(self) -> int | None:
         """`packing.max_sequences_per_example` resolved: auto = 10; unset = no limit (tabular: auto)."""
         n = self.packing.max_sequences_per_example
-        if n == "auto" or (n is None and self.input.type == "tabular"):
+        if n == "auto" or (n is None and record_type(self.input.type).table_rows):
             return AUTO_MAX_SEQUENCES
         return n
 
@@ -163,8 +167,9 @@ class DatasetSpec(_Strict):
     @property
     def mask_keys(self) -> dict[str, MaskAction | None]:
         """The mask keys this spec's type allows, with their defaults; chat roles include role_map targets."""
-        keys = dict(_MASK_KEYS[self.input.type])
-        if self.input.type in ("chat", "preference"):
+        kind = record_type(self.input.type)
+        keys = dict(kind.mask_keys)
+        if kind.roles:
             keys.update({r: None for r in self.input.roles.values() if r not in keys})
         return keys
 
@@ -188,17 +193,6 @@ class DatasetSpec(_Strict):
         blob = json.dumps(chosen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
-
-# Per record type: the mask keys a spec may set, with their defaults (None = use mask_default).
-_MASK_KEYS: dict[str, dict[str, MaskAction | None]] = {
-    "text": {"text": "train"},
-    "instruction": {"prompt": "mask", "completion": "train"},
-    "chat": {"system": "mask", "user": "mask", "assistant": "train", "tool": "mask"},
-    # preference: roles of the chosen/rejected branches; the shared prompt is always masked
-    "preference": {"system": "mask", "user": "mask", "assistant": "train", "tool": "mask"},
-    # tabular: the schema prompt is always masked, records and their BOS/EOS always trained
-    "tabular": {},
-}
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.
 # `checks` is in every layer: a changed threshold must re-judge every partition.

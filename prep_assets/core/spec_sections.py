@@ -8,7 +8,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 InputFormat = Literal["auto", "jsonl", "jsonl.gz", "json", "txt", "csv", "parquet"]
-RecordType = Literal["text", "instruction", "chat", "preference", "tabular"]
 TabularMode = Literal["flat", "grouped", "sequential"]
 ColumnType = Literal["string", "int", "float"]
 AUTO_MAX_SEQUENCES = 10  # `max_sequences_per_example: auto` (Safe Synthesizer's default without DP)
@@ -34,7 +33,7 @@ class _Strict(BaseModel):
 
 class InputSpec(_Strict):
     format: InputFormat = "auto"
-    type: RecordType
+    type: str  # a name registered in core/record_types.py
     text_key: str = "text"
     prompt_key: str | list[str] = "prompt"
     completion_key: str = "completion"
