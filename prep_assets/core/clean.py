@@ -9,6 +9,7 @@ import hashlib
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,8 +112,28 @@ def trained_roles(spec: DatasetSpec) -> frozenset[str]:
     return frozenset(r for r in spec.mask_keys if spec.mask_action(r) == "train")
 
 
-def _empty_turn(content: dict[str, Any], trained: frozenset[str]) -> Verdict | None:
+@dataclass(frozen=True)
+class Record:
+    """What silver's filters look at: a record's normalized content, its text fields, and the spec's view of it."""
+
+    content: dict[str, Any]
+    texts: list[str]
+    clean: CleanSpec
+    trained: frozenset[str]  # the chat roles that are training targets (`trained_roles`)
+
+    @property
+    def num_chars(self) -> int:
+        return sum(map(len, self.texts))
+
+
+Filter = Callable[[Record], "Verdict | None"]
+
+
+def empty_turn(r: Record) -> Verdict | None:
     """A trained turn with no characters but whitespace would teach the model to answer with nothing."""
+    if r.clean.keep_empty_turns:
+        return None
+    content = r.content
     if "turns" in content:
         empty = [i + 1 for i, t in enumerate(content["turns"]) if not t["completion"].strip()]
         if empty:
@@ -131,7 +152,7 @@ def _empty_turn(content: dict[str, Any], trained: frozenset[str]) -> Verdict | N
         empty = [
             f"{key}[{i}] ({m['role']})"
             for i, m in enumerate(content.get(key, []))
-            if m["role"] in trained and not m["content"].strip()
+            if m["role"] in r.trained and not m["content"].strip()
         ]
         if empty:
             return Verdict(
@@ -142,28 +163,45 @@ def _empty_turn(content: dict[str, Any], trained: frozenset[str]) -> Verdict | N
     return None
 
 
+def identical_branches(r: Record) -> Verdict | None:
+    if "chosen" in r.content and r.content["chosen"] == r.content["rejected"]:
+        return Verdict("identical_branches", "chosen and rejected are the same after normalization")
+    return None
+
+
+def length(r: Record) -> Verdict | None:
+    n = r.num_chars
+    if n == 0:
+        return Verdict("empty", "no characters left after normalization")
+    if n < r.clean.min_chars:
+        return Verdict("too_short", f"{n} chars < min_chars {r.clean.min_chars}")
+    if r.clean.max_chars is not None and n > r.clean.max_chars:
+        return Verdict("too_long", f"{n} chars > max_chars {r.clean.max_chars}")
+    return None
+
+
+def quality(r: Record) -> Verdict | None:
+    """The text heuristics (`clean.quality`); table rows are data, not prose, and get none."""
+    if "values" in r.content or not r.clean.quality.enabled:
+        return None
+    return heuristic_verdict("\n".join(r.texts), r.clean.quality)
+
+
+# Silver's filters, in order: each returns None to keep the record or the reason it is rejected.
+FILTERS: tuple[Filter, ...] = (empty_turn, identical_branches, length, quality)
+
+
 def quality_verdict(
     content: dict[str, Any], clean: CleanSpec, texts: list[str] | None = None, trained: frozenset[str] = frozenset()
 ) -> Verdict | None:
-    """None to keep the record, else why it goes to the rejects table. `texts`: its `content_texts`, if at hand;
-    `trained`: the chat roles that are training targets (`trained_roles`)."""
-    texts = content_texts(content) if texts is None else texts
-    num_chars = sum(map(len, texts))
-    if not clean.keep_empty_turns:
-        verdict = _empty_turn(content, trained)
+    """None to keep the record, else why it goes to the rejects table (the first filter that rejects it).
+    `texts`: its `content_texts`, if at hand; `trained`: the chat roles that are training targets."""
+    record = Record(content, content_texts(content) if texts is None else texts, clean, trained)
+    for keep_or_reason in FILTERS:
+        verdict = keep_or_reason(record)
         if verdict is not None:
             return verdict
-    if "chosen" in content and content["chosen"] == content["rejected"]:
-        return Verdict("identical_branches", "chosen and rejected are the same after normalization")
-    if num_chars == 0:
-        return Verdict("empty", "no characters left after normalization")
-    if num_chars < clean.min_chars:
-        return Verdict("too_short", f"{num_chars} chars < min_chars {clean.min_chars}")
-    if clean.max_chars is not None and num_chars > clean.max_chars:
-        return Verdict("too_long", f"{num_chars} chars > max_chars {clean.max_chars}")
-    if "values" in content or not clean.quality.enabled:
-        return None  # table rows are data, not prose: no text heuristics (nor where every heuristic is off)
-    return heuristic_verdict("\n".join(texts), clean.quality)
+    return None
 
 
 # Letters, combining marks (Indic vowel signs, ...) and digits: `\w` alone splits Devanagari or Tamil words.
