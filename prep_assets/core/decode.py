@@ -37,8 +37,8 @@ def decode_row(shard: Path, row: int, tokenizer_dir: Path | None = None) -> dict
     meta = pf.metadata
     if not 0 <= row < meta.num_rows:
         raise PrepAssetsError(f"{shard}: row {row} out of range (0..{meta.num_rows - 1})")
-    # only the row group holding the row (a whole shard file decoded is GBs: a 400 MB drop's, 1.2 GB), and of
-    # it only the batches up to the row (row 0 of the 100 MB benchmark's one row group: 0.05 s -> 0.005 s)
+    # only the row group holding the row (a whole shard file decoded can be GBs), and of it only the batches up
+    # to the row
     first = 0
     for group in range(meta.num_row_groups):
         n = meta.row_group(group).num_rows

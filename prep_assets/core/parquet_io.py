@@ -19,10 +19,10 @@ from prep_assets.core.faults import write_point
 
 DEFAULT_ROW_GROUP = 16_384
 
-# Arrow's mimalloc pool keeps freed memory per thread, so one process running every layer (an in-process Dagster
-# run, the benchmark) held 2.5 GB on a 400 MB drop. `prep_assets/__init__.py` makes the system allocator Arrow's
-# C++ default before pyarrow loads; where pyarrow was loaded first (by the caller), at least the pool pyarrow's
-# own functions use is switched here. A user's ARROW_DEFAULT_MEMORY_POOL still wins.
+# Arrow's mimalloc pool keeps freed memory per thread, so one process running every layer would keep what each
+# layer freed. `prep_assets/__init__.py` makes the system allocator Arrow's C++ default before pyarrow loads;
+# where pyarrow was loaded first (by the caller), at least the pool pyarrow's own functions use is switched here.
+# A user's ARROW_DEFAULT_MEMORY_POOL still wins.
 if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") in (None, "", "system"):
     pa.set_memory_pool(pa.system_memory_pool())
 
@@ -31,7 +31,7 @@ def token_columns(schema: pa.Schema) -> set[str]:
     """Columns of integer lists (token ids, masks, positions): written without a dictionary or statistics.
 
     A dictionary of 50k token ids only grows until Parquet gives up on it, and min/max of list elements serve no
-    reader; skipping both writes the 100 MB benchmark's shards in 0.88 s instead of 1.29 s (3% larger with zstd)."""
+    reader: skipping both writes token columns faster for a slightly larger file."""
     return {f.name for f in schema if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)}
 
 
@@ -138,8 +138,7 @@ class ParquetSink:
 
 def iter_batches(path: Path, *, batch_size: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """The file's rows in batches, the next one decoded on a background thread while the caller works on this one."""
-    # pre_buffer (Arrow's default) reads ahead the column chunks of many row groups at once: iterating a 400 MB
-    # drop's gold took +220 MiB with it, +87 MiB without, at the same speed on local files
+    # pre_buffer (Arrow's default) reads ahead the column chunks of many row groups at once: memory, no speed
     pf = pq.ParquetFile(str(path), pre_buffer=False)
     batches = pf.iter_batches(batch_size=batch_size, columns=columns)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="parquet-read") as pool:
@@ -160,9 +159,8 @@ DEFAULT_BATCH = 4096
 def gc_paused() -> Iterator[None]:
     """Python's cycle collector off for a layer's records (bronze's and gold's record loops, silver's whole pass).
     They make millions of short-lived objects (parsed JSON, token id lists) that nothing cycles through; with the
-    collector on, each full collection walks the whole process' heap (the Dagster process': large): gold took ~1 s
-    longer at 100 MB, bronze and silver 0.04-0.05 s each. Refcounting still frees everything; the collector is on
-    again afterwards, error or not."""
+    collector on, each full collection walks the whole process' heap (the Dagster process': large). Refcounting
+    still frees everything; the collector is on again afterwards, error or not."""
     enabled = gc.isenabled()
     gc.disable()
     try:
