@@ -20,10 +20,16 @@ from prep_assets.core.records import (
 )
 from prep_assets.core.spec_sections import MaskAction
 
+# The canonical content a record type's extractor produces (core/records.py), which decides how gold builds its
+# examples: a document, prompt/completion turns, a conversation rendered with a chat template, a pair of
+# conversations, or table rows assembled into examples.
+SHAPES = ("text", "turns", "messages", "pair", "rows")
+
 
 @dataclass(frozen=True)
 class RecordType:
     name: str
+    shape: str  # one of SHAPES
     extract: Extractor | None  # None: built per drop from the drop itself (tables type their columns)
     mask_keys: Mapping[str, MaskAction | None] = field(default_factory=dict)  # None: `mask_default`
     roles: bool = False  # its mask keys include every chat role `input.role_map` names
@@ -36,6 +42,8 @@ TYPES: dict[str, RecordType] = {}
 
 
 def register(record_type: RecordType) -> RecordType:
+    if record_type.shape not in SHAPES:
+        raise ValueError(f"record type {record_type.name!r}: shape {record_type.shape!r} is none of {SHAPES}")
     if record_type.name in TYPES:
         raise ValueError(f"record type {record_type.name!r} is registered already")
     TYPES[record_type.name] = record_type
@@ -48,10 +56,10 @@ def record_type(name: str) -> RecordType:
 
 CHAT_MASKS: Mapping[str, MaskAction | None] = {"system": "mask", "user": "mask", "assistant": "train", "tool": "mask"}
 
-register(RecordType("text", extract_text, {"text": "train"}, one_per_line=True))
-register(RecordType("instruction", extract_instruction, {"prompt": "mask", "completion": "train"}))
-register(RecordType("chat", extract_chat, CHAT_MASKS, roles=True))
+register(RecordType("text", "text", extract_text, {"text": "train"}, one_per_line=True))
+register(RecordType("instruction", "turns", extract_instruction, {"prompt": "mask", "completion": "train"}))
+register(RecordType("chat", "messages", extract_chat, CHAT_MASKS, roles=True))
 # preference: the masks of the chosen/rejected branches' roles; the shared prompt is always masked
-register(RecordType("preference", extract_preference, CHAT_MASKS, roles=True, paired=True))
+register(RecordType("preference", "pair", extract_preference, CHAT_MASKS, roles=True, paired=True))
 # tabular: the schema prompt is always masked, records and their BOS/EOS always trained
-register(RecordType("tabular", None, {}, table_rows=True))
+register(RecordType("tabular", "rows", None, {}, table_rows=True))
