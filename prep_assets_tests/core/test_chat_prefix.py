@@ -20,6 +20,7 @@ from prep_assets.core.chat import ChatTemplate
 from prep_assets.core.masking import chat_examples, tokenize_batch
 from prep_assets.core.records import Invalid, extract_chat, extract_preference
 from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
+from prep_assets_tests.core.helpers import mask_runs, pin_and_load
 
 CHATML = PROJECT / "data" / "templates" / "chatml.jinja"
 EOT = {"gpt2": "<|im_end|>", "tinyllama": "</s>", "mistral7b": "</s>"}
@@ -79,8 +80,6 @@ SETS: dict[str, tuple[str, Any]] = {
 
 
 def _check(tok: str, name: str, tmp_path: Path) -> dict[str, Any]:
-    from prep_assets_tests.core.test_chat import _pinned, _runs
-
     type_, load = SETS[name]
     tokenizer: dict[str, Any] = {"path": str(shared_path(f"tokenizers/{tok}"))}
     if tok == "gpt2":
@@ -92,7 +91,7 @@ def _check(tok: str, name: str, tmp_path: Path) -> dict[str, Any]:
         sequence={"max_seq_len": 1 << 20},
         clean={"normalize": False},
     )
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     chat = ChatTemplate(pt)
     extract = extract_chat if type_ == "chat" else extract_preference
     contents = [c for c in (extract(v, spec.input) for v in load()) if not isinstance(c, Invalid)]
@@ -121,7 +120,7 @@ def _check(tok: str, name: str, tmp_path: Path) -> dict[str, Any]:
                 f["turns_tokenizer_oracle"] += 1
                 f["violations_tokenizer_oracle"] += ids[: len(prompt_ids)].tolist() != head + enc(prompt)
         # trained tokens: exactly each trained turn's content and its end-of-turn text, no template text
-        trained = [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)]
+        trained = [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)]
         wanted = [m["content"] + EOT[tok] for m, fl in zip(msgs, flags, strict=True) if fl]
         if tok == "gpt2":  # byte-level: decoding is exact, whitespace included
             f["trained_text_mismatches"] += trained != wanted

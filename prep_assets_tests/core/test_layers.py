@@ -11,37 +11,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core import invariants as inv
-from prep_assets.core import layers
 from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, resolve_drop
 from prep_assets.core.lake import dataset_paths, read_json
-from prep_assets.core.manifest import build_manifest
-from prep_assets.core.shards import build_packed_shards
 from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import DatasetSpec
 from prep_assets_tests.conftest import make_spec, shared_path
+from prep_assets_tests.core.helpers import run_core
 
 L = 1024
-
-
-def run_core(data_dir: Path, spec: DatasetSpec, batch_size: int = 4096) -> dict:
-    paths = dataset_paths(data_dir, spec.name)
-    register_drops(paths)
-    layers.build_tokenizer(spec, paths, data_dir)
-    out = {}
-    for key in sorted(p.stem for p in paths.drops_dir.glob("*.json")):
-        drop, src = resolve_drop(paths, key)
-        b, s, g, sh = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold", "shards"))
-        out[key] = {
-            "bronze": build_raw_records(spec, drop, src, b, batch_size=batch_size),
-            "silver": build_clean_records(spec, b, s, batch_size=batch_size),
-            "gold": layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g, batch_size=batch_size),
-            "shards": build_packed_shards(spec, g, paths.tokenizer_dir, sh),
-            "dirs": (b, s, g, sh),
-            "source": src,
-        }
-    build_manifest(spec, paths, list(out))
-    return out
 
 
 def gsm_spec(gpt2: Path) -> DatasetSpec:

@@ -5,7 +5,6 @@ The bfd figures asked for by the packing issue are printed (run with -s to see t
 
 import math
 import shutil
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from prep_assets.core import invariants as inv
 from prep_assets.core.exports import write_megatron
 from prep_assets.core.lake import dataset_paths, read_json
 from prep_assets_tests.conftest import make_spec, shared_path
-from prep_assets_tests.core.test_layers import run_core
+from prep_assets_tests.core.helpers import read_mmidx, run_core
 
 INSTRUCTION = {
     "gsm8k_train.jsonl": {"prompt_key": "question", "completion_key": "answer", "prompt_postfix": "\n"},
@@ -118,34 +117,6 @@ def test_memmap_export_opens_with_numpy_memmap_and_equals_the_parquet_rows(wiki,
             arr = np.memmap(d / spec_["file"], dtype=spec_["dtype"], mode="r", shape=tuple(spec_["shape"]))
             assert isinstance(arr, np.memmap) and arr.shape == (meta["rows"], 1024)
             assert np.array_equal(arr, _parquet_rows(sh / split, name)), (split, name)
-
-
-def read_mmidx(prefix: Path) -> dict:
-    """A reader written from Megatron-LM's published MMIDIDX layout (megatron/core/datasets/indexed_dataset.py)."""
-    idx = prefix.with_suffix(".idx").read_bytes()
-    assert idx[:9] == b"MMIDIDX\x00\x00"
-    (version,) = struct.unpack("<Q", idx[9:17])
-    (code,) = struct.unpack("<B", idx[17:18])
-    seqs, docs = struct.unpack("<QQ", idx[18:34])
-    at = 34
-    sizes = np.frombuffer(idx, dtype="<i4", count=seqs, offset=at)
-    at += 4 * seqs
-    pointers = np.frombuffer(idx, dtype="<i8", count=seqs, offset=at)
-    at += 8 * seqs
-    doc_idx = np.frombuffer(idx, dtype="<i8", count=docs, offset=at)
-    at += 8 * docs
-    dtype = {8: np.uint16, 4: np.int32}[code]
-    data = np.memmap(prefix.with_suffix(".bin"), dtype=dtype, mode="r")
-    return {
-        "version": version,
-        "code": code,
-        "sizes": sizes,
-        "pointers": pointers,
-        "doc_idx": doc_idx,
-        "rest": len(idx) - at,
-        "data": data,
-        "itemsize": np.dtype(dtype).itemsize,
-    }
 
 
 def test_megatron_export_matches_the_published_index_layout(wiki):

@@ -13,7 +13,7 @@ from prep_assets.core.lake import dataset_paths
 from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
 from prep_assets.core.tokenizer import load_pinned
 from prep_assets_tests.conftest import make_spec
-from prep_assets_tests.core.test_layers import run_core
+from prep_assets_tests.core.helpers import run_core
 
 EOT = "<|endoftext|>"  # GPT-2's BOS and EOS: the default unit delimiters
 

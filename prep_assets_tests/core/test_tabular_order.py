@@ -14,7 +14,7 @@ import pytest
 from prep_assets.core import invariants as inv
 from prep_assets.core.tabular import initial_prefill, order_keys
 from prep_assets_tests.conftest import make_spec, shared_path
-from prep_assets_tests.core.test_layers import run_core
+from prep_assets_tests.core.helpers import run_core
 
 SEQUENTIAL = {"group_by": "dev", "order_by": "t", "time_series": True}
 
