@@ -14,7 +14,6 @@ import pytest
 
 from prep_assets.core import gates
 from prep_assets.core import invariants as inv
-from prep_assets.core.exports import write_megatron
 from prep_assets.core.lake import dataset_paths, read_json
 from prep_assets_tests.conftest import make_spec, shared_path
 from prep_assets_tests.core.helpers import read_mmidx, run_core
@@ -133,14 +132,6 @@ def test_megatron_export_matches_the_published_index_layout(wiki):
         for k in (0, len(docs) - 1):
             start = m["pointers"][k] // m["itemsize"]
             assert m["data"][start : start + m["sizes"][k]].tolist() == docs[k]
-
-
-def test_megatron_export_uses_int32_for_large_vocabularies(tmp_path: Path):
-    ids = np.array([1, 70_000, 3, 4, 5], dtype=np.int32)
-    write_megatron(tmp_path / "text_document", "text_document", ids, np.array([0, 2, 5]), vocab_size=70_001)
-    m = read_mmidx(tmp_path / "text_document")
-    assert m["code"] == 4 and m["sizes"].tolist() == [2, 3] and m["pointers"].tolist() == [0, 8]
-    assert m["data"].tolist() == ids.tolist()
 
 
 def test_window_gates_catch_a_missing_window_and_a_swapped_token(wiki, tmp_path: Path):
