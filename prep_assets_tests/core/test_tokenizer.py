@@ -84,7 +84,7 @@ def test_pin_from_path_copies_the_tokenizer_files_only_and_records_each_sha256(t
 
 def test_pin_gpt2_records_its_ids_eos_as_pad_and_no_bos_added(tmp_path: Path, gpt2_dir: Path):
     record = _pin(TokenizerSpec(path=str(gpt2_dir)), tmp_path, tmp_path / "pinned")
-    # GPT-2's bos is its eos: adding it would start every example with an end of text
+    # GPT-2 adds no BOS of its own (its bos is its eos): none is added, and padding uses the eos id
     assert record["info"] == {
         "fingerprint": record["fingerprint"],
         "vocab_size": 50257,
@@ -137,30 +137,46 @@ def test_the_fingerprint_changes_with_any_pinned_file_and_only_then(tmp_path: Pa
 # ---------------------------------------------------------------- pinning from the local hub cache
 
 
-def _hub_cache(root: Path, repo: str, commit: str, files_from: Path) -> Path:
-    """The hub client's cache layout for one model snapshot: models--<org>--<name>/snapshots/<commit>/."""
-    snapshot = root / f"models--{repo.replace('/', '--')}" / "snapshots" / commit
-    shutil.copytree(files_from, snapshot)
-    return root
-
-
-def test_pin_from_the_hub_cache_copies_the_snapshot_offline(tmp_path: Path, gpt2_dir: Path, monkeypatch):
-    commit = "a" * 40
-    cache = _hub_cache(tmp_path / "hub", "acme/gpt2", commit, gpt2_dir)
+@pytest.fixture
+def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[str]]:
+    """An empty hub cache of the test's own, and a record of every call that would reach the Hub (each fails)."""
+    cache, calls = tmp_path / "hub", []
+    cache.mkdir()
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    spec = TokenizerSpec(hub_id="acme/gpt2", revision=commit)
-    record = _pin(spec, tmp_path, tmp_path / "pinned")
+
+    def network(name: str):
+        def call(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"HfApi.{name} reached for the network")
+
+        return call
+
+    for name in ("repo_info", "model_info", "list_repo_tree", "list_repo_files"):
+        monkeypatch.setattr(huggingface_hub.HfApi, name, network(name))
+    return cache, calls
+
+
+def test_pin_from_the_hub_cache_copies_the_snapshot_without_the_network(
+    tmp_path: Path, gpt2_dir: Path, hub_cache: tuple[Path, list[str]]
+):
+    cache, calls = hub_cache
+    commit = "a" * 40
+    shutil.copytree(gpt2_dir, cache / "models--acme--gpt2" / "snapshots" / commit)  # the hub client's layout
+    record = _pin(TokenizerSpec(hub_id="acme/gpt2", revision=commit), tmp_path, tmp_path / "pinned")
+    assert calls == []
     assert record["source"] == {"mode": "hub", "hub_id": "acme/gpt2", "revision": commit}
     assert record["files"]["tokenizer.json"] == _sha256(gpt2_dir / "tokenizer.json")
     assert record["info"]["vocab_size"] == 50257
 
 
-def test_hub_tokenizer_not_in_the_local_cache_fails_with_the_remedy_not_a_download(tmp_path: Path, monkeypatch):
-    (tmp_path / "hub").mkdir()
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+def test_hub_tokenizer_not_in_the_local_cache_fails_with_the_remedy_not_a_download(
+    tmp_path: Path, hub_cache: tuple[Path, list[str]]
+):
+    _, calls = hub_cache
     spec = TokenizerSpec(hub_id="acme/never-downloaded", revision="v1.0")
     with pytest.raises(TokenizerError) as err:
         _pin(spec, tmp_path, tmp_path / "pinned")
+    assert calls == []
     message = str(err.value)
     assert message.startswith("tokenizer acme/never-downloaded@v1.0 is not in the local hub cache (")
     assert "there is no network at run time: download it beforehand or give `tokenizer.path`" in message
