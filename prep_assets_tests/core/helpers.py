@@ -3,9 +3,11 @@ built here, bronze built in a child process, a Megatron index reader."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import random
+import shutil
 import struct
 import time
 from pathlib import Path
@@ -14,11 +16,12 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from prep_assets.core import layers
+from prep_assets.core import gates, layers
 from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
 from prep_assets.core.lake import DatasetPaths, dataset_paths
 from prep_assets.core.manifest import build_manifest
+from prep_assets.core.masking import TokenizedBatch
 from prep_assets.core.shards import build_packed_shards
 from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import DatasetSpec
@@ -50,6 +53,43 @@ def run_core(data_dir: Path, spec: DatasetSpec, batch_size: int = 4096) -> dict:
     return out
 
 
+def write_raw(data_dir: Path, name: str, files: dict[str, str]) -> Path:
+    """Drops written as text under `data_dir/raw/<name>` (file name -> contents); returns `data_dir`."""
+    raw = data_dir / "raw" / name
+    raw.mkdir(parents=True)
+    for fname, text in files.items():
+        (raw / fname).write_text(text, encoding="utf-8")
+    return data_dir
+
+
+def run_one_file(data_dir: Path, spec: DatasetSpec, src: Path) -> tuple[str, dict]:
+    """`src` copied in as the one drop of the spec's dataset, then `run_core`: its drop key and result."""
+    raw = data_dir / "raw" / spec.name
+    raw.mkdir(parents=True)
+    shutil.copyfile(src, raw / src.name)
+    ((key, result),) = run_core(data_dir, spec).items()
+    return key, result
+
+
+def failed_gates(spec: DatasetSpec, data_dir: Path, key: str) -> list[tuple[str, list]]:
+    """Every gate of the drop that fails, with its first two offending rows ([] when all pass)."""
+    return [
+        (o.name, o.offending[:2])
+        for o in gates.evaluate(spec, dataset_paths(data_dir, spec.name), key)
+        if not o.passed
+    ]
+
+
+def read_records(path: Path) -> list[Any]:
+    """A raw file's values: a JSON array (.json) or JSON lines, gzipped or not (.gz)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        text = f.read()
+    if path.suffix == ".json":
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 # ---------------------------------------------------------------- tokenizers and masks
 
 
@@ -59,6 +99,13 @@ def pin_and_load(spec: DatasetSpec, tmp_path: Path) -> PinnedTokenizer:
     dest.mkdir(parents=True, exist_ok=True)
     pin_tokenizer(spec.tokenizer, base=tmp_path, dest=dest)
     return load_pinned(dest)
+
+
+def batch_examples(tb: TokenizedBatch) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """A tokenized batch cut into its examples: (token ids, loss mask, token types) of each."""
+    return [
+        (tb.token_ids[a:b], tb.loss_mask[a:b], tb.token_type_ids[a:b]) for a, b in zip(tb.offsets[:-1], tb.offsets[1:])
+    ]
 
 
 def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:

@@ -14,9 +14,10 @@ import pytest
 
 from prep_assets.core import gates
 from prep_assets.core import invariants as inv
-from prep_assets.core.lake import dataset_paths, read_json
+from prep_assets.core.lake import read_json
+from prep_assets.core.spec import DatasetSpec
 from prep_assets_tests.conftest import make_spec, shared_path
-from prep_assets_tests.core.helpers import read_mmidx, run_core
+from prep_assets_tests.core.helpers import failed_gates, read_mmidx, run_one_file
 
 INSTRUCTION = {
     "gsm8k_train.jsonl": {"prompt_key": "question", "completion_key": "answer", "prompt_postfix": "\n"},
@@ -26,15 +27,11 @@ INSTRUCTION = {
 }
 
 
-def _run(tmp: Path, name: str, src: Path, **sections) -> tuple[dict, Path]:
-    (tmp / "raw" / name).mkdir(parents=True)
-    shutil.copyfile(src, tmp / "raw" / name / src.name)
+def _run(tmp: Path, name: str, src: Path, **sections) -> tuple[dict, DatasetSpec]:
     spec = make_spec(name, tokenizer={"path": str(shared_path("tokenizers/gpt2"))}, **sections)
-    out = run_core(tmp, spec)
-    key = next(iter(out))
-    failed = [(o.name, o.offending[:2]) for o in gates.evaluate(spec, dataset_paths(tmp, name), key) if not o.passed]
-    assert failed == []
-    return out[key], spec
+    key, result = run_one_file(tmp, spec, src)
+    assert failed_gates(spec, tmp, key) == []
+    return result, spec
 
 
 @pytest.mark.parametrize("max_seq_len", [1024, 4096])
