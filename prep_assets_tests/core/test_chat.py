@@ -6,7 +6,6 @@ templates and with GPT-2 + the project's ChatML template. Mismatch counts are pr
 
 from __future__ import annotations
 
-import gzip
 import json
 import time
 from collections import Counter
@@ -26,7 +25,14 @@ from prep_assets.core.records import (
 )
 from prep_assets.core.spec import DatasetSpec
 from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
-from prep_assets_tests.core.helpers import mask_runs, pin_and_load, run_core
+from prep_assets_tests.core.helpers import (
+    batch_examples,
+    mask_runs,
+    pin_and_load,
+    read_records,
+    run_core,
+    run_one_file,
+)
 
 CHATML = PROJECT / "data" / "templates" / "chatml.jinja"
 # per tokenizer: its end-of-turn text, and the role map its template needs for tool results
@@ -48,12 +54,6 @@ DATASETS = (
 )
 
 
-def _load(path: Path) -> list[Any]:
-    if path.suffix == ".json":
-        return json.loads(path.read_text(encoding="utf-8"))
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def _spec(name: str, type_: str = "chat", max_seq_len: int = 16384, **extra: Any) -> DatasetSpec:
     cfg = TOKENIZERS[name]
     tokenizer: dict[str, Any] = {"path": str(shared_path(f"tokenizers/{name}"))}
@@ -63,12 +63,6 @@ def _spec(name: str, type_: str = "chat", max_seq_len: int = 16384, **extra: Any
     return make_spec(
         input=inp, tokenizer=tokenizer, sequence={"max_seq_len": max_seq_len, **extra.pop("sequence", {})}, **extra
     )
-
-
-def _examples(tb):
-    return [
-        (tb.token_ids[a:b], tb.loss_mask[a:b], tb.token_type_ids[a:b]) for a, b in zip(tb.offsets[:-1], tb.offsets[1:])
-    ]
 
 
 @pytest.mark.parametrize("tok", list(TOKENIZERS))
@@ -82,14 +76,14 @@ def test_chat_mask_round_trip_every_record(tok: str, tmp_path: Path):
     prefix_violations: dict[str, int] = {}
     rejected: dict[str, dict[str, int]] = {}
     for rel in DATASETS:
-        contents = [extract_chat(v, spec.input) for v in _load(shared_path(f"datasets/{rel}"))]
+        contents = [extract_chat(v, spec.input) for v in read_records(shared_path(f"datasets/{rel}"))]
         tb = tokenize_batch(contents, spec, pt, chat)
         rejected[rel] = dict(Counter(r[1] for r in tb.rejects))
         # the records a template cannot train as they are: named, never kept half-right (README)
         assert rejected[rel] == EXPECTED_REJECTS.get((tok, rel), {}), (rel, tb.rejects[:3])
         assert tb.split_at_turn_boundary == 0  # no merge spans a turn's edge here: ids = tokenizer(rendering)
         prefix_violations[rel] = 0
-        for rec, (ids, mask, types) in zip(tb.kept.tolist(), _examples(tb), strict=True):
+        for rec, (ids, mask, types) in zip(tb.kept.tolist(), batch_examples(tb), strict=True):
             msgs, tools = contents[rec]["messages"], contents[rec].get("tools")
             rendering = chat.render(msgs, tools)
             added_bos = pt.info.add_bos and not rendering.startswith(pt.hf.bos_token or "\0")
@@ -133,7 +127,7 @@ def test_special_token_strings_in_user_content_stay_plain_text(tok: str, tmp_pat
     }
     plain = {"messages": [{"role": "user", "content": "look"}, {"role": "assistant", "content": "ok"}]}
     tb = tokenize_batch([injected, plain], spec, pt)
-    (inj_ids, _, _), (plain_ids, _, _) = _examples(tb)
+    (inj_ids, _, _), (plain_ids, _, _) = batch_examples(tb)
     special_ids = set(pt.hf.backend_tokenizer.get_added_tokens_decoder())
     emitted = sorted(i for i in inj_ids.tolist() if i in special_ids)
     assert emitted == sorted(i for i in plain_ids.tolist() if i in special_ids)  # only the template's own
@@ -144,7 +138,7 @@ def test_exactly_one_bos_whether_or_not_the_template_emits_it(tmp_path: Path):
     conv = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
     for tok in ("tinyllama", "mistral7b"):  # TinyLlama's template has no BOS, Mistral's writes one
         pt = pin_and_load(_spec(tok), tmp_path / tok)
-        ((ids, _, _),) = _examples(tokenize_batch([conv], _spec(tok), pt))
+        ((ids, _, _),) = batch_examples(tokenize_batch([conv], _spec(tok), pt))
         assert ids[0] == pt.info.bos_id and (ids == pt.info.bos_id).sum() == 1, tok
 
 
@@ -173,13 +167,13 @@ def test_masks_follow_the_spec_roles_tool_turns_masked_by_default(tmp_path: Path
     }
     default = _spec("gpt2")
     pt = pin_and_load(default, tmp_path)
-    ((ids, mask, _),) = _examples(tokenize_batch([conv], default, pt))
+    ((ids, mask, _),) = batch_examples(tokenize_batch([conv], default, pt))
     assert [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)] == [
         '{"name": "weather"}<|im_end|>',
         "20 C<|im_end|>",
     ]
     both = _spec("gpt2", mask={"tool": "train", "assistant": "mask"})
-    ((ids, mask, _),) = _examples(tokenize_batch([conv], both, pt))
+    ((ids, mask, _),) = batch_examples(tokenize_batch([conv], both, pt))
     assert [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)] == ['{"temp": 20}<|im_end|>']
 
 
@@ -217,17 +211,10 @@ def test_sharegpt_roles_map_system_and_tools(tmp_path: Path):
     assert bad.reason == "unknown_role" and "input.role_map" in bad.detail
 
 
-def _hh_records() -> list[dict[str, Any]]:
-    with gzip.open(
-        shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz"), "rt", encoding="utf-8"
-    ) as f:
-        return [json.loads(line) for line in f]
-
-
 def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_path: Path):
     spec = _spec("tinyllama", type_="preference", max_seq_len=4096)
     pt = pin_and_load(spec, tmp_path)
-    raw = _hh_records()
+    raw = read_records(shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz"))
     contents = [extract_preference(v, spec.input) for v in raw]
     invalid = [c for c in contents if not isinstance(c, dict)]
     assert {c.reason for c in invalid} <= {"identical_branches"}
@@ -238,7 +225,7 @@ def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_p
         len(tb.kept) // 2
     )
     assert (tb.kept[0::2] == tb.kept[1::2]).all()
-    examples = _examples(tb)
+    examples = batch_examples(tb)
     same_prefix = 0
     for (c_ids, c_mask, _), (r_ids, r_mask, _) in zip(examples[0::2], examples[1::2], strict=True):
         c_first, r_first = int(np.argmax(c_mask)), int(np.argmax(r_mask))
@@ -254,14 +241,10 @@ def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_p
 
 def test_preference_layers_keep_pairs_in_one_row_and_split(tmp_path: Path):
     """HH through bronze -> silver -> gold -> shards: pair gates pass, every pair shares a row, so a row group."""
-    import shutil
-
     from prep_assets.core import invariants as inv
     from prep_assets.core.gates import layout
 
     src = shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz")
-    (tmp_path / "raw" / "hh").mkdir(parents=True)
-    shutil.copyfile(src, tmp_path / "raw" / "hh" / src.name)
     spec = make_spec(
         "hh",
         input={"type": "preference"},
@@ -270,7 +253,7 @@ def test_preference_layers_keep_pairs_in_one_row_and_split(tmp_path: Path):
         split={"validation_ratio": 0.1},
         packing={"max_sequences_per_example": 6},
     )
-    r = next(iter(run_core(tmp_path, spec).values()))
+    _, r = run_one_file(tmp_path, spec, src)
     b, s, g, sh = r["dirs"]
     files = inv.shard_files(sh)
     outcomes = [
@@ -330,7 +313,7 @@ def test_inline_chat_template_from_the_spec_is_pinned_and_used(tmp_path: Path):
     pt = pin_and_load(spec, tmp_path)
     assert (tmp_path / "tok" / "chat_template.jinja").read_text() == template
     conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a b"}]}
-    ((ids, mask, types),) = _examples(tokenize_batch([conv], spec, pt))
+    ((ids, mask, types),) = batch_examples(tokenize_batch([conv], spec, pt))
     assert pt.hf.decode(ids.tolist()) == "<user>q</user>\n<assistant>a b</assistant>\n"
     assert [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)] == ["a b</assistant>"]
     assert types[mask == 1].tolist()[-1] == TYPE_EOS
@@ -345,10 +328,12 @@ def test_dialogue_instruction_every_completion_trained_every_prompt_masked(tmp_p
         sequence={"max_seq_len": 4096},
     )
     pt = pin_and_load(spec, tmp_path)
-    contents = [extract_instruction(v, spec.input) for v in _load(shared_path("datasets/dialogue/gdp_dialogue.jsonl"))]
+    contents = [
+        extract_instruction(v, spec.input) for v in read_records(shared_path("datasets/dialogue/gdp_dialogue.jsonl"))
+    ]
     tb = tokenize_batch(contents, spec, pt)
     assert tb.rejects == [] and len(tb.kept) == 42
-    for rec, (ids, mask, _) in zip(tb.kept.tolist(), _examples(tb), strict=True):
+    for rec, (ids, mask, _) in zip(tb.kept.tolist(), batch_examples(tb), strict=True):
         turns = contents[rec]["turns"]
         assert [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)] == [
             t["completion"] + "<|endoftext|>" for t in turns
@@ -368,7 +353,7 @@ def test_whitespace_only_and_empty_contents_render_exactly(tmp_path: Path):
         ]
     }
     tb = tokenize_batch([conv], spec, pt)
-    ((ids, mask, _),) = _examples(tb)
+    ((ids, mask, _),) = batch_examples(tb)
     assert pt.hf.decode(ids.tolist()) == ChatTemplate(pt).render(conv["messages"])
     assert [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)] == ["<|im_end|>", "  a  <|im_end|>"]
 
@@ -383,7 +368,7 @@ def test_turn_starts_after_the_generation_prompt_whatever_the_contents_whitespac
     ]
     runs = [
         [ids[a:b].tolist() for a, b in mask_runs(mask)]
-        for ids, mask, _ in _examples(tokenize_batch(convs, mistral, pt))
+        for ids, mask, _ in batch_examples(tokenize_batch(convs, mistral, pt))
     ]
     assert runs[0] == runs[1] and pt.hf.convert_ids_to_tokens(runs[0][0])[0] == "▁"
     llama3_like = (
@@ -402,7 +387,7 @@ def test_turn_starts_after_the_generation_prompt_whatever_the_contents_whitespac
     ]
     decoded = [
         [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)]
-        for ids, mask, _ in _examples(tokenize_batch(convs, spec, pt))
+        for ids, mask, _ in batch_examples(tokenize_batch(convs, spec, pt))
     ]
     assert decoded == [["Hello<|im_end|>"], ["Hello<|im_end|>"]]
 
@@ -431,7 +416,7 @@ def test_lopsided_pair_fits_or_is_rejected_never_crashes_or_cuts_into_responses(
     else:
         lengths = np.diff(tb.offsets)
         assert lengths.sum() <= 64 and len(tb.kept) == 2
-        (c, cm, _), (r, rm, _) = _examples(tb)
+        (c, cm, _), (r, rm, _) = batch_examples(tb)
         n = int(tb.shared_prefix[0])
         assert c[:n].tolist() == r[:n].tolist() and cm[:n].sum() == rm[:n].sum() == 0 and cm.sum() and rm.sum()
     # a long shared prompt: truncate_left cuts it identically in both branches and keeps the pair
@@ -441,7 +426,7 @@ def test_lopsided_pair_fits_or_is_rejected_never_crashes_or_cuts_into_responses(
     elif policy == "truncate_right":  # both halves end inside the prompt: nothing trainable, rejected whole
         assert len(tb.kept) == 0 and tb.rejects[0][1] == "no_trained_tokens"
     else:
-        (c, cm, _), (r, rm, _) = _examples(tb)
+        (c, cm, _), (r, rm, _) = batch_examples(tb)
         n = int(tb.shared_prefix[0])
         assert len(c) + len(r) <= 64 and c[:n].tolist() == r[:n].tolist() and cm[:n].sum() == rm[:n].sum() == 0
         if policy == "truncate_left":
@@ -470,7 +455,7 @@ def test_pair_whose_branches_start_with_a_user_turn_passes_the_pair_gate(tmp_pat
     )
     assert len(content["prompt"]) == 2
     tb = tokenize_batch([content], spec, pt)
-    ex = _examples(tb)
+    ex = batch_examples(tb)
     rows = [
         {
             "pair_id": "p",
@@ -540,7 +525,7 @@ def test_template_without_tools_rejects_tool_records_chat_template_dropped_tools
     for tok in ("tinyllama", "gpt2"):
         spec = _spec(tok)
         pt = pin_and_load(spec, tmp_path / tok)
-        contents[tok] = [extract_chat(v, spec.input) for v in _load(shared_path(f"datasets/{DATASETS[0]}"))]
+        contents[tok] = [extract_chat(v, spec.input) for v in read_records(shared_path(f"datasets/{DATASETS[0]}"))]
         tb = tokenize_batch(contents[tok], spec, pt)
         with_tools = {i for i, c in enumerate(contents[tok]) if c.get("tools")}
         if tok == "gpt2":
@@ -599,7 +584,7 @@ def test_assistant_content_starting_with_newlines_trains_no_template_newline(tmp
     chat = ChatTemplate(pt)
     conv = [_u("q"), _a("\n\nHello")]
     tb = tokenize_batch([{"messages": conv}], spec, pt, chat)
-    ((ids, mask, _),) = _examples(tb)
+    ((ids, mask, _),) = batch_examples(tb)
     prompt = chat.render(conv[:1], add_generation_prompt=True)
     enc = lambda text: pt.hf(text, add_special_tokens=False)["input_ids"]
     assert prompt.endswith("<|im_start|>assistant\n")

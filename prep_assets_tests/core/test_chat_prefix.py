@@ -8,8 +8,6 @@ whitespace. Figures are printed (run with -s).
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,20 +18,11 @@ from prep_assets.core.chat import ChatTemplate
 from prep_assets.core.masking import chat_examples, tokenize_batch
 from prep_assets.core.records import Invalid, extract_chat, extract_preference
 from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
-from prep_assets_tests.core.helpers import mask_runs, pin_and_load
+from prep_assets_tests.core.helpers import mask_runs, pin_and_load, read_records
 
 CHATML = PROJECT / "data" / "templates" / "chatml.jinja"
 EOT = {"gpt2": "<|im_end|>", "tinyllama": "</s>", "mistral7b": "</s>"}
 WHITESPACE = ("\n", " ", "\n\n", "\t")
-
-
-def _read(path: Path) -> list[Any]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
-    if path.suffix == ".json":
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _with_whitespace(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -52,29 +41,35 @@ def _with_whitespace(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
 SETS: dict[str, tuple[str, Any]] = {
     "shared chat/glaive_toolcall_en_demo": (
         "chat",
-        lambda: _read(shared_path("datasets/chat/glaive_toolcall_en_demo.json")),
+        lambda: read_records(shared_path("datasets/chat/glaive_toolcall_en_demo.json")),
     ),
     "shared chat/fastchat_dummy_conversation": (
         "chat",
-        lambda: _read(shared_path("datasets/chat/fastchat_dummy_conversation.json")),
+        lambda: read_records(shared_path("datasets/chat/fastchat_dummy_conversation.json")),
     ),
     "shared chat/gdp_apply_chat_template": (
         "chat",
-        lambda: _read(shared_path("datasets/chat/gdp_apply_chat_template.jsonl")),
+        lambda: read_records(shared_path("datasets/chat/gdp_apply_chat_template.jsonl")),
     ),
-    "shared dialogue/gdp_dialogue": ("chat", lambda: _read(shared_path("datasets/dialogue/gdp_dialogue.jsonl"))),
+    "shared dialogue/gdp_dialogue": (
+        "chat",
+        lambda: read_records(shared_path("datasets/dialogue/gdp_dialogue.jsonl")),
+    ),
     "shared preference/hh_rlhf_harmless_base_test": (
         "preference",
-        lambda: _read(shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz")),
+        lambda: read_records(shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz")),
     ),
-    "shipped sample_chat": ("chat", lambda: _read(PROJECT / "data/raw/sample_chat/conversations_2026-11-03.jsonl")),
+    "shipped sample_chat": (
+        "chat",
+        lambda: read_records(PROJECT / "data/raw/sample_chat/conversations_2026-11-03.jsonl"),
+    ),
     "shipped sample_pref": (
         "preference",
-        lambda: _read(PROJECT / "data/raw/sample_pref/answer_pairs_2026-11-04.jsonl"),
+        lambda: read_records(PROJECT / "data/raw/sample_pref/answer_pairs_2026-11-04.jsonl"),
     ),
     "generated whitespace-edged contents": (
         "chat",
-        lambda: _with_whitespace(_read(shared_path("datasets/chat/fastchat_dummy_conversation.json"))[:25]),
+        lambda: _with_whitespace(read_records(shared_path("datasets/chat/fastchat_dummy_conversation.json"))[:25]),
     ),
 }
 
