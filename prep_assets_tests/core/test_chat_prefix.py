@@ -38,38 +38,28 @@ def _with_whitespace(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _shared(rel: str) -> list[Any]:
+    return read_records(shared_path(f"datasets/{rel}"))
+
+
+def _shipped(rel: str) -> list[Any]:
+    return read_records(PROJECT / "data" / "raw" / rel)
+
+
 SETS: dict[str, tuple[str, Any]] = {
-    "shared chat/glaive_toolcall_en_demo": (
-        "chat",
-        lambda: read_records(shared_path("datasets/chat/glaive_toolcall_en_demo.json")),
-    ),
-    "shared chat/fastchat_dummy_conversation": (
-        "chat",
-        lambda: read_records(shared_path("datasets/chat/fastchat_dummy_conversation.json")),
-    ),
-    "shared chat/gdp_apply_chat_template": (
-        "chat",
-        lambda: read_records(shared_path("datasets/chat/gdp_apply_chat_template.jsonl")),
-    ),
-    "shared dialogue/gdp_dialogue": (
-        "chat",
-        lambda: read_records(shared_path("datasets/dialogue/gdp_dialogue.jsonl")),
-    ),
+    "shared chat/glaive_toolcall_en_demo": ("chat", lambda: _shared("chat/glaive_toolcall_en_demo.json")),
+    "shared chat/fastchat_dummy_conversation": ("chat", lambda: _shared("chat/fastchat_dummy_conversation.json")),
+    "shared chat/gdp_apply_chat_template": ("chat", lambda: _shared("chat/gdp_apply_chat_template.jsonl")),
+    "shared dialogue/gdp_dialogue": ("chat", lambda: _shared("dialogue/gdp_dialogue.jsonl")),
     "shared preference/hh_rlhf_harmless_base_test": (
         "preference",
-        lambda: read_records(shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz")),
+        lambda: _shared("preference/hh_rlhf_harmless_base_test.jsonl.gz"),
     ),
-    "shipped sample_chat": (
-        "chat",
-        lambda: read_records(PROJECT / "data/raw/sample_chat/conversations_2026-11-03.jsonl"),
-    ),
-    "shipped sample_pref": (
-        "preference",
-        lambda: read_records(PROJECT / "data/raw/sample_pref/answer_pairs_2026-11-04.jsonl"),
-    ),
+    "shipped sample_chat": ("chat", lambda: _shipped("sample_chat/conversations_2026-11-03.jsonl")),
+    "shipped sample_pref": ("preference", lambda: _shipped("sample_pref/answer_pairs_2026-11-04.jsonl")),
     "generated whitespace-edged contents": (
         "chat",
-        lambda: _with_whitespace(read_records(shared_path("datasets/chat/fastchat_dummy_conversation.json"))[:25]),
+        lambda: _with_whitespace(_shared("chat/fastchat_dummy_conversation.json")[:25]),
     ),
 }
 
