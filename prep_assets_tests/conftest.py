@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,16 @@ def copy_sample_data(dest: Path) -> Path:
     for sub in ("datasets", "raw", "corpus", "templates"):
         shutil.copytree(SAMPLE_DATA / sub, dest / sub)
     return dest
+
+
+def tree_digests(root: Path, *, skip_hidden_names: bool = False) -> dict[str, str]:
+    """The sha256 of every file below `root`, keyed by its path relative to `root` (with `skip_hidden_names`,
+    files whose own name starts with "." are left out)."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not (skip_hidden_names and p.name.startswith("."))
+    }
 
 
 @pytest.fixture

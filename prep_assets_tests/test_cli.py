@@ -1,6 +1,5 @@
 """`prep-assets run` as a newcomer runs it: a subprocess, a fresh DAGSTER_HOME, the shipped sample data."""
 
-import hashlib
 import json
 import os
 import re
@@ -16,7 +15,7 @@ from prep_assets.cli import main
 from prep_assets.core import decode
 from prep_assets.core.decode import decode_row, decode_rows
 from prep_assets.core.errors import PrepAssetsError
-from prep_assets_tests.conftest import PROJECT, copy_sample_data, write_dataset
+from prep_assets_tests.conftest import PROJECT, copy_sample_data, tree_digests, write_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -59,10 +58,10 @@ def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
         assert {"sample_text_drops", "sample_instruct_drops", "sample_text_manifest"} <= jobs
     again = _run(["run", "--data-dir", str(data), "--dataset", "sample_text"], home, PROJECT)
     assert again.returncode == 0 and again.stdout.count("up to date") == 2
-    before = _lake_digests(data)
+    before = tree_digests(data / "lake")
     forced = _run(["run", "--data-dir", str(data), "--all"], home, PROJECT)
     assert forced.returncode == 0 and "up to date" not in forced.stdout
-    assert _lake_digests(data) == before  # every output file byte-identical after a full rematerialization
+    assert tree_digests(data / "lake") == before  # every output file byte-identical after a full rematerialization
 
 
 SAMPLE_DATASETS = ("sample_text", "sample_instruct", "sample_chat", "sample_pref", "sample_sensors")
@@ -74,15 +73,6 @@ def _test_devices(examples: list[dict]) -> int:
 
 def _rows(lake_ds: Path, layer: str, table: str) -> list[dict]:
     return [r for f in sorted(lake_ds.glob(f"{layer}/*/{table}.parquet")) for r in pq.read_table(f).to_pylist()]
-
-
-def _lake_digests(data: Path) -> dict[str, str]:
-    lake = data / "lake"
-    return {
-        str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(lake.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ memmap and Megatron exports), dedup indexes and manifests."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from prep_assets_tests.conftest import PROJECT, copy_sample_data
+from prep_assets_tests.conftest import PROJECT, copy_sample_data, tree_digests
 
 pytestmark = pytest.mark.slow
 # sample_text: two drops deduplicated across drops (order-sensitive if anything is), packed `full`, npy and
@@ -53,15 +52,6 @@ RUNS = {  # name: (PYTHONHASHSEED, drop order, records per batch)
 }
 
 
-def _lake_digests(data: Path) -> dict[str, str]:
-    lake = data / "lake"
-    return {
-        str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(lake.rglob("*"))
-        if p.is_file() and not p.name.startswith(".")
-    }
-
-
 def test_drop_order_hash_seed_and_batch_size_change_no_output_byte(tmp_path: Path):
     procs = {}
     for name, (seed, order, batch) in RUNS.items():
@@ -81,7 +71,7 @@ def test_drop_order_hash_seed_and_batch_size_change_no_output_byte(tmp_path: Pat
     for name, (data, proc) in procs.items():
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
-        digests[name] = _lake_digests(data)
+        digests[name] = tree_digests(data / "lake", skip_hidden_names=True)
     first = digests["seed0"]
     layers = {k.split("/")[1] for k in first}
     assert {"silver", "gold", "shards", "dedup_index", "manifest.json"} <= layers

@@ -32,8 +32,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core import readers
-from prep_assets.core.bronze import build_raw_records
-from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
+from prep_assets.core.drops import register_drops, registered_drops
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.gates import RAW_RECORDS, evaluate
 from prep_assets.core.invariants import Outcome
@@ -41,6 +40,7 @@ from prep_assets.core.lake import JSON_MAX_DEPTH, DatasetPaths, dataset_paths
 from prep_assets.core.readers import GZIP_MIN_LIMIT, NESTING_TOO_DEEP
 from prep_assets.core.spec import DatasetSpec
 from prep_assets_tests.conftest import PROJECT, make_spec, write_dataset
+from prep_assets_tests.core.helpers import bronze_digests, build_bronze
 
 MiB = 1 << 20
 DEFAULT_MAX_LINE_BYTES = 64 * MiB
@@ -48,7 +48,6 @@ RSS_BUDGET_MIB = 300  # peak RSS growth allowed while a subprocess reads a huge 
 SUBPROCESS_BUILD_SECONDS = 10.0
 ACCOUNTED, REJECT_RATE, REQUIRED = "raw_records_accounted", "raw_records_reject_rate", "raw_records_required_fields"
 BRONZE_GATES = {ACCOUNTED, REJECT_RATE, REQUIRED}
-BRONZE_FILES = ("records.parquet", "rejects.parquet", "accounting.json")
 INSTRUCTION = {"input": {"type": "instruction", "prompt_key": "prompt", "completion_key": "completion"}}
 TABULAR = {"input": {"type": "tabular"}}
 
@@ -149,68 +148,7 @@ def turn(prompt: str, completion: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- building and observing bronze
 
 
-def build_bronze(spec: DatasetSpec, paths: DatasetPaths) -> dict[str, dict[str, str]]:
-    """Bronze of every registered drop, in registration order, with the real builder; returns the sha256 of each
-    partition's bronze files right after its build (a later drop must not change them)."""
-    snapshots: dict[str, dict[str, str]] = {}
-    for drop in sorted(registered_drops(paths).values(), key=lambda d: d.seq):
-        registered, source = resolve_drop(paths, drop.partition)
-        build_raw_records(spec, registered, source, paths.partition_dir("bronze", drop.partition))
-        snapshots[drop.partition] = bronze_digests(paths, drop.partition)
-    return snapshots
-
-
-def bronze_digests(paths: DatasetPaths, partition: str) -> dict[str, str]:
-    out = paths.partition_dir("bronze", partition)
-    return {f: hashlib.sha256((out / f).read_bytes()).hexdigest() for f in BRONZE_FILES}
-
-
-def proc_status_kb(field_name: str) -> int:
-    for row in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
-        if row.startswith(field_name + ":"):
-            return int(row.split()[1])
-    raise KeyError(field_name)
-
-
-def reset_peak_rss() -> bool:
-    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False where that is refused."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5", encoding="ascii")
-    except OSError:
-        return False
-    return proc_status_kb("VmHWM") <= proc_status_kb("VmRSS") + 1024
-
-
-def child_build_main(argv: list[str]) -> None:
-    """Subprocess entry: build bronze of a prepared data dir; print its RSS before, its peak RSS while building
-    (VmHWM after a reset, else the rusage high-water mark) and the time taken."""
-    import resource
-
-    data_dir, name, sections = Path(argv[0]), argv[1], json.loads(argv[2])
-    spec = make_spec(name, **sections)
-    paths = dataset_paths(data_dir, name)
-    reset = reset_peak_rss()  # every import done: what follows is the build alone
-    baseline_kb = proc_status_kb("VmRSS") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
-    snapshots = build_bronze(spec, paths)
-    seconds = time.perf_counter() - start
-    peak_kb = proc_status_kb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(
-        json.dumps(
-            {
-                "baseline_kb": baseline_kb,
-                "peak_kb": peak_kb,
-                "peak_from": "VmHWM" if reset else "ru_maxrss",
-                "seconds": seconds,
-                "snapshots": snapshots,
-            }
-        )
-    )
-
-
-CHILD = (
-    "import sys; from prep_assets_tests.core.test_bad_input import child_build_main; child_build_main(sys.argv[1:])"
-)
+CHILD = "import sys; from prep_assets_tests.core.helpers import child_build_main; child_build_main(sys.argv[1:])"
 
 
 def build_in_subprocess(data_dir: Path, name: str, sections: dict[str, Any]) -> dict[str, Any]:

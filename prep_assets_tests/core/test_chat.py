@@ -6,7 +6,6 @@ templates and with GPT-2 + the project's ChatML template. Mismatch counts are pr
 
 from __future__ import annotations
 
-import gzip
 import json
 import time
 from collections import Counter
@@ -25,8 +24,15 @@ from prep_assets.core.records import (
     extract_preference,
 )
 from prep_assets.core.spec import DatasetSpec
-from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
 from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
+from prep_assets_tests.core.helpers import (
+    batch_examples,
+    mask_runs,
+    pin_and_load,
+    read_records,
+    run_core,
+    run_one_file,
+)
 
 CHATML = PROJECT / "data" / "templates" / "chatml.jinja"
 # per tokenizer: its end-of-turn text, and the role map its template needs for tool results
@@ -48,12 +54,6 @@ DATASETS = (
 )
 
 
-def _load(path: Path) -> list[Any]:
-    if path.suffix == ".json":
-        return json.loads(path.read_text(encoding="utf-8"))
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def _spec(name: str, type_: str = "chat", max_seq_len: int = 16384, **extra: Any) -> DatasetSpec:
     cfg = TOKENIZERS[name]
     tokenizer: dict[str, Any] = {"path": str(shared_path(f"tokenizers/{name}"))}
@@ -65,43 +65,25 @@ def _spec(name: str, type_: str = "chat", max_seq_len: int = 16384, **extra: Any
     )
 
 
-def _pinned(spec: DatasetSpec, tmp_path: Path) -> PinnedTokenizer:
-    dest = tmp_path / "tok"
-    dest.mkdir(parents=True, exist_ok=True)
-    pin_tokenizer(spec.tokenizer, base=tmp_path, dest=dest)
-    return load_pinned(dest)
-
-
-def _examples(tb):
-    return [
-        (tb.token_ids[a:b], tb.loss_mask[a:b], tb.token_type_ids[a:b]) for a, b in zip(tb.offsets[:-1], tb.offsets[1:])
-    ]
-
-
-def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
-    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
-
-
 @pytest.mark.parametrize("tok", list(TOKENIZERS))
 def test_chat_mask_round_trip_every_record(tok: str, tmp_path: Path):
     """Trained tokens decode to exactly the assistant contents + end-of-turn; all tokens to the rendering."""
     spec = _spec(tok)
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     chat = ChatTemplate(pt)
     eot = TOKENIZERS[tok]["eot"]
     checked = mismatches = prefix_checked = 0
     prefix_violations: dict[str, int] = {}
     rejected: dict[str, dict[str, int]] = {}
     for rel in DATASETS:
-        contents = [extract_chat(v, spec.input) for v in _load(shared_path(f"datasets/{rel}"))]
+        contents = [extract_chat(v, spec.input) for v in read_records(shared_path(f"datasets/{rel}"))]
         tb = tokenize_batch(contents, spec, pt, chat)
         rejected[rel] = dict(Counter(r[1] for r in tb.rejects))
         # the records a template cannot train as they are: named, never kept half-right (README)
         assert rejected[rel] == EXPECTED_REJECTS.get((tok, rel), {}), (rel, tb.rejects[:3])
         assert tb.split_at_turn_boundary == 0  # no merge spans a turn's edge here: ids = tokenizer(rendering)
         prefix_violations[rel] = 0
-        for rec, (ids, mask, types) in zip(tb.kept.tolist(), _examples(tb), strict=True):
+        for rec, (ids, mask, types) in zip(tb.kept.tolist(), batch_examples(tb), strict=True):
             msgs, tools = contents[rec]["messages"], contents[rec].get("tools")
             rendering = chat.render(msgs, tools)
             added_bos = pt.info.add_bos and not rendering.startswith(pt.hf.bos_token or "\0")
@@ -111,7 +93,7 @@ def test_chat_mask_round_trip_every_record(tok: str, tmp_path: Path):
             expected_ids = pt.hf(rendering, add_special_tokens=False)["input_ids"]
             ok = ids[head:].tolist() == expected_ids and pt.hf.decode(ids[head:].tolist()) == rendering
             # trained tokens: the assistant contents with their end-of-turn text, nothing else
-            trained = [pt.hf.decode(ids[a:b].tolist()).strip() for a, b in _runs(mask)]
+            trained = [pt.hf.decode(ids[a:b].tolist()).strip() for a, b in mask_runs(mask)]
             wanted = [m["content"].strip() + eot for m in msgs if m["role"] == "assistant"]
             ok = ok and trained == wanted and set(types[mask == 1].tolist()) <= {TYPE_COMPLETION, TYPE_EOS}
             mismatches += not ok
@@ -134,7 +116,7 @@ def test_chat_mask_round_trip_every_record(tok: str, tmp_path: Path):
 @pytest.mark.parametrize("tok", list(TOKENIZERS))
 def test_special_token_strings_in_user_content_stay_plain_text(tok: str, tmp_path: Path):
     spec = _spec(tok)
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     specials = sorted(t.content for t in pt.hf.backend_tokenizer.get_added_tokens_decoder().values())
     specials += ["<|im_start|>", "<|im_end|>", "[INST]", "</s>"]
     injected = {
@@ -145,7 +127,7 @@ def test_special_token_strings_in_user_content_stay_plain_text(tok: str, tmp_pat
     }
     plain = {"messages": [{"role": "user", "content": "look"}, {"role": "assistant", "content": "ok"}]}
     tb = tokenize_batch([injected, plain], spec, pt)
-    (inj_ids, _, _), (plain_ids, _, _) = _examples(tb)
+    (inj_ids, _, _), (plain_ids, _, _) = batch_examples(tb)
     special_ids = set(pt.hf.backend_tokenizer.get_added_tokens_decoder())
     emitted = sorted(i for i in inj_ids.tolist() if i in special_ids)
     assert emitted == sorted(i for i in plain_ids.tolist() if i in special_ids)  # only the template's own
@@ -155,14 +137,14 @@ def test_special_token_strings_in_user_content_stay_plain_text(tok: str, tmp_pat
 def test_exactly_one_bos_whether_or_not_the_template_emits_it(tmp_path: Path):
     conv = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
     for tok in ("tinyllama", "mistral7b"):  # TinyLlama's template has no BOS, Mistral's writes one
-        pt = _pinned(_spec(tok), tmp_path / tok)
-        ((ids, _, _),) = _examples(tokenize_batch([conv], _spec(tok), pt))
+        pt = pin_and_load(_spec(tok), tmp_path / tok)
+        ((ids, _, _),) = batch_examples(tokenize_batch([conv], _spec(tok), pt))
         assert ids[0] == pt.info.bos_id and (ids == pt.info.bos_id).sum() == 1, tok
 
 
 def test_truncation_that_leaves_no_trained_token_rejects_no_trained_tokens(tmp_path: Path):
     spec = _spec("gpt2", max_seq_len=48, sequence={"overflow": "truncate_right"})
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     long_user = {"messages": [{"role": "user", "content": "word " * 40}, {"role": "assistant", "content": "yes"}]}
     no_assistant = {"messages": [{"role": "user", "content": "only a question"}]}
     fits = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
@@ -184,20 +166,20 @@ def test_masks_follow_the_spec_roles_tool_turns_masked_by_default(tmp_path: Path
         ]
     }
     default = _spec("gpt2")
-    pt = _pinned(default, tmp_path)
-    ((ids, mask, _),) = _examples(tokenize_batch([conv], default, pt))
-    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == [
+    pt = pin_and_load(default, tmp_path)
+    ((ids, mask, _),) = batch_examples(tokenize_batch([conv], default, pt))
+    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)] == [
         '{"name": "weather"}<|im_end|>',
         "20 C<|im_end|>",
     ]
     both = _spec("gpt2", mask={"tool": "train", "assistant": "mask"})
-    ((ids, mask, _),) = _examples(tokenize_batch([conv], both, pt))
-    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == ['{"temp": 20}<|im_end|>']
+    ((ids, mask, _),) = batch_examples(tokenize_batch([conv], both, pt))
+    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)] == ['{"temp": 20}<|im_end|>']
 
 
 def test_template_that_drops_a_role_rejects_the_record_never_silently(tmp_path: Path):
     spec = _spec("tinyllama", input={"role_map": {}})  # TinyLlama's template has no tool role
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     conv = {
         "messages": [
             {"role": "user", "content": "q"},
@@ -229,17 +211,10 @@ def test_sharegpt_roles_map_system_and_tools(tmp_path: Path):
     assert bad.reason == "unknown_role" and "input.role_map" in bad.detail
 
 
-def _hh_records() -> list[dict[str, Any]]:
-    with gzip.open(
-        shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz"), "rt", encoding="utf-8"
-    ) as f:
-        return [json.loads(line) for line in f]
-
-
 def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_path: Path):
     spec = _spec("tinyllama", type_="preference", max_seq_len=4096)
-    pt = _pinned(spec, tmp_path)
-    raw = _hh_records()
+    pt = pin_and_load(spec, tmp_path)
+    raw = read_records(shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz"))
     contents = [extract_preference(v, spec.input) for v in raw]
     invalid = [c for c in contents if not isinstance(c, dict)]
     assert {c.reason for c in invalid} <= {"identical_branches"}
@@ -250,7 +225,7 @@ def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_p
         len(tb.kept) // 2
     )
     assert (tb.kept[0::2] == tb.kept[1::2]).all()
-    examples = _examples(tb)
+    examples = batch_examples(tb)
     same_prefix = 0
     for (c_ids, c_mask, _), (r_ids, r_mask, _) in zip(examples[0::2], examples[1::2], strict=True):
         c_first, r_first = int(np.argmax(c_mask)), int(np.argmax(r_mask))
@@ -266,15 +241,10 @@ def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_p
 
 def test_preference_layers_keep_pairs_in_one_row_and_split(tmp_path: Path):
     """HH through bronze -> silver -> gold -> shards: pair gates pass, every pair shares a row, so a row group."""
-    import shutil
-
     from prep_assets.core import invariants as inv
     from prep_assets.core.gates import layout
-    from prep_assets_tests.core.test_layers import run_core
 
     src = shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz")
-    (tmp_path / "raw" / "hh").mkdir(parents=True)
-    shutil.copyfile(src, tmp_path / "raw" / "hh" / src.name)
     spec = make_spec(
         "hh",
         input={"type": "preference"},
@@ -283,7 +253,7 @@ def test_preference_layers_keep_pairs_in_one_row_and_split(tmp_path: Path):
         split={"validation_ratio": 0.1},
         packing={"max_sequences_per_example": 6},
     )
-    r = next(iter(run_core(tmp_path, spec).values()))
+    _, r = run_one_file(tmp_path, spec, src)
     b, s, g, sh = r["dirs"]
     files = inv.shard_files(sh)
     outcomes = [
@@ -340,12 +310,12 @@ def test_inline_chat_template_from_the_spec_is_pinned_and_used(tmp_path: Path):
     spec = make_spec(
         input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": template}
     )
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     assert (tmp_path / "tok" / "chat_template.jinja").read_text() == template
     conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a b"}]}
-    ((ids, mask, types),) = _examples(tokenize_batch([conv], spec, pt))
+    ((ids, mask, types),) = batch_examples(tokenize_batch([conv], spec, pt))
     assert pt.hf.decode(ids.tolist()) == "<user>q</user>\n<assistant>a b</assistant>\n"
-    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == ["a b</assistant>"]
+    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)] == ["a b</assistant>"]
     assert types[mask == 1].tolist()[-1] == TYPE_EOS
 
 
@@ -357,13 +327,15 @@ def test_dialogue_instruction_every_completion_trained_every_prompt_masked(tmp_p
         tokenizer={"path": str(shared_path("tokenizers/gpt2"))},
         sequence={"max_seq_len": 4096},
     )
-    pt = _pinned(spec, tmp_path)
-    contents = [extract_instruction(v, spec.input) for v in _load(shared_path("datasets/dialogue/gdp_dialogue.jsonl"))]
+    pt = pin_and_load(spec, tmp_path)
+    contents = [
+        extract_instruction(v, spec.input) for v in read_records(shared_path("datasets/dialogue/gdp_dialogue.jsonl"))
+    ]
     tb = tokenize_batch(contents, spec, pt)
     assert tb.rejects == [] and len(tb.kept) == 42
-    for rec, (ids, mask, _) in zip(tb.kept.tolist(), _examples(tb), strict=True):
+    for rec, (ids, mask, _) in zip(tb.kept.tolist(), batch_examples(tb), strict=True):
         turns = contents[rec]["turns"]
-        assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == [
+        assert [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)] == [
             t["completion"] + "<|endoftext|>" for t in turns
         ]
         assert pt.hf.decode(ids[mask == 0].tolist()) == "".join(t["prompt"] + "\n" for t in turns)
@@ -371,7 +343,7 @@ def test_dialogue_instruction_every_completion_trained_every_prompt_masked(tmp_p
 
 def test_whitespace_only_and_empty_contents_render_exactly(tmp_path: Path):
     spec = _spec("gpt2", clean={"normalize": False})
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     conv = {
         "messages": [
             {"role": "user", "content": "   "},
@@ -381,21 +353,22 @@ def test_whitespace_only_and_empty_contents_render_exactly(tmp_path: Path):
         ]
     }
     tb = tokenize_batch([conv], spec, pt)
-    ((ids, mask, _),) = _examples(tb)
+    ((ids, mask, _),) = batch_examples(tb)
     assert pt.hf.decode(ids.tolist()) == ChatTemplate(pt).render(conv["messages"])
-    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)] == ["<|im_end|>", "  a  <|im_end|>"]
+    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)] == ["<|im_end|>", "  a  <|im_end|>"]
 
 
 def test_turn_starts_after_the_generation_prompt_whatever_the_contents_whitespace(tmp_path: Path):
     """Mistral writes ' ' + trimmed answer: the space is generated, so trained, with or without a leading space
     in the content; a template's own blank line before a trimmed content stays masked (Llama-3 style)."""
     mistral = _spec("mistral7b")
-    pt = _pinned(mistral, tmp_path / "m")
+    pt = pin_and_load(mistral, tmp_path / "m")
     convs = [
         {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]} for c in ("42", " 42")
     ]
     runs = [
-        [ids[a:b].tolist() for a, b in _runs(mask)] for ids, mask, _ in _examples(tokenize_batch(convs, mistral, pt))
+        [ids[a:b].tolist() for a, b in mask_runs(mask)]
+        for ids, mask, _ in batch_examples(tokenize_batch(convs, mistral, pt))
     ]
     assert runs[0] == runs[1] and pt.hf.convert_ids_to_tokens(runs[0][0])[0] == "▁"
     llama3_like = (
@@ -407,21 +380,21 @@ def test_turn_starts_after_the_generation_prompt_whatever_the_contents_whitespac
         tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": llama3_like},
         clean={"normalize": False},
     )
-    pt = _pinned(spec, tmp_path / "l")
+    pt = pin_and_load(spec, tmp_path / "l")
     convs = [
         {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]}
         for c in ("Hello", "\n\nHello")
     ]
     decoded = [
-        [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)]
-        for ids, mask, _ in _examples(tokenize_batch(convs, spec, pt))
+        [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)]
+        for ids, mask, _ in batch_examples(tokenize_batch(convs, spec, pt))
     ]
     assert decoded == [["Hello<|im_end|>"], ["Hello<|im_end|>"]]
 
 
 def test_special_token_strings_in_tool_definitions_reject_the_record(tmp_path: Path):
     spec = _spec("gpt2")
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     tools = [{"type": "function", "function": {"name": "f", "description": "stop <|endoftext|> here"}}]
     conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "tools": tools}
     tb = tokenize_batch([conv], spec, pt)
@@ -430,7 +403,7 @@ def test_special_token_strings_in_tool_definitions_reject_the_record(tmp_path: P
 
 def _pair_case(tmp_path: Path, policy: str, prompt: str, chosen: str, rejected: str, max_seq_len: int = 64):
     spec = _spec("gpt2", type_="preference", max_seq_len=max_seq_len, sequence={"overflow": policy})
-    pt = _pinned(spec, tmp_path / policy)
+    pt = pin_and_load(spec, tmp_path / policy)
     content = extract_preference({"prompt": prompt, "chosen": chosen, "rejected": rejected}, spec.input)
     return tokenize_batch([content], spec, pt), pt
 
@@ -443,7 +416,7 @@ def test_lopsided_pair_fits_or_is_rejected_never_crashes_or_cuts_into_responses(
     else:
         lengths = np.diff(tb.offsets)
         assert lengths.sum() <= 64 and len(tb.kept) == 2
-        (c, cm, _), (r, rm, _) = _examples(tb)
+        (c, cm, _), (r, rm, _) = batch_examples(tb)
         n = int(tb.shared_prefix[0])
         assert c[:n].tolist() == r[:n].tolist() and cm[:n].sum() == rm[:n].sum() == 0 and cm.sum() and rm.sum()
     # a long shared prompt: truncate_left cuts it identically in both branches and keeps the pair
@@ -453,7 +426,7 @@ def test_lopsided_pair_fits_or_is_rejected_never_crashes_or_cuts_into_responses(
     elif policy == "truncate_right":  # both halves end inside the prompt: nothing trainable, rejected whole
         assert len(tb.kept) == 0 and tb.rejects[0][1] == "no_trained_tokens"
     else:
-        (c, cm, _), (r, rm, _) = _examples(tb)
+        (c, cm, _), (r, rm, _) = batch_examples(tb)
         n = int(tb.shared_prefix[0])
         assert len(c) + len(r) <= 64 and c[:n].tolist() == r[:n].tolist() and cm[:n].sum() == rm[:n].sum() == 0
         if policy == "truncate_left":
@@ -471,7 +444,7 @@ def test_pair_whose_branches_start_with_a_user_turn_passes_the_pair_gate(tmp_pat
     from prep_assets.core import invariants as inv
 
     spec = _spec("gpt2", type_="preference")
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     u, a = (lambda t: {"role": "user", "content": t}), (lambda t: {"role": "assistant", "content": t})
     content = extract_preference(
         {
@@ -482,7 +455,7 @@ def test_pair_whose_branches_start_with_a_user_turn_passes_the_pair_gate(tmp_pat
     )
     assert len(content["prompt"]) == 2
     tb = tokenize_batch([content], spec, pt)
-    ex = _examples(tb)
+    ex = batch_examples(tb)
     rows = [
         {
             "pair_id": "p",
@@ -551,8 +524,8 @@ def test_template_without_tools_rejects_tool_records_chat_template_dropped_tools
     contents = {}
     for tok in ("tinyllama", "gpt2"):
         spec = _spec(tok)
-        pt = _pinned(spec, tmp_path / tok)
-        contents[tok] = [extract_chat(v, spec.input) for v in _load(shared_path(f"datasets/{DATASETS[0]}"))]
+        pt = pin_and_load(spec, tmp_path / tok)
+        contents[tok] = [extract_chat(v, spec.input) for v in read_records(shared_path(f"datasets/{DATASETS[0]}"))]
         tb = tokenize_batch(contents[tok], spec, pt)
         with_tools = {i for i, c in enumerate(contents[tok]) if c.get("tools")}
         if tok == "gpt2":
@@ -570,14 +543,14 @@ def test_reject_hints_name_the_cause_mistral_system_prompt_is_not_an_unsupported
     tb = tokenize_batch(
         [{"messages": [{"role": "system", "content": "be brief"}, _u("q"), _a("a")]}],
         mistral,
-        _pinned(mistral, tmp_path / "m"),
+        pin_and_load(mistral, tmp_path / "m"),
     )
     ((_, reason, detail, _),) = tb.rejects
     assert reason == "chat_template_dropped_message" and "system prompt" in detail and "Mistral" in detail
     assert "role_map" not in detail and "input.system_key" in detail
     tiny = _spec("tinyllama", input={"role_map": {}})
     tb = tokenize_batch(
-        [{"messages": [_u("q"), {"role": "tool", "content": "r"}, _a("a")]}], tiny, _pinned(tiny, tmp_path / "t")
+        [{"messages": [_u("q"), {"role": "tool", "content": "r"}, _a("a")]}], tiny, pin_and_load(tiny, tmp_path / "t")
     )
     ((_, reason, detail, _),) = tb.rejects
     assert reason == "chat_template_dropped_message" and "no `tool` role" in detail and "input.role_map" in detail
@@ -590,14 +563,14 @@ def test_reject_hints_name_the_cause_mistral_system_prompt_is_not_an_unsupported
         spec = make_spec(
             input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": template}
         )
-        tb = tokenize_batch([conv], spec, _pinned(spec, tmp_path / cause[:5]))
+        tb = tokenize_batch([conv], spec, pin_and_load(spec, tmp_path / cause[:5]))
         ((_, reason, detail, _),) = tb.rejects
         assert reason == "chat_template_dropped_message" and cause in detail and "chat_template_file" in detail
     skips_empty = "{% for m in messages if m.content %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     spec = make_spec(
         input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": skips_empty}
     )
-    tb = tokenize_batch([{"messages": [_u(""), _a("a")]}], spec, _pinned(spec, tmp_path / "empty"))
+    tb = tokenize_batch([{"messages": [_u(""), _a("a")]}], spec, pin_and_load(spec, tmp_path / "empty"))
     ((_, reason, detail, _),) = tb.rejects
     assert reason == "chat_template_mismatch" and "messages [1] are empty" in detail
 
@@ -607,11 +580,11 @@ def test_assistant_content_starting_with_newlines_trains_no_template_newline(tmp
     generation prompt would not be a token prefix and a template newline would train; the encoding is cut at the
     turn's start (and end) instead, and the example counted."""
     spec = _spec("gpt2")
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     chat = ChatTemplate(pt)
     conv = [_u("q"), _a("\n\nHello")]
     tb = tokenize_batch([{"messages": conv}], spec, pt, chat)
-    ((ids, mask, _),) = _examples(tb)
+    ((ids, mask, _),) = batch_examples(tb)
     prompt = chat.render(conv[:1], add_generation_prompt=True)
     enc = lambda text: pt.hf(text, add_special_tokens=False)["input_ids"]
     assert prompt.endswith("<|im_start|>assistant\n")
@@ -633,7 +606,7 @@ def test_template_with_a_runaway_loop_is_rejected_at_the_time_limit(tmp_path: Pa
         spec = make_spec(
             input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": template}
         )
-        pt = _pinned(spec, tmp_path / limit[:4])
+        pt = pin_and_load(spec, tmp_path / limit[:4])
         tb = tokenize_batch([conv], spec, pt, CT(pt, render_seconds=seconds))
         ((_, reason, detail, _),) = tb.rejects
         assert reason == "chat_template_error" and limit in detail, detail
@@ -645,7 +618,7 @@ def test_template_with_a_runaway_loop_is_rejected_at_the_time_limit(tmp_path: Pa
             "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}",
         },
     )
-    chat = CT(_pinned(ok, tmp_path / "ok"), render_seconds=0.3)
+    chat = CT(pin_and_load(ok, tmp_path / "ok"), render_seconds=0.3)
     assert chat.render(conv["messages"]) == "qa"
 
 
@@ -686,7 +659,7 @@ def test_template_that_hangs_on_every_record_stops_gold_with_the_remedy(tmp_path
     spec = make_spec(
         input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2")), "chat_template": hang}
     )
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     convs = [{"messages": [_u(f"q{i}"), _a("a")]} for i in range(TIME_LIMITS_IN_A_ROW + 3)]
     with pytest.raises(TokenizerError, match="in a row .time limit exceeded.; fix its loops"):
         tokenize_batch(convs, spec, pt, CT(pt, render_seconds=0.1))
@@ -694,8 +667,6 @@ def test_template_that_hangs_on_every_record_stops_gold_with_the_remedy(tmp_path
 
 def test_gold_counts_examples_split_at_a_turn_boundary(tmp_path: Path):
     """Through bronze -> silver -> gold: the examples whose ids differ from tokenizer(rendering) are counted."""
-    from prep_assets_tests.core.test_layers import run_core
-
     raw = tmp_path / "raw" / "c"
     raw.mkdir(parents=True)
     records = [

@@ -8,8 +8,6 @@ whitespace. Figures are printed (run with -s).
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,19 +18,11 @@ from prep_assets.core.chat import ChatTemplate
 from prep_assets.core.masking import chat_examples, tokenize_batch
 from prep_assets.core.records import Invalid, extract_chat, extract_preference
 from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
+from prep_assets_tests.core.helpers import mask_runs, pin_and_load, read_records
 
 CHATML = PROJECT / "data" / "templates" / "chatml.jinja"
 EOT = {"gpt2": "<|im_end|>", "tinyllama": "</s>", "mistral7b": "</s>"}
 WHITESPACE = ("\n", " ", "\n\n", "\t")
-
-
-def _read(path: Path) -> list[Any]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
-    if path.suffix == ".json":
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _with_whitespace(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -48,39 +38,33 @@ def _with_whitespace(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _shared(rel: str) -> list[Any]:
+    return read_records(shared_path(f"datasets/{rel}"))
+
+
+def _shipped(rel: str) -> list[Any]:
+    return read_records(PROJECT / "data" / "raw" / rel)
+
+
 SETS: dict[str, tuple[str, Any]] = {
-    "shared chat/glaive_toolcall_en_demo": (
-        "chat",
-        lambda: _read(shared_path("datasets/chat/glaive_toolcall_en_demo.json")),
-    ),
-    "shared chat/fastchat_dummy_conversation": (
-        "chat",
-        lambda: _read(shared_path("datasets/chat/fastchat_dummy_conversation.json")),
-    ),
-    "shared chat/gdp_apply_chat_template": (
-        "chat",
-        lambda: _read(shared_path("datasets/chat/gdp_apply_chat_template.jsonl")),
-    ),
-    "shared dialogue/gdp_dialogue": ("chat", lambda: _read(shared_path("datasets/dialogue/gdp_dialogue.jsonl"))),
+    "shared chat/glaive_toolcall_en_demo": ("chat", lambda: _shared("chat/glaive_toolcall_en_demo.json")),
+    "shared chat/fastchat_dummy_conversation": ("chat", lambda: _shared("chat/fastchat_dummy_conversation.json")),
+    "shared chat/gdp_apply_chat_template": ("chat", lambda: _shared("chat/gdp_apply_chat_template.jsonl")),
+    "shared dialogue/gdp_dialogue": ("chat", lambda: _shared("dialogue/gdp_dialogue.jsonl")),
     "shared preference/hh_rlhf_harmless_base_test": (
         "preference",
-        lambda: _read(shared_path("datasets/preference/hh_rlhf_harmless_base_test.jsonl.gz")),
+        lambda: _shared("preference/hh_rlhf_harmless_base_test.jsonl.gz"),
     ),
-    "shipped sample_chat": ("chat", lambda: _read(PROJECT / "data/raw/sample_chat/conversations_2026-11-03.jsonl")),
-    "shipped sample_pref": (
-        "preference",
-        lambda: _read(PROJECT / "data/raw/sample_pref/answer_pairs_2026-11-04.jsonl"),
-    ),
+    "shipped sample_chat": ("chat", lambda: _shipped("sample_chat/conversations_2026-11-03.jsonl")),
+    "shipped sample_pref": ("preference", lambda: _shipped("sample_pref/answer_pairs_2026-11-04.jsonl")),
     "generated whitespace-edged contents": (
         "chat",
-        lambda: _with_whitespace(_read(shared_path("datasets/chat/fastchat_dummy_conversation.json"))[:25]),
+        lambda: _with_whitespace(_shared("chat/fastchat_dummy_conversation.json")[:25]),
     ),
 }
 
 
 def _check(tok: str, name: str, tmp_path: Path) -> dict[str, Any]:
-    from prep_assets_tests.core.test_chat import _pinned, _runs
-
     type_, load = SETS[name]
     tokenizer: dict[str, Any] = {"path": str(shared_path(f"tokenizers/{tok}"))}
     if tok == "gpt2":
@@ -92,7 +76,7 @@ def _check(tok: str, name: str, tmp_path: Path) -> dict[str, Any]:
         sequence={"max_seq_len": 1 << 20},
         clean={"normalize": False},
     )
-    pt = _pinned(spec, tmp_path)
+    pt = pin_and_load(spec, tmp_path)
     chat = ChatTemplate(pt)
     extract = extract_chat if type_ == "chat" else extract_preference
     contents = [c for c in (extract(v, spec.input) for v in load()) if not isinstance(c, Invalid)]
@@ -121,7 +105,7 @@ def _check(tok: str, name: str, tmp_path: Path) -> dict[str, Any]:
                 f["turns_tokenizer_oracle"] += 1
                 f["violations_tokenizer_oracle"] += ids[: len(prompt_ids)].tolist() != head + enc(prompt)
         # trained tokens: exactly each trained turn's content and its end-of-turn text, no template text
-        trained = [pt.hf.decode(ids[a:b].tolist()) for a, b in _runs(mask)]
+        trained = [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)]
         wanted = [m["content"] + EOT[tok] for m, fl in zip(msgs, flags, strict=True) if fl]
         if tok == "gpt2":  # byte-level: decoding is exact, whitespace included
             f["trained_text_mismatches"] += trained != wanted

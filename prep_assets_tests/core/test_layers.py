@@ -11,37 +11,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core import invariants as inv
-from prep_assets.core import layers
 from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, resolve_drop
 from prep_assets.core.lake import dataset_paths, read_json
-from prep_assets.core.manifest import build_manifest
-from prep_assets.core.shards import build_packed_shards
 from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import DatasetSpec
-from prep_assets_tests.conftest import make_spec, shared_path
+from prep_assets_tests.conftest import make_spec, shared_path, tree_digests
+from prep_assets_tests.core.helpers import failed_gates, run_core, run_one_file
 
 L = 1024
-
-
-def run_core(data_dir: Path, spec: DatasetSpec, batch_size: int = 4096) -> dict:
-    paths = dataset_paths(data_dir, spec.name)
-    register_drops(paths)
-    layers.build_tokenizer(spec, paths, data_dir)
-    out = {}
-    for key in sorted(p.stem for p in paths.drops_dir.glob("*.json")):
-        drop, src = resolve_drop(paths, key)
-        b, s, g, sh = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold", "shards"))
-        out[key] = {
-            "bronze": build_raw_records(spec, drop, src, b, batch_size=batch_size),
-            "silver": build_clean_records(spec, b, s, batch_size=batch_size),
-            "gold": layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g, batch_size=batch_size),
-            "shards": build_packed_shards(spec, g, paths.tokenizer_dir, sh),
-            "dirs": (b, s, g, sh),
-            "source": src,
-        }
-    build_manifest(spec, paths, list(out))
-    return out
 
 
 def gsm_spec(gpt2: Path) -> DatasetSpec:
@@ -60,10 +38,8 @@ def gsm_run(tmp_path_factory: pytest.TempPathFactory):
     gpt2 = shared_path("tokenizers/gpt2")
     src = shared_path("datasets/instruction/gsm8k_train.jsonl")
     data_dir = tmp_path_factory.mktemp("gsm")
-    (data_dir / "raw" / "gsm").mkdir(parents=True)
-    shutil.copyfile(src, data_dir / "raw" / "gsm" / src.name)
     spec = gsm_spec(gpt2)
-    return data_dir, spec, next(iter(run_core(data_dir, spec).values()))
+    return data_dir, spec, run_one_file(data_dir, spec, src)[1]
 
 
 def test_gsm8k_every_record_flows_to_shards(gsm_run):
@@ -167,16 +143,7 @@ def test_rerun_with_other_batch_size_is_byte_identical(gsm_run, tmp_path: Path):
     for f in (data_dir / "raw" / "gsm").iterdir():
         shutil.copyfile(f, other / "raw" / "gsm" / f.name)
     run_core(other, spec, batch_size=777)
-
-    def digests(root: Path) -> dict[str, str]:
-        lake = root / "lake" / "gsm"
-        return {
-            str(p.relative_to(lake)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(lake.rglob("*"))
-            if p.is_file()
-        }
-
-    a, b = digests(data_dir), digests(other)
+    a, b = tree_digests(data_dir / "lake" / "gsm"), tree_digests(other / "lake" / "gsm")
     assert a.keys() == b.keys() and a == b
 
 
@@ -195,35 +162,23 @@ def test_manifest_lists_every_shard_with_checksums(gsm_run):
 
 
 def test_csv_drop_through_every_layer_with_every_gate(tmp_path: Path):
-    from prep_assets.core import gates
-
     src = shared_path("datasets/tabular/clinc_oos.csv")
-    (tmp_path / "raw" / "clinc").mkdir(parents=True)
-    shutil.copyfile(src, tmp_path / "raw" / "clinc" / src.name)
     spec = make_spec(
         "clinc",
         input={"type": "text", "text_key": "text"},
         tokenizer={"path": str(shared_path("tokenizers/gpt2"))},
         sequence={"max_seq_len": 256},
     )
-    out = run_core(tmp_path, spec)
-    key, r = next(iter(out.items()))
+    key, r = run_one_file(tmp_path, spec, src)
     rows = sum(1 for _ in src.open(encoding="utf-8")) - 1
     assert r["bronze"]["unit"] == "row" and r["bronze"]["records"] == rows and r["bronze"]["rejects"] == 0
-    failed = [
-        (o.name, o.offending[:1]) for o in gates.evaluate(spec, dataset_paths(tmp_path, "clinc"), key) if not o.passed
-    ]
-    assert failed == []
+    assert failed_gates(spec, tmp_path, key) == []
     first = pq.read_table(r["dirs"][0] / "records.parquet").slice(0, 1).to_pylist()[0]
     assert first["source_line"] == 2 and first["content"] == '{"text":"define sonogram"}'
 
 
 def test_parquet_drop_keeps_embedded_carriage_returns_through_every_gate(tmp_path: Path):
-    from prep_assets.core import gates
-
     src = shared_path("datasets/tabular/embedded_carriage_return.parquet")
-    (tmp_path / "raw" / "cr").mkdir(parents=True)
-    shutil.copyfile(src, tmp_path / "raw" / "cr" / src.name)
     spec = make_spec(
         "cr",
         input={"type": "text", "text_key": "text"},
@@ -231,9 +186,9 @@ def test_parquet_drop_keeps_embedded_carriage_returns_through_every_gate(tmp_pat
         tokenizer={"path": str(shared_path("tokenizers/gpt2"))},
         sequence={"max_seq_len": 64},
     )
-    key, r = next(iter(run_core(tmp_path, spec).items()))
+    key, r = run_one_file(tmp_path, spec, src)
     assert r["bronze"]["records"] == 2 and r["gold"]["examples"] == 2
-    assert [o.name for o in gates.evaluate(spec, dataset_paths(tmp_path, "cr"), key) if not o.passed] == []
+    assert failed_gates(spec, tmp_path, key) == []
     contents = [
         json.loads(c)["text"] for c in pq.read_table(r["dirs"][1] / "records.parquet").column("content").to_pylist()
     ]

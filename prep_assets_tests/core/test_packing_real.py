@@ -5,7 +5,6 @@ The bfd figures asked for by the packing issue are printed (run with -s to see t
 
 import math
 import shutil
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +14,10 @@ import pytest
 
 from prep_assets.core import gates
 from prep_assets.core import invariants as inv
-from prep_assets.core.exports import write_megatron
-from prep_assets.core.lake import dataset_paths, read_json
+from prep_assets.core.lake import read_json
+from prep_assets.core.spec import DatasetSpec
 from prep_assets_tests.conftest import make_spec, shared_path
-from prep_assets_tests.core.test_layers import run_core
+from prep_assets_tests.core.helpers import failed_gates, read_mmidx, run_one_file
 
 INSTRUCTION = {
     "gsm8k_train.jsonl": {"prompt_key": "question", "completion_key": "answer", "prompt_postfix": "\n"},
@@ -28,15 +27,11 @@ INSTRUCTION = {
 }
 
 
-def _run(tmp: Path, name: str, src: Path, **sections) -> tuple[dict, Path]:
-    (tmp / "raw" / name).mkdir(parents=True)
-    shutil.copyfile(src, tmp / "raw" / name / src.name)
+def _run(tmp: Path, name: str, src: Path, **sections) -> tuple[dict, DatasetSpec]:
     spec = make_spec(name, tokenizer={"path": str(shared_path("tokenizers/gpt2"))}, **sections)
-    out = run_core(tmp, spec)
-    key = next(iter(out))
-    failed = [(o.name, o.offending[:2]) for o in gates.evaluate(spec, dataset_paths(tmp, name), key) if not o.passed]
-    assert failed == []
-    return out[key], spec
+    key, result = run_one_file(tmp, spec, src)
+    assert failed_gates(spec, tmp, key) == []
+    return result, spec
 
 
 @pytest.mark.parametrize("max_seq_len", [1024, 4096])
@@ -120,34 +115,6 @@ def test_memmap_export_opens_with_numpy_memmap_and_equals_the_parquet_rows(wiki,
             assert np.array_equal(arr, _parquet_rows(sh / split, name)), (split, name)
 
 
-def read_mmidx(prefix: Path) -> dict:
-    """A reader written from Megatron-LM's published MMIDIDX layout (megatron/core/datasets/indexed_dataset.py)."""
-    idx = prefix.with_suffix(".idx").read_bytes()
-    assert idx[:9] == b"MMIDIDX\x00\x00"
-    (version,) = struct.unpack("<Q", idx[9:17])
-    (code,) = struct.unpack("<B", idx[17:18])
-    seqs, docs = struct.unpack("<QQ", idx[18:34])
-    at = 34
-    sizes = np.frombuffer(idx, dtype="<i4", count=seqs, offset=at)
-    at += 4 * seqs
-    pointers = np.frombuffer(idx, dtype="<i8", count=seqs, offset=at)
-    at += 8 * seqs
-    doc_idx = np.frombuffer(idx, dtype="<i8", count=docs, offset=at)
-    at += 8 * docs
-    dtype = {8: np.uint16, 4: np.int32}[code]
-    data = np.memmap(prefix.with_suffix(".bin"), dtype=dtype, mode="r")
-    return {
-        "version": version,
-        "code": code,
-        "sizes": sizes,
-        "pointers": pointers,
-        "doc_idx": doc_idx,
-        "rest": len(idx) - at,
-        "data": data,
-        "itemsize": np.dtype(dtype).itemsize,
-    }
-
-
 def test_megatron_export_matches_the_published_index_layout(wiki):
     r, _ = wiki["window"]
     sh, g = r["dirs"][3], r["dirs"][2]
@@ -162,14 +129,6 @@ def test_megatron_export_matches_the_published_index_layout(wiki):
         for k in (0, len(docs) - 1):
             start = m["pointers"][k] // m["itemsize"]
             assert m["data"][start : start + m["sizes"][k]].tolist() == docs[k]
-
-
-def test_megatron_export_uses_int32_for_large_vocabularies(tmp_path: Path):
-    ids = np.array([1, 70_000, 3, 4, 5], dtype=np.int32)
-    write_megatron(tmp_path / "text_document", "text_document", ids, np.array([0, 2, 5]), vocab_size=70_001)
-    m = read_mmidx(tmp_path / "text_document")
-    assert m["code"] == 4 and m["sizes"].tolist() == [2, 3] and m["pointers"].tolist() == [0, 8]
-    assert m["data"].tolist() == ids.tolist()
 
 
 def test_window_gates_catch_a_missing_window_and_a_swapped_token(wiki, tmp_path: Path):

@@ -8,41 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
-from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.clean import heuristic_verdict, repeated_ngram_fraction
-from prep_assets.core.drops import register_drops, resolve_drop
-from prep_assets.core.lake import dataset_paths
-from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec_sections import QualitySpec
 from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
-
-WORDS = (
-    "river gauge station report morning evening rain wind north south bridge valley meadow forest "
-    "stone harbor tide signal lamp engine crew ferry market square bakery mill"
-).split()
-
-
-def _doc(rng: random.Random, n: int = 120) -> str:
-    return " ".join(rng.choice(WORDS) + str(rng.randrange(1000)) for _ in range(n))
-
-
-def _silver(tmp: Path, rows: list[dict], **clean) -> tuple[list[dict], list[dict], dict]:
-    spec = make_spec("ds", input={"type": "chat"} if "messages" in rows[0] else {"type": "text"}, clean=clean)
-    paths = dataset_paths(tmp, "ds")
-    paths.raw_dir.mkdir(parents=True)
-    (paths.raw_dir / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    (drop,), _ = register_drops(paths)
-    _, src = resolve_drop(paths, drop.partition)
-    b, s = paths.partition_dir("bronze", drop.partition), paths.partition_dir("silver", drop.partition)
-    build_raw_records(spec, drop, src, b)
-    stats = build_clean_records(spec, b, s)
-    return pq.read_table(s / "records.parquet").to_pylist(), pq.read_table(s / "rejects.parquet").to_pylist(), stats
+from prep_assets_tests.core.helpers import random_doc, silver_of
 
 
 def test_crlf_and_lf_versions_dedup_together(tmp_path: Path):
-    kept, rejects, _ = _silver(tmp_path, [{"text": "line one\r\nline two"}, {"text": "line one\nline two"}])
+    kept, rejects, _ = silver_of(tmp_path, [{"text": "line one\r\nline two"}, {"text": "line one\nline two"}])
     assert len(kept) == 1 and rejects[0]["reason"] == "duplicate" and rejects[0]["duplicate_of"].endswith(":1")
 
 
@@ -59,17 +32,17 @@ def test_two_chats_sharing_a_500_char_system_prompt_are_both_kept_exact_and_near
         for q, a in (("What is 2 + 2?", "4."), ("Name a cold front's sign.", "A sudden drop in temperature."))
     ]
     for dedup in ("exact", "near"):
-        kept, rejects, _ = _silver(tmp_path / dedup, chats, dedup=dedup)
+        kept, rejects, _ = silver_of(tmp_path / dedup, chats, dedup=dedup)
         assert len(kept) == 2 and rejects == [], dedup
 
 
 def test_near_copies_are_removed_naming_the_earliest_kept_record(tmp_path: Path):
     rng = random.Random(3)
-    a, b = _doc(rng), _doc(rng)
+    a, b = random_doc(rng), random_doc(rng)
     words = a.split()
     words[10], words[60] = "changed", "words"
     rows = [{"text": a}, {"text": b}, {"text": " ".join(words)}, {"text": a + " Subscribe for more."}, {"text": a}]
-    kept, rejects, stats = _silver(tmp_path, rows, dedup="near")
+    kept, rejects, stats = silver_of(tmp_path, rows, dedup="near")
     assert [json.loads(r["content"])["text"] for r in kept] == [a, b]
     by_line = {r["source_line"]: (r["reason"], r["duplicate_of"].rsplit(":", 1)[1]) for r in rejects}
     assert by_line == {3: ("near_duplicate", "1"), 4: ("near_duplicate", "1"), 5: ("duplicate", "1")}
@@ -78,9 +51,9 @@ def test_near_copies_are_removed_naming_the_earliest_kept_record(tmp_path: Path)
 
 def test_an_exact_copy_of_a_near_duplicate_names_the_kept_record(tmp_path: Path):
     rng = random.Random(4)
-    a = _doc(rng)
+    a = random_doc(rng)
     near = a.replace(a.split()[5], "edited", 1)
-    _, rejects, _ = _silver(tmp_path, [{"text": a}, {"text": near}, {"text": near}], dedup="near")
+    _, rejects, _ = silver_of(tmp_path, [{"text": a}, {"text": near}, {"text": near}], dedup="near")
     assert [(r["reason"], r["duplicate_of"].rsplit(":", 1)[1]) for r in rejects] == [
         ("near_duplicate", "1"),
         ("near_duplicate", "1"),
@@ -89,14 +62,14 @@ def test_an_exact_copy_of_a_near_duplicate_names_the_kept_record(tmp_path: Path)
 
 def test_near_dedup_keeps_distinct_documents(tmp_path: Path):
     rng = random.Random(5)
-    rows = [{"text": _doc(rng)} for _ in range(200)]
-    kept, rejects, _ = _silver(tmp_path, rows, dedup="near")
+    rows = [{"text": random_doc(rng)} for _ in range(200)]
+    kept, rejects, _ = silver_of(tmp_path, rows, dedup="near")
     assert len(kept) == 200 and rejects == []
 
 
 def test_quality_filters_each_reject_with_their_reason(tmp_path: Path):
     rng = random.Random(6)
-    good = _doc(rng, 60)
+    good = random_doc(rng, 60)
     rows = [
         {"text": good},
         {"text": "too few words here"},
@@ -110,7 +83,7 @@ def test_quality_filters_each_reject_with_their_reason(tmp_path: Path):
         "max_repeated_ngram_fraction": 0.5,
         "max_non_alnum_fraction": 0.2,
     }
-    kept, rejects, stats = _silver(tmp_path, rows, quality=quality)
+    kept, rejects, stats = silver_of(tmp_path, rows, quality=quality)
     assert len(kept) == 1
     assert {r["source_line"]: r["reason"] for r in rejects} == {
         2: "too_few_words",
@@ -130,23 +103,23 @@ def test_quality_heuristics_off_by_default_and_measured_exactly():
 
 def test_shuffled_lines_keep_the_same_contents(tmp_path: Path):
     rng = random.Random(7)
-    docs = [_doc(rng, 40) for _ in range(30)]
+    docs = [random_doc(rng, 40) for _ in range(30)]
     rows = [{"text": d} for d in docs + docs[:10]]
     shuffled = rows[:]
     random.Random(1).shuffle(shuffled)
-    a, _, _ = _silver(tmp_path / "a", rows)
-    b, _, _ = _silver(tmp_path / "b", shuffled)
+    a, _, _ = silver_of(tmp_path / "a", rows)
+    b, _, _ = silver_of(tmp_path / "b", shuffled)
     assert sorted(r["content"] for r in a) == sorted(r["content"] for r in b) and len(a) == 30
 
 
 _RUN = """
 import json, random, sys
 from pathlib import Path
-from prep_assets_tests.core.test_silver_dedup import _silver, _doc
+from prep_assets_tests.core.helpers import random_doc, silver_of
 rng = random.Random(8)
-docs = [_doc(rng, 50) for _ in range(40)]
+docs = [random_doc(rng, 50) for _ in range(40)]
 rows = [{"text": d} for d in docs] + [{"text": docs[3] + " extra tail"}, {"text": docs[5]}]
-_silver(Path(sys.argv[1]), rows, dedup="near")
+silver_of(Path(sys.argv[1]), rows, dedup="near")
 """
 
 
@@ -177,7 +150,7 @@ def test_indic_text_counts_its_vowel_signs_as_letters():
 
 def test_texts_without_words_are_compared_by_characters(tmp_path: Path):
     rows = [{"text": "→ ← ↑ ↓ ∀ ∃ ∈"}, {"text": "🙂🙂🙂 ❤️ ★★★"}]
-    kept, rejects, _ = _silver(tmp_path, rows, dedup="near")
+    kept, rejects, _ = silver_of(tmp_path, rows, dedup="near")
     assert len(kept) == 2 and rejects == []
 
 

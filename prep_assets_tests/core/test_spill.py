@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from prep_assets.core.arrays import offsets_from_lengths
-from prep_assets.core.exports import write_megatron
 from prep_assets.core.packing import plan_rows
 from prep_assets.core.rows import materialize_rows, rows_from_values, segment_sources
 from prep_assets.core.spill import TokenSpill, runs
@@ -93,12 +92,3 @@ def test_scattered_reads_and_front_to_back_passes_keep_little_of_the_file_reside
     assert total == int(mask.sum(dtype=np.int64))
     assert _mapped_kib(path) < 8 * 1024  # one slice of 1M records (6 MB), not 48 MB
     spill.close()
-
-
-def test_megatron_written_from_chunks_equals_written_at_once(tmp_path: Path):
-    ids = np.arange(10, dtype=np.int32)
-    offsets = np.array([0, 4, 10])
-    write_megatron(tmp_path / "a" / "doc", "doc", ids, offsets, vocab_size=100)
-    write_megatron(tmp_path / "b" / "doc", "doc", iter([ids[:3], ids[3:7], ids[7:]]), offsets, vocab_size=100)
-    for suffix in (".bin", ".idx"):
-        assert (tmp_path / "a" / f"doc{suffix}").read_bytes() == (tmp_path / "b" / f"doc{suffix}").read_bytes()

@@ -13,16 +13,13 @@ from prep_assets.core.lake import dataset_paths
 from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
 from prep_assets.core.tokenizer import load_pinned
 from prep_assets_tests.conftest import make_spec
-from prep_assets_tests.core.test_layers import run_core
+from prep_assets_tests.core.helpers import run_core, write_raw
 
 EOT = "<|endoftext|>"  # GPT-2's BOS and EOS: the default unit delimiters
 
 
 def _run_drops(tmp_path: Path, gpt2: Path, drops: dict[str, str], tabular: dict, max_seq_len: int = 128, **extra):
-    data = tmp_path / "data"
-    (data / "raw" / "tab").mkdir(parents=True)
-    for name, text in drops.items():
-        (data / "raw" / "tab" / name).write_text(text, encoding="utf-8")
+    data = write_raw(tmp_path / "data", "tab", drops)
     extra.setdefault("checks", {"min_sequence_utilization": 0.0})
     spec = make_spec(
         "tab",

@@ -14,7 +14,7 @@ import pytest
 from prep_assets.core import invariants as inv
 from prep_assets.core.tabular import initial_prefill, order_keys
 from prep_assets_tests.conftest import make_spec, shared_path
-from prep_assets_tests.core.test_layers import run_core
+from prep_assets_tests.core.helpers import run_core, write_raw
 
 SEQUENTIAL = {"group_by": "dev", "order_by": "t", "time_series": True}
 
@@ -156,10 +156,7 @@ def test_initial_prefill_types_the_gathered_records_of_every_drop():
 
 
 def _run(tmp_path: Path, gpt2: Path, drops: dict[str, str], tabular: dict, **extra) -> dict:
-    data = tmp_path / "data"
-    (data / "raw" / "tab").mkdir(parents=True)
-    for name, text in drops.items():
-        (data / "raw" / "tab" / name).write_text(text, encoding="utf-8")
+    data = write_raw(tmp_path / "data", "tab", drops)
     sections = {
         "input": {"type": "tabular"},
         "tokenizer": {"path": str(gpt2)},

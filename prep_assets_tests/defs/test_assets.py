@@ -5,7 +5,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+from dagster import AssetKey, AssetSelection, materialize
 
 from prep_assets.core.lake import read_json
 from prep_assets.core.records import GOLD_SCHEMA
@@ -24,12 +24,6 @@ def _spec(gpt2: Path, input_: dict, **extra) -> dict:
         "split": {"validation_ratio": 0.1},
         **extra,
     }
-
-
-@pytest.fixture
-def instance(dagster_home: Path):
-    with DagsterInstance.get() as inst:
-        yield inst
 
 
 def test_gsm8k_instruction_through_every_layer(tmp_path: Path, gpt2_dir: Path, instance):

@@ -3,8 +3,7 @@ shards, the tokenizer first, and a failed gate stops it (`evaluate_automation_co
 
 from pathlib import Path
 
-import pytest
-from dagster import AssetKey, DagsterInstance, evaluate_automation_conditions, materialize
+from dagster import AssetKey, evaluate_automation_conditions, materialize
 
 from prep_assets.core.drops import register_drops
 from prep_assets.core.lake import dataset_paths
@@ -14,12 +13,6 @@ from prep_assets_tests.conftest import copy_sample_data
 from prep_assets_tests.defs.helpers import dataset_defs
 
 DS = "sample_instruct"
-
-
-@pytest.fixture
-def instance(dagster_home: Path):
-    with DagsterInstance.get() as inst:
-        yield inst
 
 
 def _key(name: str) -> AssetKey:

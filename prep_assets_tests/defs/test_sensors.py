@@ -5,7 +5,6 @@ import os
 import re
 from pathlib import Path
 
-import pytest
 from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context
 
 from prep_assets.core.drops import registered_drops
@@ -17,12 +16,6 @@ from prep_assets_tests.conftest import write_dataset
 
 SPEC = {"input": {"type": "text"}, "tokenizer": {"path": "."}}  # never built here; specs need a path that exists
 KEY = re.compile(r"^[a-z0-9_-]{1,64}$")
-
-
-@pytest.fixture
-def instance(dagster_home: Path):
-    with DagsterInstance.get() as inst:
-        yield inst
 
 
 class Ticks:

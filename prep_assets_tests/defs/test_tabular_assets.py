@@ -7,7 +7,6 @@ from pathlib import Path
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
-from dagster import DagsterInstance
 
 from prep_assets.core.decode import decode_row, decode_rows
 from prep_assets.core.lake import read_json
@@ -17,12 +16,6 @@ from prep_assets_tests.defs.helpers import materialize_drops, materialize_manife
 
 pytestmark = pytest.mark.slow
 EOT = "<|endoftext|>"
-
-
-@pytest.fixture
-def instance(dagster_home: Path):
-    with DagsterInstance.get() as inst:
-        yield inst
 
 
 def _spec(gpt2: Path, tabular: dict, max_seq_len: int, **extra) -> dict:
