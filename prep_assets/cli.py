@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,12 +36,12 @@ def ensure_dagster_home() -> Path:
     home.mkdir(parents=True, exist_ok=True)
     os.environ["DAGSTER_HOME"] = str(home)
     target = home / "dagster.yaml"
-    if not target.exists():
+    if not target.exists():  # written whole (a process starting beside this one never reads half of it)
         local = Path("dagster.yaml")
-        if local.is_file() and local.resolve() != target:
-            shutil.copyfile(local, target)
-        else:
-            target.write_text(_DEFAULT_INSTANCE_YAML, encoding="utf-8")
+        text = local.read_text(encoding="utf-8") if local.is_file() and local.resolve() != target else None
+        tmp = target.with_name(f".dagster.yaml.tmp-{os.getpid()}")
+        tmp.write_text(text if text is not None else _DEFAULT_INSTANCE_YAML, encoding="utf-8")
+        os.replace(tmp, target)
     nux = home / ".nux" / "nux.yaml"
     if not nux.exists():
         nux.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ Importing it builds nothing; the code location Dagster loads is `prep_assets.cod
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from dagster import (
@@ -71,9 +72,11 @@ def spec_error_asset(name: str, error: str) -> AssetsDefinition:
     """Stands in the graph for a dataset whose spec does not load: its description and every materialization
     show the error, while every other dataset loads and runs as usual."""
 
+    safe = re.sub(r"[^A-Za-z0-9_]", "_", name) or "_"  # a file name may hold what Dagster's names may not
+
     @asset(
-        key=AssetKey([name, SPEC_ERROR]),
-        group_name=name,
+        key=AssetKey([safe, SPEC_ERROR]),
+        group_name=safe,
         kinds={"yaml"},
         description=f"The spec of dataset {name!r} does not load, so none of its layers exist:\n\n{error}",
         metadata={"error": MetadataValue.md(f"```\n{error}\n```")},

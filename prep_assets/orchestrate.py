@@ -186,12 +186,14 @@ def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dic
         checks += " FAILED"
     gold_in = s.get("records", "")
     gold_rejects = g.get("rejects", "")
+    both = isinstance(gold_in, int) and isinstance(gold_rejects, int)  # silver's stats may be gone after a failure
+    gold_kept = gold_in - gold_rejects if g and both else ""
     return {
         "dataset": spec.name,
         "partition": partition,
         "bronze": flow(b.get("records", 0) + b.get("rejects", 0) if b else "", b.get("records"), b.get("rejects")),
         "silver": flow(s.get("records_in", ""), s.get("records"), s.get("rejects")),
-        "gold": flow(gold_in if g else "", gold_in - gold_rejects if g else "", gold_rejects),
+        "gold": flow(gold_in if g else "", gold_kept, gold_rejects),
         "examples": g.get("examples", ""),
         "tokens": g.get("tokens", ""),
         "loss_tokens": g.get("loss_tokens", ""),
@@ -226,6 +228,8 @@ def run_datasets(
                 _run_dataset(defs, instance, spec, data_dir, rerun_all, log, report)
             except PrepAssetsError as exc:
                 report["errors"][spec.name] = str(exc)
+            except (OSError, ValueError) as exc:  # an unreadable file or record of the lake: this dataset only
+                report["errors"][spec.name] = f"{type(exc).__name__}: {exc}"
     return report
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import hashlib
 import json
@@ -197,7 +198,12 @@ def _exchange(a: Path, b: Path) -> bool:
     if fn is None:
         return False
     rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    return rc == 0
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # this filesystem cannot exchange: rename instead
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -217,7 +223,7 @@ def _writer_alive(tag: str) -> bool:
     if not parts[0].isdigit():
         return False
     pid = int(parts[0])
-    if len(parts) >= 3 and len(parts[1]) == len(_HOST) and parts[1] != _HOST:
+    if len(parts) >= 2 and len(parts[1]) == len(_HOST) and parts[1] != _HOST:
         return True
     return pid != os.getpid() and _pid_alive(pid)
 
@@ -235,14 +241,18 @@ STAGING_DIR = ".lake-staging"  # beside `lake/`: staged files never match a glob
 
 
 def _staging_place(final: Path) -> tuple[Path, str]:
-    """Where `final`'s staging directory goes and its name prefix. Under a `lake/` folder: the data dir's
-    `.lake-staging/`, named after the path inside the lake, so `lake/**/*.parquet` never sees a half-written
-    file; elsewhere (or on another filesystem than the lake) beside `final`."""
+    """Where `final`'s staging directory goes and its name prefix. Under a data dir's `lake/` (the `lake` folder
+    beside a `datasets/` folder): the data dir's `.lake-staging/`, named after the path inside the lake, so
+    `lake/**/*.parquet` never sees a half-written file; elsewhere, or where that folder is not on the device of
+    `final`'s folder (a dataset folder mounted elsewhere), beside `final`."""
     for lake in final.parents:
-        if lake.name == LAKE_DIR:
+        if lake.name == LAKE_DIR and (lake.parent / "datasets").is_dir():
             root = lake.parent / STAGING_DIR
             root.mkdir(exist_ok=True)
-            if os.stat(root).st_dev == os.stat(lake).st_dev:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            steps = final.parent.relative_to(lake).parts
+            linked = any((lake.joinpath(*steps[: i + 1])).is_symlink() for i in range(len(steps)))
+            if not linked and os.stat(root).st_dev == os.stat(final.parent).st_dev:
                 return root, f"{'.'.join(final.relative_to(lake).parts)}{_TMP_MARK}"
             break
     return final.parent, f".{final.name}{_TMP_MARK}"
@@ -318,17 +328,22 @@ def verify_published(final: Path) -> list[str]:
     record = final / CHECKSUMS
     if not record.is_file():
         return [f"{final}: {'no checksums recorded' if final.is_dir() else 'missing'}"]
-    expected = read_json(record)
+    try:
+        expected = read_json(record)
+        entries = {str(rel): (int(want["bytes"]), str(want["sha256"])) for rel, want in expected.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return [f"{record}: unreadable ({exc})"]
     problems = []
-    for rel, want in expected.items():
+    for rel, (size, digest) in entries.items():
         path = final / rel
         if not path.is_file():
             problems.append(f"{path}: missing")
-        elif path.stat().st_size != want["bytes"]:
-            problems.append(f"{path}: {path.stat().st_size} bytes, {want['bytes']} recorded")
-        elif sha256_file(path) != want["sha256"]:
+        elif path.stat().st_size != size:
+            problems.append(f"{path}: {path.stat().st_size} bytes, {size} recorded")
+        elif sha256_file(path) != digest:
             problems.append(f"{path}: sha256 differs from the one recorded at publish")
-    extra = sorted(set(_checksums(final)) - set(expected)) if not problems else []
+    present = {p.relative_to(final).as_posix() for p in final.rglob("*") if p.is_file() and p.name != CHECKSUMS}
+    extra = sorted(present - set(entries)) if not problems else []
     return problems + [f"{final / rel}: not in the published checksums" for rel in extra]
 
 
@@ -404,7 +419,11 @@ def publish_dir(staging: Path, final: Path, *, tag: str) -> None:
     # Fallback without renameat2: a short window where `final` is absent; recovered by the next run.
     old = final.with_name(f".{final.name}{_OLD_MARK}{tag}")
     os.rename(final, old)
-    os.rename(staging, final)
+    try:
+        os.rename(staging, final)
+    except OSError:
+        os.rename(old, final)  # the previous output back where it was
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 

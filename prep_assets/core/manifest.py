@@ -41,7 +41,28 @@ def manifest_partitions(
 
 def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> dict[str, Any]:
     """The dataset manifest: every published shard and export of the given partitions, by split, with checksums
-    and the split metrics summed over partitions."""
+    and the split metrics summed over partitions. Built, checked and published under the manifest's lock, so two
+    refreshes at once take turns and the later one publishes what it read last; published only when every file
+    it names holds the recorded bytes and its own gates pass."""
+    with partition_lock(paths.manifest_path):
+        manifest = _manifest(spec, paths, partitions)
+        problems = manifest_file_problems(paths.root, manifest)
+        if problems:
+            raise ManifestError(
+                f"{paths.manifest_path} not published, {len(problems)} file(s) differ from what "
+                "their shards recorded (rebuild those drops): " + "; ".join(problems[:5])
+            )
+        failed = [o for o in manifest_outcomes(spec, paths, manifest) if not o.passed]
+        if failed:  # the manifest's own gates judge it before trainers can read it
+            raise ManifestError(
+                f"{paths.manifest_path} not published: "
+                + "; ".join(f"{o.name} failed ({o.violations} violation(s): {o.description})" for o in failed)
+            )
+        write_json_atomic(paths.manifest_path, manifest)
+    return manifest
+
+
+def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> dict[str, Any]:
     tok = read_json(paths.tokenizer_dir / "fingerprint.json")
     files: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     exports: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
@@ -88,20 +109,6 @@ def build_manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]
         "schema": {f.name: str(f.type) for f in SHARD_SCHEMA},
         **({"tabular": tabular} if tabular is not None else {}),
     }
-    with partition_lock(paths.manifest_path):  # two refreshes at once take turns: each publishes a whole manifest
-        problems = manifest_file_problems(paths.root, manifest)
-        if problems:
-            raise ManifestError(
-                f"{paths.manifest_path} not published, {len(problems)} file(s) differ from what "
-                "their shards recorded (rebuild those drops): " + "; ".join(problems[:5])
-            )
-        failed = [o for o in manifest_outcomes(spec, paths, manifest) if not o.passed]
-        if failed:  # the manifest's own gates judge it before trainers can read it
-            raise ManifestError(
-                f"{paths.manifest_path} not published: "
-                + "; ".join(f"{o.name} failed ({o.violations} violation(s): {o.description})" for o in failed)
-            )
-        write_json_atomic(paths.manifest_path, manifest)
     return manifest
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
@@ -191,16 +192,22 @@ def build_packed_shards(
                     if isinstance(f, RowFormat) and (f is PARQUET or plan.num_rows)
                 }
                 counts = RowCounts()
-                for c_lo, c_hi in _chunks(plan.num_rows, rows_per_shard):
-                    part = plan.rows(c_lo, c_hi)
-                    values = sg.spill.read(segment_sources(part, sg.offsets), part.length)
-                    rows = rows_from_values(part, *values, row_len=L, pad_id=info.pad_id)
-                    del values
-                    example_ids = sg.example_ids.take(pa.array(part.example, type=pa.int64()))
-                    for sink in sinks.values():
-                        sink.append(rows, example_ids)
-                    counts.add(rows)
-                    del rows
+                try:
+                    for c_lo, c_hi in _chunks(plan.num_rows, rows_per_shard):
+                        part = plan.rows(c_lo, c_hi)
+                        values = sg.spill.read(segment_sources(part, sg.offsets), part.length)
+                        rows = rows_from_values(part, *values, row_len=L, pad_id=info.pad_id)
+                        del values
+                        example_ids = sg.example_ids.take(pa.array(part.example, type=pa.int64()))
+                        for sink in sinks.values():
+                            sink.append(rows, example_ids)
+                        counts.add(rows)
+                        del rows
+                except BaseException:
+                    for sink in sinks.values():  # their files and threads closed; the staging dir goes anyway
+                        with contextlib.suppress(Exception):
+                            sink.close()
+                    raise
                 files = sinks.pop(PARQUET.name).close()["files"]
                 exports: dict[str, Any] = {name: sink.close() for name, sink in sinks.items()}
                 for f in named:

@@ -304,8 +304,16 @@ def path_errors(spec: DatasetSpec, data_dir: Path) -> list[str]:
             errors.append(f"{key}: {value!r} is not a directory (resolved to {path})")
         elif kind == "file" and not path.is_file():
             errors.append(f"{key}: {value!r} is not a file (resolved to {path})")
-        elif kind == "glob" and not any(Path(m).is_file() for m in glob.glob(str(path), recursive=True)):
-            errors.append(f"{key}: {value!r} matches no file (resolved to {path})")
+        elif kind == "glob":
+            matches = [Path(m) for m in glob.glob(str(path), recursive=True) if Path(m).is_file()]
+            outside = [m for m in matches if not Path(value).is_absolute() and not _inside(m, data_dir)]
+            if not matches:
+                errors.append(f"{key}: {value!r} matches no file (resolved to {path})")
+            elif outside:
+                errors.append(
+                    f"{key}: {value!r} matches {outside[0]}, outside the data dir {data_dir} (through a "
+                    "link); give an absolute path to use files elsewhere"
+                )
     return errors
 
 

@@ -35,7 +35,7 @@ def test_failure_keeps_previous_output_and_removes_staging(tmp_path: Path):
 
 def test_stale_staging_of_dead_process_is_cleaned(tmp_path: Path):
     final = tmp_path / "out"
-    dead = tmp_path / ".out.tmp-999999999-deadbeef"
+    dead = tmp_path / f".out.tmp-999999999-{lake._HOST}"  # a pid no process has, on this machine
     dead.mkdir()
     live = tmp_path / f".out.tmp-{os.getppid()}-cafe0000"
     live.mkdir()
@@ -112,6 +112,7 @@ def test_loads_json_reads_what_json_loads_reads_floats_huge_ints_and_surrogates_
 
 
 def test_staging_under_a_lake_lives_outside_it_so_lake_globs_never_see_a_half_written_file(tmp_path: Path):
+    (tmp_path / "data" / "datasets").mkdir(parents=True)
     final = tmp_path / "data" / "lake" / "ds" / "gold" / "p1"
     with staged_dir(final) as stage:
         assert stage.parent == tmp_path / "data" / lake.STAGING_DIR and stage.name.startswith("ds.gold.p1.tmp-")
@@ -140,6 +141,46 @@ def test_verify_published_names_a_truncated_a_changed_a_missing_and_an_extra_fil
         (stage / "a.bin").write_bytes(b"x")
     (final / "extra.bin").write_bytes(b"y")
     assert lake.verify_published(final) == [f"{final / 'extra.bin'}: not in the published checksums"]
+
+
+def test_a_folder_named_lake_that_is_no_data_dirs_lake_and_a_dataset_named_lake_stage_safely(tmp_path: Path):
+    (tmp_path / "data" / "datasets").mkdir(parents=True)
+    outer = tmp_path / "lake" / "notes" / "out"  # a `lake` folder with no datasets/ beside it: staged beside
+    with staged_dir(outer) as stage:
+        assert stage.parent == outer.parent
+    named = tmp_path / "data" / "lake" / "lake" / "gold" / "p1"  # dataset `lake`: the data dir's staging
+    with staged_dir(named) as stage:
+        assert stage.parent == tmp_path / "data" / lake.STAGING_DIR and stage.name.startswith("lake.gold.p1.tmp-")
+
+
+def test_a_dataset_folder_reached_through_a_link_is_staged_beside_its_output(tmp_path: Path):
+    (tmp_path / "data" / "datasets").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "data" / "lake").mkdir()
+    (tmp_path / "data" / "lake" / "ds").symlink_to(tmp_path / "elsewhere")
+    final = tmp_path / "data" / "lake" / "ds" / "gold" / "p1"
+    for value in ("1", "2"):  # a first publish and a replacement
+        with staged_dir(final) as stage:
+            assert stage.parent == final.parent
+            (stage / "a.txt").write_text(value)
+        assert (final / "a.txt").read_text() == value and lake.verify_published(final) == []
+
+
+def test_unreadable_checksums_are_a_problem_to_rebuild_not_a_crash(tmp_path: Path):
+    final = tmp_path / "out"
+    with staged_dir(final) as stage:
+        (stage / "a.txt").write_text("x")
+    (final / lake.CHECKSUMS).write_text("{not json")
+    assert "unreadable" in lake.verify_published(final)[0]
+    (final / lake.CHECKSUMS).write_text('{"a.txt": {"size": 1}}')
+    assert "unreadable" in lake.verify_published(final)[0]
+
+
+def test_a_run_of_another_machine_is_never_taken_for_a_dead_one():
+    other = "0" * len(lake._HOST) if lake._HOST != "0" * len(lake._HOST) else "1" * len(lake._HOST)
+    assert lake.process_alive(f"999999999-{other}")  # its pid cannot be asked here: assumed alive
+    assert not lake.process_alive(f"999999999-{lake._HOST}")
+    assert lake.process_alive(lake.process_tag())
 
 
 def test_sweep_removes_every_dead_writers_leftover_of_a_dataset_and_keeps_live_ones(tmp_path: Path):

@@ -183,3 +183,20 @@ def test_spec_paths_are_checked_on_load_and_relative_ones_may_not_leave_the_data
         f"input: {{type: text}}\ntokenizer: {{path: {tmp_path / 'tok'}}}\n"
     )
     assert load_spec(tmp_path / "datasets" / "abs.yaml").tokenizer.path == str(tmp_path / "tok")  # absolute: allowed
+
+
+def test_a_training_glob_may_not_reach_outside_the_data_dir_through_a_link(tmp_path):
+    from prep_assets.core.spec import scan_specs
+
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "s.txt").write_text("secret")
+    data = tmp_path / "data"
+    (data / "datasets").mkdir(parents=True)
+    (data / "train").mkdir()
+    (data / "train" / "link").symlink_to(tmp_path / "outside")
+    for name, pattern in (("star", "train/*/s.txt"), ("globstar", "train/**/*.txt")):
+        (data / "datasets" / f"{name}.yaml").write_text(
+            f"input: {{type: text}}\ntokenizer: {{train: {{files: ['{pattern}']}}}}\n"
+        )
+    scan = scan_specs(data / "datasets")
+    assert not scan.specs and all("outside the data dir" in scan.broken[n] for n in ("star", "globstar"))

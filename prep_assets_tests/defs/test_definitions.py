@@ -107,3 +107,14 @@ def test_a_broken_spec_becomes_its_own_error_asset_and_every_other_dataset_loads
     assert not result.success
     only = build_definitions(data, dataset="sample_text").resolve_asset_graph()
     assert {k.path[0] for k in only.get_all_asset_keys()} == {"sample_text"}
+
+
+def test_a_broken_spec_whose_file_name_dagster_would_refuse_still_loads_as_an_error_asset(tmp_path):
+    from prep_assets.definitions import SPEC_ERROR
+    from prep_assets_tests.conftest import copy_sample_data
+
+    data = copy_sample_data(tmp_path / "data")
+    (data / "datasets" / "en-wiki.v2.yaml").write_text("input: {type: text}\ntokenizer: {path: x}\n")
+    graph = build_definitions(data).resolve_asset_graph()
+    broken = graph.get(AssetKey(["en_wiki_v2", SPEC_ERROR]))
+    assert "en-wiki.v2.yaml" in broken.description and broken.group_name == "en_wiki_v2"
