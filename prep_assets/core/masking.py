@@ -147,8 +147,9 @@ def _encode(prep: _Prepared, pt: PinnedTokenizer) -> _Encoded:
     if prep.is_first is None:
         return pt.encode_texts([p.text for p in prep.flat if p.kind == _TEXT]), []
     flags = prep.is_first
-    return (pt.encode_texts([p.text for p, f in zip(prep.flat, flags) if p.kind == _TEXT and f]),
-            pt.encode_texts([p.text for p, f in zip(prep.flat, flags) if p.kind == _TEXT and not f], continuation=True))
+    starts = [p.text for p, f in zip(prep.flat, flags, strict=True) if p.kind == _TEXT and f]
+    rests = [p.text for p, f in zip(prep.flat, flags, strict=True) if p.kind == _TEXT and not f]
+    return pt.encode_texts(starts), pt.encode_texts(rests, continuation=True)
 
 
 def _assemble(prep: _Prepared, encoded: _Encoded, spec: DatasetSpec, pt: PinnedTokenizer) -> TokenizedBatch:

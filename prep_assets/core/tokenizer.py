@@ -11,8 +11,9 @@ import fnmatch
 import glob
 import hashlib
 import json
-import os
 import logging
+import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -40,7 +41,8 @@ LONG_TEXT_CHARS = 256 * 1024
 PIECE_CHARS = 64 * 1024
 PIECES_PER_CALL = 4  # pieces encoded together (the Rust pool's threads), so memory stays a few pieces' worth
 CUT_WINDOW = 64  # characters either side of a cut that the tokenizer's own normalizer and pre-tokenizer check
-CUT_TRIES = 64  # candidate cuts tried before giving up on a text's remaining cuts (its tail is encoded whole)
+CUT_TRIES = 64  # candidate cuts refused in a row before giving up on a text's remaining cuts (its tail: one piece)
+_CANDIDATE = re.compile(r"(?<=\S) (?=\S)")  # a space between two non-spaces
 _log = logging.getLogger(__name__)
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -337,16 +339,17 @@ class PieceCutter:
         out: list[int] = []
         at = every
         while at < len(text):
-            cut, tries = text.find(" ", at), 0
-            while cut != -1 and not self.is_safe(text, cut):
+            tries = 0
+            for match in _CANDIDATE.finditer(text, at):
+                if self.is_safe(text, match.start()):
+                    out.append(match.start())
+                    break
                 tries += 1
                 if tries >= CUT_TRIES:
                     return out
-                cut = text.find(" ", cut + 1)
-            if cut == -1:
+            else:
                 return out
-            out.append(cut)
-            at = cut + every
+            at = out[-1] + every
         return out
 
 
@@ -387,7 +390,7 @@ class PinnedTokenizer:
         """The ids of one text as int32, encoded PIECES_PER_CALL pieces at a time (whole if it cannot be cut)."""
         cutter = self.cutter
         bounds = [0, *(cutter.cuts(text, PIECE_CHARS) if cutter is not None else []), len(text)]
-        spans = list(zip(bounds[:-1], bounds[1:]))
+        spans = list(zip(bounds[:-1], bounds[1:], strict=True))
         parts: list[np.ndarray] = []
         if not continuation and self.continuation is not self.encoder:  # only the first piece starts the input
             (a, b), spans = spans[0], spans[1:]
