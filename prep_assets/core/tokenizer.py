@@ -36,10 +36,10 @@ from prep_assets.core.spec import TokenizerSpec, TrainTokenizerSpec  # noqa: E40
 
 FINGERPRINT_FILE = "fingerprint.json"
 # texts longer than this (characters) are encoded in pieces of about PIECE_CHARS: one call's Encoding costs ~500 B
-# per token (a 6 MB text: +720 MiB), a piece's ~30 MiB
-LONG_TEXT_CHARS = 256 * 1024
-PIECE_CHARS = 64 * 1024
-PIECES_PER_CALL = 4  # pieces encoded together (the Rust pool's threads), so memory stays a few pieces' worth
+# per token (a 6 MB text: +720 MiB), a call of PIECES_PER_CALL pieces (one per core) ~10 MiB
+LONG_TEXT_CHARS = 64 * 1024
+PIECE_CHARS = 16 * 1024
+PIECES_PER_CALL = 2
 CUT_WINDOW = 64  # characters either side of a cut that the tokenizer's own normalizer and pre-tokenizer check
 CUT_TRIES = 64  # candidate cuts refused in a row before giving up on a text's remaining cuts (its tail: one piece)
 _CANDIDATE = re.compile(r"(?<=\S) (?=\S)")  # a space between two non-spaces
