@@ -7,7 +7,8 @@ end-of-turn text. Preference records become two examples (chosen, rejected) whos
 masked in both; a pair is kept or rejected as a whole. At most one BOS, at the start. Special-token strings in
 content are encoded as plain text. The first token of every example has loss_mask 0: in a packed row
 it starts a segment and has no context to be predicted from. Overflow beyond `max_seq_len` follows
-`sequence.overflow`; an example left without a trained token is rejected (`no_trained_tokens`).
+`sequence.overflow`; an example left without a trained token is rejected (`no_trained_tokens`). A text over
+`tokenizer.LONG_TEXT_CHARS` is encoded in pieces whose ids are exactly the whole text's (`tokenizer.PieceCutter`).
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def _assemble(prep: _Prepared, encoded: _Encoded, spec: DatasetSpec, pt: PinnedT
         piece_ids = [next(starts) if p.kind == _TEXT else [p.token_id] for p in flat]
     else:
         piece_ids = [(next(starts) if f else next(rests)) if p.kind == _TEXT else [p.token_id]
-                     for p, f in zip(flat, prep.is_first)]
+                     for p, f in zip(flat, prep.is_first, strict=True)]
     piece_lens = np.fromiter((len(ids) for ids in piece_ids), dtype=np.int64, count=len(piece_ids))
     if any(type(x) is np.ndarray for x in piece_ids):  # a long text: joined as arrays, never as Python ints
         ids = np.concatenate([np.asarray(x, dtype=np.int32) for x in piece_ids])

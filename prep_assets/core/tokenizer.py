@@ -35,8 +35,7 @@ from prep_assets.core.lake import canonical_json, read_json, sha256_file, write_
 from prep_assets.core.spec import TokenizerSpec, TrainTokenizerSpec  # noqa: E402
 
 FINGERPRINT_FILE = "fingerprint.json"
-# texts longer than this (characters) are encoded in pieces of about PIECE_CHARS: one call's Encoding costs ~500 B
-# per token (a 6 MB text: +720 MiB), a call of PIECES_PER_CALL pieces (one per core) ~10 MiB
+# an Encoding costs ~500 B a token (6 MB of text in one call: +720 MiB): long texts go in pieces, one per core a call
 LONG_TEXT_CHARS = 64 * 1024
 PIECE_CHARS = 16 * 1024
 PIECES_PER_CALL = 2
