@@ -35,10 +35,10 @@ from prep_assets.core.lake import canonical_json, read_json, sha256_file, write_
 from prep_assets.core.spec import TokenizerSpec, TrainTokenizerSpec  # noqa: E402
 
 FINGERPRINT_FILE = "fingerprint.json"
-# an Encoding costs ~500 B a token (6 MB of text in one call: +720 MiB): long texts go in pieces, one per core a call
+# an Encoding costs ~500 B a token (6 MB of text in one call: +720 MiB): long texts go in pieces, a few a call
 LONG_TEXT_CHARS = 64 * 1024
 PIECE_CHARS = 16 * 1024
-PIECES_PER_CALL = 2
+PIECES_PER_CALL = 8
 CUT_WINDOW = 64  # characters either side of a cut that the tokenizer's own normalizer and pre-tokenizer check
 CUT_TRIES = 64  # candidate cuts refused in a row before giving up on a text's remaining cuts (its tail: one piece)
 _CANDIDATE = re.compile(r"(?<=\S) (?=\S)")  # a space between two non-spaces
@@ -376,8 +376,8 @@ class PinnedTokenizer:
         long = [i for i, t in enumerate(texts) if len(t) > LONG_TEXT_CHARS]
         out: list[list[int] | np.ndarray] = [e.ids for e in encoder.encode_batch_fast(
             ["" if len(t) > LONG_TEXT_CHARS else t for t in texts], add_special_tokens=False)]
-        for i in long:
-            out[i] = self.encode_long(texts[i], continuation=continuation)
+        for i, ids in zip(long, self._encode_long([texts[i] for i in long], continuation), strict=True):
+            out[i] = ids
         return out
 
     def encode_batch(self, texts: list[str], *, continuation: bool = False) -> list[list[int]]:
@@ -386,20 +386,28 @@ class PinnedTokenizer:
                 for x in self.encode_texts(texts, continuation=continuation)]
 
     def encode_long(self, text: str, *, continuation: bool = False) -> np.ndarray:
-        """The ids of one text as int32, encoded PIECES_PER_CALL pieces at a time (whole if it cannot be cut)."""
+        """The ids of one text as int32, encoded in pieces (whole if it cannot be cut)."""
+        return self._encode_long([text], continuation)[0]
+
+    def _encode_long(self, texts: list[str], continuation: bool) -> list[np.ndarray]:
+        """The texts' pieces, PIECES_PER_CALL at a time across texts (short texts' calls would leave a core idle)."""
         cutter = self.cutter
-        bounds = [0, *(cutter.cuts(text, PIECE_CHARS) if cutter is not None else []), len(text)]
-        spans = list(zip(bounds[:-1], bounds[1:], strict=True))
-        parts: list[np.ndarray] = []
-        if not continuation and self.continuation is not self.encoder:  # only the first piece starts the input
-            (a, b), spans = spans[0], spans[1:]
-            parts.append(np.array(self.encoder.encode_batch_fast([text[a:b]], add_special_tokens=False)[0].ids,
-                                  dtype=np.int32))
-        for k in range(0, len(spans), PIECES_PER_CALL):
-            pieces = [text[a:b] for a, b in spans[k:k + PIECES_PER_CALL]]
-            parts += [np.array(e.ids, dtype=np.int32)
-                      for e in self.continuation.encode_batch_fast(pieces, add_special_tokens=False)]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+        firsts: list[tuple[int, int, int]] = []  # (text, start, end) of pieces that start an input
+        rests: list[tuple[int, int, int]] = []
+        starts_input = not continuation and self.continuation is not self.encoder
+        for t, text in enumerate(texts):
+            bounds = [0, *(cutter.cuts(text, PIECE_CHARS) if cutter is not None else []), len(text)]
+            spans = [(t, a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            firsts += spans[:1] if starts_input else []
+            rests += spans[1:] if starts_input else spans
+        parts: list[list[np.ndarray]] = [[] for _ in texts]
+        for encoder, jobs in ((self.encoder, firsts), (self.continuation, rests)):  # firsts first: parts in order
+            for k in range(0, len(jobs), PIECES_PER_CALL):
+                chunk = jobs[k:k + PIECES_PER_CALL]
+                encodings = encoder.encode_batch_fast([texts[t][a:b] for t, a, b in chunk], add_special_tokens=False)
+                for (t, _, _), e in zip(chunk, encodings, strict=True):
+                    parts[t].append(np.array(e.ids, dtype=np.int32))
+        return [np.concatenate(p) for p in parts]
 
 
 def load_pinned_info(tokenizer_dir: Path) -> TokenizerInfo:
