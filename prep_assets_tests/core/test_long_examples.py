@@ -215,7 +215,7 @@ def _gold_rss(tmp_path: Path, spec_args: dict, silver: Path, tok: Path, long_cha
 
 
 def test_gold_of_a_2_mb_document_stays_within_150_mib_of_its_start(tmp_path: Path):
-    """~1.1M GPT-2 tokens: ~95 MiB in pieces (a second tokenizer loaded, Parquet's buffers); ~395 MiB encoded whole."""
+    """~1.1M GPT-2 tokens: ~105 MiB in pieces (a second tokenizer loaded, Parquet's buffers); ~395 MiB encoded whole."""
     doc = _document(2_000_000, 4)
     spec_args = {"input": {"type": "text"}, "clean": {"max_chars": 1 << 40},
                  "tokenizer": {"path": str(shared_path("tokenizers/gpt2"))}, "sequence": {"max_seq_len": 2048},
