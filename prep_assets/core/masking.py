@@ -7,7 +7,8 @@ end-of-turn text. Preference records become two examples (chosen, rejected) whos
 masked in both; a pair is kept or rejected as a whole. At most one BOS, at the start. Special-token strings in
 content are encoded as plain text. The first token of every example has loss_mask 0: in a packed row
 it starts a segment and has no context to be predicted from. Overflow beyond `max_seq_len` follows
-`sequence.overflow`; an example left without a trained token is rejected (`no_trained_tokens`).
+`sequence.overflow`; an example left without a trained token is rejected (`no_trained_tokens`). A text over
+`tokenizer.LONG_TEXT_CHARS` is encoded in pieces whose ids are exactly the whole text's (`tokenizer.PieceCutter`).
 """
 
 from __future__ import annotations
@@ -138,26 +139,33 @@ def _prepare(contents: list[dict[str, Any]], spec: DatasetSpec, pt: PinnedTokeni
     return _Prepared(per_example, flat, list(chain.from_iterable(_first_text_flags(p) for p in per_example)))
 
 
-def _encode(prep: _Prepared, pt: PinnedTokenizer) -> tuple[list[list[int]], list[list[int]]]:
+_Ids = list[int] | np.ndarray  # a long text's ids come as an int32 array (encoded in pieces), others as lists
+_Encoded = tuple[list[_Ids], list[_Ids]]
+
+
+def _encode(prep: _Prepared, pt: PinnedTokenizer) -> _Encoded:
     """The ids of the batch's texts: (starts, continuations). The Rust tokenizer runs without the GIL."""
     if prep.is_first is None:
-        return pt.encode_batch([p.text for p in prep.flat if p.kind == _TEXT]), []
+        return pt.encode_texts([p.text for p in prep.flat if p.kind == _TEXT]), []
     flags = prep.is_first
-    return (pt.encode_batch([p.text for p, f in zip(prep.flat, flags) if p.kind == _TEXT and f]),
-            pt.encode_batch([p.text for p, f in zip(prep.flat, flags) if p.kind == _TEXT and not f], continuation=True))
+    starts = [p.text for p, f in zip(prep.flat, flags, strict=True) if p.kind == _TEXT and f]
+    rests = [p.text for p, f in zip(prep.flat, flags, strict=True) if p.kind == _TEXT and not f]
+    return pt.encode_texts(starts), pt.encode_texts(rests, continuation=True)
 
 
-def _assemble(prep: _Prepared, encoded: tuple[list[list[int]], list[list[int]]], spec: DatasetSpec,
-              pt: PinnedTokenizer) -> TokenizedBatch:
+def _assemble(prep: _Prepared, encoded: _Encoded, spec: DatasetSpec, pt: PinnedTokenizer) -> TokenizedBatch:
     starts, rests = iter(encoded[0]), iter(encoded[1])
     flat = prep.flat
     if prep.is_first is None:
         piece_ids = [next(starts) if p.kind == _TEXT else [p.token_id] for p in flat]
     else:
         piece_ids = [(next(starts) if f else next(rests)) if p.kind == _TEXT else [p.token_id]
-                     for p, f in zip(flat, prep.is_first)]
+                     for p, f in zip(flat, prep.is_first, strict=True)]
     piece_lens = np.fromiter((len(ids) for ids in piece_ids), dtype=np.int64, count=len(piece_ids))
-    ids = np.fromiter(chain.from_iterable(piece_ids), dtype=np.int32, count=int(piece_lens.sum()))
+    if any(type(x) is np.ndarray for x in piece_ids):  # a long text: joined as arrays, never as Python ints
+        ids = np.concatenate([np.asarray(x, dtype=np.int32) for x in piece_ids])
+    else:
+        ids = np.fromiter(chain.from_iterable(piece_ids), dtype=np.int32, count=int(piece_lens.sum()))
     mask = np.repeat(np.fromiter((p.train for p in flat), dtype=np.uint8, count=len(flat)), piece_lens)
     types = np.repeat(np.fromiter((p.token_type for p in flat), dtype=np.uint8, count=len(flat)), piece_lens)
     n = len(prep.per_example)
@@ -187,7 +195,7 @@ def tokenize_batches(items: Iterable[tuple[K, list[dict[str, Any]]]], spec: Data
             yield key, tokenize_batch(contents, spec, pt, chat)
         return
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode") as pool:
-        pending: tuple[K, _Prepared, Future[tuple[list[list[int]], list[list[int]]]]] | None = None
+        pending: tuple[K, _Prepared, Future[_Encoded]] | None = None
         for key, contents in items:
             prep = _prepare(contents, spec, pt)
             encoding = pool.submit(_encode, prep, pt)

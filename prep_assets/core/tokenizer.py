@@ -11,12 +11,17 @@ import fnmatch
 import glob
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -30,6 +35,14 @@ from prep_assets.core.lake import canonical_json, read_json, sha256_file, write_
 from prep_assets.core.spec_sections import TokenizerSpec, TrainTokenizerSpec  # noqa: E402
 
 FINGERPRINT_FILE = "fingerprint.json"
+# an Encoding costs ~500 B a token (6 MB of text in one call: +720 MiB): long texts go in pieces, a few a call
+LONG_TEXT_CHARS = 64 * 1024
+PIECE_CHARS = 16 * 1024
+PIECES_PER_CALL = 8
+CUT_WINDOW = 64  # characters either side of a cut that the tokenizer's own normalizer and pre-tokenizer check
+CUT_TRIES = 64  # candidate cuts refused in a row before giving up on a text's remaining cuts (its tail: one piece)
+_CANDIDATE = re.compile(r"(?<=\S) (?=\S)")  # a space between two non-spaces
+_log = logging.getLogger(__name__)
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -259,6 +272,86 @@ def continuation_encoder(encoder: Tokenizer) -> Tokenizer:
     return out
 
 
+class PieceCutter:
+    """Where a long text may be cut so that its pieces' ids, concatenated, are exactly the ids of the whole text
+    (the first piece encoded as the text is, the later ones as continuations).
+
+    A cut goes before a space that follows a non-space character and precedes one, and only where the tokenizer
+    itself shows that no token can span it, on a window of text around the cut: the continuation's normalizer gives
+    the two sides apart the characters it gives them together, and either its pre-tokenizer puts a boundary there
+    (every model encodes each pre-token on its own) or, when it does not split there (SentencePiece-style BPE), no
+    BPE merge joins a symbol that does not end with the space's symbol to one that starts with it.
+    """
+
+    def __init__(self, continuation: Tokenizer) -> None:
+        self.tokenizer = continuation
+        self.normalizer, self.pre_tokenizer = continuation.normalizer, continuation.pre_tokenizer
+
+    @classmethod
+    def of(cls, encoder: Tokenizer, continuation: Tokenizer) -> PieceCutter | None:
+        """None when no cut can be trusted: a non-special added token is matched in the raw text, across any cut."""
+        if any(not t.special for t in encoder.get_added_tokens_decoder().values()):
+            return None
+        return cls(continuation)
+
+    def _norm(self, text: str) -> str:
+        return text if self.normalizer is None else self.normalizer.normalize_str(text)
+
+    def _pre(self, text: str) -> list[str]:
+        return [text] if self.pre_tokenizer is None else [t for t, _ in self.pre_tokenizer.pre_tokenize_str(text)]
+
+    @cached_property
+    def merge_free_space(self) -> str | None:
+        """The space's symbol if no BPE merge can join across the start of one, else None (read once, when needed)."""
+        model = json.loads(self.tokenizer.model.__getstate__())
+        if (model.get("type") != "BPE" or model.get("dropout") or model.get("continuing_subword_prefix")
+                or model.get("end_of_word_suffix") or model.get("ignore_merges")):
+            return None
+        space = self._pre(self._norm(" a"))[0][:1]
+        if space not in model["vocab"]:  # an unknown space could fuse with the unknown symbol before it
+            return None
+        for merge in model["merges"]:
+            a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
+            if b.startswith(space) and not a.endswith(space):
+                return None
+        return space
+
+    def is_safe(self, text: str, at: int) -> bool:
+        """Can `text` be cut before character `at`?"""
+        if not (0 < at < len(text) - 1 and text[at] == " " and not text[at - 1].isspace()
+                and not text[at + 1].isspace()):
+            return False
+        left, right = text[max(0, at - CUT_WINDOW):at], text[at:at + CUT_WINDOW]
+        nl, nr = self._norm(left), self._norm(right)
+        if nl + nr != self._norm(left + right):
+            return False
+        pl, pr, pw = self._pre(nl), self._pre(nr), self._pre(nl + nr)
+        if pl + pr == pw:
+            return True
+        space = self.merge_free_space
+        return (space is not None and pw == [*pl[:-1], pl[-1] + pr[0], *pr[1:]] and pr[0].startswith(space)
+                and not pl[-1].endswith(space))
+
+    def cuts(self, text: str, every: int) -> list[int]:
+        """Cut positions about `every` characters apart; after CUT_TRIES refused candidates in a row the rest of the
+        text stays one piece (exact still, only larger)."""
+        out: list[int] = []
+        at = every
+        while at < len(text):
+            tries = 0
+            for match in _CANDIDATE.finditer(text, at):
+                if self.is_safe(text, match.start()):
+                    out.append(match.start())
+                    break
+                tries += 1
+                if tries >= CUT_TRIES:
+                    return out
+            else:
+                return out
+            at = out[-1] + every
+        return out
+
+
 @dataclass(frozen=True)
 class PinnedTokenizer:
     info: TokenizerInfo
@@ -266,10 +359,55 @@ class PinnedTokenizer:
     continuation: Tokenizer  # the same, for text that follows other text of the example
     hf: PreTrainedTokenizerBase
 
-    def encode_batch(self, texts: list[str], *, continuation: bool = False) -> list[list[int]]:
-        """Batch-encode with the Rust tokenizer's parallelism, no special tokens added."""
+    @cached_property
+    def cutter(self) -> PieceCutter | None:
+        cutter = PieceCutter.of(self.encoder, self.continuation)
+        if cutter is None:
+            _log.warning("this tokenizer has non-special added tokens: texts over %d characters are encoded whole",
+                         LONG_TEXT_CHARS)
+        return cutter
+
+    def encode_texts(self, texts: list[str], *, continuation: bool = False) -> list[list[int] | np.ndarray]:
+        """Batch-encode with the Rust tokenizer's parallelism, no special tokens added; a text over LONG_TEXT_CHARS
+        comes back as an int32 array, encoded in pieces (`PieceCutter`) with the same ids as encoding it whole."""
         encoder = self.continuation if continuation else self.encoder
-        return [e.ids for e in encoder.encode_batch_fast(texts, add_special_tokens=False)]
+        if max(map(len, texts), default=0) <= LONG_TEXT_CHARS:
+            return [e.ids for e in encoder.encode_batch_fast(texts, add_special_tokens=False)]
+        long = [i for i, t in enumerate(texts) if len(t) > LONG_TEXT_CHARS]
+        out: list[list[int] | np.ndarray] = [e.ids for e in encoder.encode_batch_fast(
+            ["" if len(t) > LONG_TEXT_CHARS else t for t in texts], add_special_tokens=False)]
+        for i, ids in zip(long, self._encode_long([texts[i] for i in long], continuation), strict=True):
+            out[i] = ids
+        return out
+
+    def encode_batch(self, texts: list[str], *, continuation: bool = False) -> list[list[int]]:
+        """`encode_texts` as lists."""
+        return [x.tolist() if isinstance(x, np.ndarray) else x
+                for x in self.encode_texts(texts, continuation=continuation)]
+
+    def encode_long(self, text: str, *, continuation: bool = False) -> np.ndarray:
+        """The ids of one text as int32, encoded in pieces (whole if it cannot be cut)."""
+        return self._encode_long([text], continuation)[0]
+
+    def _encode_long(self, texts: list[str], continuation: bool) -> list[np.ndarray]:
+        """The texts' pieces, PIECES_PER_CALL at a time across texts (short texts' calls would leave a core idle)."""
+        cutter = self.cutter
+        firsts: list[tuple[int, int, int]] = []  # (text, start, end) of pieces that start an input
+        rests: list[tuple[int, int, int]] = []
+        starts_input = not continuation and self.continuation is not self.encoder
+        for t, text in enumerate(texts):
+            bounds = [0, *(cutter.cuts(text, PIECE_CHARS) if cutter is not None else []), len(text)]
+            spans = [(t, a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            firsts += spans[:1] if starts_input else []
+            rests += spans[1:] if starts_input else spans
+        parts: list[list[np.ndarray]] = [[] for _ in texts]
+        for encoder, jobs in ((self.encoder, firsts), (self.continuation, rests)):  # firsts first: parts in order
+            for k in range(0, len(jobs), PIECES_PER_CALL):
+                chunk = jobs[k:k + PIECES_PER_CALL]
+                encodings = encoder.encode_batch_fast([texts[t][a:b] for t, a, b in chunk], add_special_tokens=False)
+                for (t, _, _), e in zip(chunk, encodings, strict=True):
+                    parts[t].append(np.array(e.ids, dtype=np.int32))
+        return [np.concatenate(p) for p in parts]
 
 
 def load_pinned_info(tokenizer_dir: Path) -> TokenizerInfo:
