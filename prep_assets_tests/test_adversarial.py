@@ -21,11 +21,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from prep_assets.core import layers
 from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
 from prep_assets.core.errors import SpecError
 from prep_assets.core.gates import gates_for, outcomes
+from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
 from prep_assets.core.lake import DatasetPaths, dataset_paths
 from prep_assets.core.manifest import build_manifest
 from prep_assets.core.shards import build_packed_shards
@@ -502,7 +502,7 @@ def trained_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
         default_name="t",
     )
     paths = dataset_paths(data, "t")
-    layers.build_tokenizer(spec, paths, data)
+    build_tokenizer(spec, paths, data)
     return paths.tokenizer_dir
 
 
@@ -526,7 +526,7 @@ def run_case(case: Case, data_dir: Path, tokenizer: Path) -> CaseRun:
     spec = load_spec(data_dir / "datasets" / "adv.yaml")
     paths = dataset_paths(data_dir, "adv")
     register_drops(paths)
-    layers.build_tokenizer(spec, paths, data_dir)
+    build_tokenizer(spec, paths, data_dir)
     rejects: dict[str, list[dict[str, Any]]] = {layer: [] for layer in LAYERS}
     gold: list[dict[str, Any]] = []
     silver: list[dict[str, Any]] = []
@@ -537,7 +537,7 @@ def run_case(case: Case, data_dir: Path, tokenizer: Path) -> CaseRun:
         b, s, g, sh = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold", "shards"))
         build_raw_records(spec, drop, source, b)
         build_silver(spec, paths, key)
-        layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
+        build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
         build_packed_shards(spec, g, paths.tokenizer_dir, sh)
         for gate, outcome in outcomes(spec, paths, key, gates_for(spec)):
             if isinstance(outcome, Exception):

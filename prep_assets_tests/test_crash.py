@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from prep_assets.core import layers
 from prep_assets.core.drops import register_drops
 from prep_assets.core.errors import WriteError
 from prep_assets.core.faults import CRASH_ENV
 from prep_assets.core.gates import gates_for
+from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
 from prep_assets.core.lake import STAGING_DIR, dataset_paths, lock_path, sweep_stale_staging
 from prep_assets.core.spec import load_spec
 from prep_assets_tests.conftest import PROJECT, SAMPLE_DATA
@@ -40,7 +40,7 @@ GATE_ASSET = {
 _CHILD = """
 import sys
 from pathlib import Path
-from prep_assets.core import layers
+from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
 from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import resolve_drop
 from prep_assets.core.faults import write_points_seen
@@ -53,14 +53,14 @@ from prep_assets.core.spec import load_spec
 layer, data, ds, part = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 spec, paths = load_spec(data / "datasets" / f"{ds}.yaml"), dataset_paths(data, ds)
 if layer == "tokenizer":
-    layers.build_tokenizer(spec, paths, data)
+    build_tokenizer(spec, paths, data)
 elif layer == "bronze":
     drop, source = resolve_drop(paths, part)
     build_raw_records(spec, drop, source, paths.partition_dir("bronze", part))
 elif layer == "silver":
     build_silver(spec, paths, part)
 elif layer == "gold":
-    layers.build_tokenized_examples(spec, paths.partition_dir("silver", part), paths.tokenizer_dir,
+    build_tokenized_examples(spec, paths.partition_dir("silver", part), paths.tokenizer_dir,
                                     paths.partition_dir("gold", part))
 elif layer == "shards":
     build_packed_shards(spec, paths.partition_dir("gold", part), paths.tokenizer_dir,
@@ -118,7 +118,7 @@ def _sample(dest: Path) -> tuple[Path, str]:
     shutil.copytree(SAMPLE_DATA / "raw" / DS, dest / "raw" / DS)
     paths = dataset_paths(dest, DS)
     (drop,), _ = register_drops(paths)
-    layers.build_tokenizer(load_spec(dest / "datasets" / f"{DS}.yaml"), paths, dest)
+    build_tokenizer(load_spec(dest / "datasets" / f"{DS}.yaml"), paths, dest)
     return dest, drop.partition
 
 
@@ -231,14 +231,14 @@ def test_a_full_disk_fails_with_the_path_and_keeps_the_previous_output(reference
         with filler.open("wb") as f:  # leave about 4 KiB free: the new gold cannot be written
             f.write(b"\0" * max(0, stat.f_bavail * stat.f_frsize - 4096))
         with pytest.raises(WriteError) as err:
-            layers.build_tokenized_examples(spec, paths.partition_dir("silver", partition), paths.tokenizer_dir, out)
+            build_tokenized_examples(spec, paths.partition_dir("silver", partition), paths.tokenizer_dir, out)
         message = str(err.value)
         assert (
             str(out) in message and "No space left on device" in message and "previous output is unchanged" in message
         )
         assert _digests(out) == digests["gold"] and _leftovers(data) == []
         filler.unlink()
-        layers.build_tokenized_examples(spec, paths.partition_dir("silver", partition), paths.tokenizer_dir, out)
+        build_tokenized_examples(spec, paths.partition_dir("silver", partition), paths.tokenizer_dir, out)
         assert _digests(out) == digests["gold"]
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -25,8 +25,8 @@ def run_layers(data_dir: Path, spec, files: dict[str, bytes]) -> dict:
 
     from prep_assets.core.bronze import build_raw_records
     from prep_assets.core.drops import register_drops, resolve_drop
+    from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
     from prep_assets.core.lake import dataset_paths
-    from prep_assets.core.layers import build_tokenized_examples, build_tokenizer
     from prep_assets.core.manifest import build_manifest
     from prep_assets.core.shards import build_packed_shards
     from prep_assets.core.silver import build_silver

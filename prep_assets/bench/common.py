@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prep_assets.core import layers
 from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, resolve_drop
+from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
 from prep_assets.core.lake import dataset_paths, read_json
 from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import DatasetSpec, parse_spec
@@ -52,7 +52,7 @@ def build_gold(source: Path, tokenizer: Path, max_seq_len: int, work: Path) -> t
     paths.raw_dir.mkdir(parents=True)
     shutil.copyfile(source, paths.raw_dir / source.name)  # drops are regular files (symlinks are skipped)
     register_drops(paths)
-    layers.build_tokenizer(spec, paths, data)
+    build_tokenizer(spec, paths, data)
     key = sorted(p.stem for p in paths.drops_dir.glob("*.json"))[0]
     drop, src = resolve_drop(paths, key)
     b, s, g = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold"))
@@ -62,7 +62,7 @@ def build_gold(source: Path, tokenizer: Path, max_seq_len: int, work: Path) -> t
     t_b = time.perf_counter() - t
     silver = build_clean_records(spec, b, s)
     t_s = time.perf_counter() - t - t_b
-    gold = layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
+    gold = build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
     t_g = time.perf_counter() - t - t_b - t_s
     stats = {
         "records": bronze["records"],

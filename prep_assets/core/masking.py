@@ -89,8 +89,9 @@ class _Trained:
         return cls(*(spec.mask_action(k) == "train" for k in ("text", "prompt", "completion")))
 
 
-def example_pieces(content: dict[str, Any], spec: DatasetSpec, pt: PinnedTokenizer,
-                   trained: _Trained | None = None) -> list[Piece]:
+def example_pieces(
+    content: dict[str, Any], spec: DatasetSpec, pt: PinnedTokenizer, trained: _Trained | None = None
+) -> list[Piece]:
     info = pt.info
     trained = trained or _Trained.of(spec)
     pieces: list[Piece] = []
@@ -159,8 +160,10 @@ def _assemble(prep: _Prepared, encoded: _Encoded, spec: DatasetSpec, pt: PinnedT
     if prep.is_first is None:
         piece_ids = [next(starts) if p.kind == _TEXT else [p.token_id] for p in flat]
     else:
-        piece_ids = [(next(starts) if f else next(rests)) if p.kind == _TEXT else [p.token_id]
-                     for p, f in zip(flat, prep.is_first, strict=True)]
+        piece_ids = [
+            (next(starts) if f else next(rests)) if p.kind == _TEXT else [p.token_id]
+            for p, f in zip(flat, prep.is_first, strict=True)
+        ]
     piece_lens = np.fromiter((len(ids) for ids in piece_ids), dtype=np.int64, count=len(piece_ids))
     if any(type(x) is np.ndarray for x in piece_ids):  # a long text: joined as arrays, never as Python ints
         ids = np.concatenate([np.asarray(x, dtype=np.int32) for x in piece_ids])
@@ -172,8 +175,9 @@ def _assemble(prep: _Prepared, encoded: _Encoded, spec: DatasetSpec, pt: PinnedT
     owner = np.repeat(np.arange(n), [len(p) for p in prep.per_example])
     lengths = np.bincount(owner, weights=piece_lens, minlength=n).astype(np.int64)
     head = 1 if pt.info.add_bos and pt.info.bos_id is not None else 0
-    return apply_overflow(ids, mask, types, lengths, policy=spec.gold_overflow, max_len=spec.sequence.max_seq_len,
-                          head=head)
+    return apply_overflow(
+        ids, mask, types, lengths, policy=spec.gold_overflow, max_len=spec.sequence.max_seq_len, head=head
+    )
 
 
 def tokenize_batch(
@@ -185,8 +189,12 @@ def tokenize_batch(
     return _assemble(prep, _encode(prep, pt), spec, pt)
 
 
-def tokenize_batches(items: Iterable[tuple[K, list[dict[str, Any]]]], spec: DatasetSpec, pt: PinnedTokenizer,
-                     chat: ChatTemplate | None = None) -> Iterator[tuple[K, TokenizedBatch]]:
+def tokenize_batches(
+    items: Iterable[tuple[K, list[dict[str, Any]]]],
+    spec: DatasetSpec,
+    pt: PinnedTokenizer,
+    chat: ChatTemplate | None = None,
+) -> Iterator[tuple[K, TokenizedBatch]]:
     """`tokenize_batch` over a stream of (key, contents), pipelined: while one worker thread encodes batch k+1
     (Rust, no GIL), this thread assembles batch k and the caller writes it and reads the next. Same results, in
     order. Chat and preference records are tokenized one batch after the other."""
@@ -206,7 +214,9 @@ def tokenize_batches(items: Iterable[tuple[K, list[dict[str, Any]]]], spec: Data
             yield pending[0], _assemble(pending[1], pending[2].result(), spec, pt)
 
 
-def chat_examples(content: dict[str, Any], spec: DatasetSpec) -> list[tuple[str | None, list[dict[str, str]], list[bool]]]:
+def chat_examples(
+    content: dict[str, Any], spec: DatasetSpec
+) -> list[tuple[str | None, list[dict[str, str]], list[bool]]]:
     """(branch, messages, trained flags) of each example of a chat or preference record."""
     train = {role: spec.mask_action(role) == "train" for role in spec.mask_keys}
     if "messages" in content:
@@ -253,8 +263,11 @@ def plan_pairs(lengths: np.ndarray, shared: np.ndarray, heads: np.ndarray, max_l
         lim_long = np.where(fits, np.maximum(c, r), max_len - lim_short)
         c_short = c <= r
         lim_c, lim_r = np.where(c_short, lim_short, lim_long), np.where(c_short, lim_long, lim_short)
-        return PairPlan(np.column_stack([lim_c, lim_r]).ravel(), np.minimum(shared, np.minimum(lim_c, lim_r)),
-                        np.zeros(len(c), dtype=bool))
+        return PairPlan(
+            np.column_stack([lim_c, lim_r]).ravel(),
+            np.minimum(shared, np.minimum(lim_c, lim_r)),
+            np.zeros(len(c), dtype=bool),
+        )
     return PairPlan(lengths.copy(), shared, ~fits)
 
 
@@ -265,8 +278,9 @@ def _shared_prefix(a: EncodedChat, b: EncodedChat, text_a: str, text_b: str) -> 
     return int(min(np.count_nonzero(a.char_ends <= n), np.count_nonzero(b.char_ends <= n), *firsts))
 
 
-def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: PinnedTokenizer, chat: ChatTemplate
-                   ) -> TokenizedBatch:
+def _tokenize_chat(
+    contents: list[dict[str, Any]], spec: DatasetSpec, pt: PinnedTokenizer, chat: ChatTemplate
+) -> TokenizedBatch:
     rejects: list[tuple[int, str, str, int]] = []
     rendered, source, branches = [], [], []
     for i, content in enumerate(contents):
@@ -282,20 +296,38 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
     bos = pt.info.bos_id if pt.info.add_bos else None
     encoded = [_with_bos(e, bos) for e in chat.encode(rendered)]
     lengths = np.fromiter((len(e.token_ids) for e in encoded), dtype=np.int64, count=len(encoded))
-    heads = np.fromiter((int(pt.info.bos_id is not None and len(e.token_ids) > 0 and e.token_ids[0] == pt.info.bos_id)
-                         for e in encoded), dtype=np.int64, count=len(encoded))
+    heads = np.fromiter(
+        (
+            int(pt.info.bos_id is not None and len(e.token_ids) > 0 and e.token_ids[0] == pt.info.bos_id)
+            for e in encoded
+        ),
+        dtype=np.int64,
+        count=len(encoded),
+    )
     paired = spec.input.type == "preference"
     limits = shared = None
     lost_pairs: list[tuple[int, int]] = []
     if paired:
-        prefix = np.array([_shared_prefix(encoded[k], encoded[k + 1], rendered[k].text, rendered[k + 1].text)
-                           for k in range(0, len(encoded), 2)], dtype=np.int64)
+        prefix = np.array(
+            [
+                _shared_prefix(encoded[k], encoded[k + 1], rendered[k].text, rendered[k + 1].text)
+                for k in range(0, len(encoded), 2)
+            ],
+            dtype=np.int64,
+        )
         plan = plan_pairs(lengths, prefix, heads, spec.sequence.max_seq_len, spec.sequence.overflow)
         for k in np.flatnonzero(plan.reject):
             n = int(lengths[2 * k] + lengths[2 * k + 1])
-            rejects.append((source[2 * k], "too_long", f"the pair has {n} tokens > max_seq_len "
-                            f"{spec.sequence.max_seq_len} and its shared prompt ({int(prefix[k])} tokens) is too short "
-                            f"to cut ({spec.sequence.overflow})", n))
+            rejects.append(
+                (
+                    source[2 * k],
+                    "too_long",
+                    f"the pair has {n} tokens > max_seq_len "
+                    f"{spec.sequence.max_seq_len} and its shared prompt ({int(prefix[k])} tokens) is too short "
+                    f"to cut ({spec.sequence.overflow})",
+                    n,
+                )
+            )
         keep = np.repeat(~plan.reject, 2)
         lost_pairs = [(source[2 * k], int(lengths[2 * k] + lengths[2 * k + 1])) for k in np.flatnonzero(plan.reject)]
         encoded = [e for e, k in zip(encoded, keep, strict=True) if k]
@@ -307,9 +339,17 @@ def _tokenize_chat(contents: list[dict[str, Any]], spec: DatasetSpec, pt: Pinned
     def cat(name: str, dtype: type) -> np.ndarray:
         return np.concatenate([getattr(e, name) for e in encoded]) if encoded else np.zeros(0, dtype)
 
-    tb = apply_overflow(cat("token_ids", np.int32), cat("loss_mask", np.uint8), cat("token_type_ids", np.uint8),
-                        lengths, policy=spec.gold_overflow, max_len=spec.sequence.max_seq_len, head=heads,
-                        limits=limits, pairs=paired)
+    tb = apply_overflow(
+        cat("token_ids", np.int32),
+        cat("loss_mask", np.uint8),
+        cat("token_type_ids", np.uint8),
+        lengths,
+        policy=spec.gold_overflow,
+        max_len=spec.sequence.max_seq_len,
+        head=heads,
+        limits=limits,
+        pairs=paired,
+    )
     src = np.array(source, dtype=np.int64)
     seen: set[int] = set()
     for e, reason, detail, n in tb.rejects:  # one reject row per record (a pair is rejected once)
@@ -340,10 +380,13 @@ def _with_bos(e: EncodedChat, bos: int | None) -> EncodedChat:
     """Exactly one BOS at the start: added when the tokenizer wants one and the template did not emit it."""
     if bos is None or (len(e.token_ids) and e.token_ids[0] == bos):
         return e
-    return EncodedChat(np.concatenate([[bos], e.token_ids]).astype(np.int32),
-                       np.concatenate([[0], e.loss_mask]).astype(np.uint8),
-                       np.concatenate([[TYPE_PROMPT], e.token_type_ids]).astype(np.uint8),
-                       np.concatenate([[0], e.char_ends]).astype(np.int64), e.split)
+    return EncodedChat(
+        np.concatenate([[bos], e.token_ids]).astype(np.int32),
+        np.concatenate([[0], e.loss_mask]).astype(np.uint8),
+        np.concatenate([[TYPE_PROMPT], e.token_type_ids]).astype(np.uint8),
+        np.concatenate([[0], e.char_ends]).astype(np.int64),
+        e.split,
+    )
 
 
 def apply_overflow(
@@ -403,11 +446,15 @@ def apply_overflow(
     loss = segment_sums(out_mask, out_offsets)
     dropped = over if policy == "drop" else np.zeros(n, dtype=bool)
     for i in np.flatnonzero((loss == 0) & ~dropped):
-        cause = (f"truncated to {int(max_len[i])} (sequence.overflow {policy}), none of the trained tokens is left"
-                 if over[i] else "no token is trained: the record has no text of a trained role or field (see `mask`"
-                 " / `mask_default`) beyond the first token, which is never trained")
-        rejects.append((int(i), "no_trained_tokens", f"no loss token left of {int(lengths[i])} tokens: {cause}",
-                        int(lengths[i])))
+        cause = (
+            f"truncated to {int(max_len[i])} (sequence.overflow {policy}), none of the trained tokens is left"
+            if over[i]
+            else "no token is trained: the record has no text of a trained role or field (see `mask`"
+            " / `mask_default`) beyond the first token, which is never trained"
+        )
+        rejects.append(
+            (int(i), "no_trained_tokens", f"no loss token left of {int(lengths[i])} tokens: {cause}", int(lengths[i]))
+        )
     rejected = np.zeros(n, dtype=bool)
     rejected[[r[0] for r in rejects]] = True
     if pairs:

@@ -136,14 +136,20 @@ def source_digest(spec: TokenizerSpec, base: Path) -> str:
     Recorded when pinned; a different digest later means the pinned copy is out of date.
     """
     if spec.train is not None:
-        paths = [Path(p) for pattern in spec.train.files
-                 for p in sorted(glob.glob(pattern if os.path.isabs(pattern) else str(base / pattern), recursive=True))]
+        paths = [
+            Path(p)
+            for pattern in spec.train.files
+            for p in sorted(glob.glob(pattern if os.path.isabs(pattern) else str(base / pattern), recursive=True))
+        ]
         # keyed relative to the data dir, so a moved or cloned data dir keeps its digest
         files = {(p.relative_to(base) if p.is_relative_to(base) else p).as_posix(): sha256_file(p) for p in paths}
     elif spec.path is not None:
         src = resolve_path(spec.path, base)
-        files = {p.name: sha256_file(p) for p in sorted(src.iterdir()) if p.is_file() and _is_tokenizer_file(p.name)} \
-            if src.is_dir() else {}
+        files = (
+            {p.name: sha256_file(p) for p in sorted(src.iterdir()) if p.is_file() and _is_tokenizer_file(p.name)}
+            if src.is_dir()
+            else {}
+        )
     else:
         files = {"hub": f"{spec.hub_id}@{spec.revision}"}
     template = chat_template_text(spec, base)
@@ -190,8 +196,13 @@ def pin_tokenizer(spec: TokenizerSpec, *, base: Path, dest: Path) -> dict[str, A
     fingerprint = hashlib.sha256(canonical_json(files).encode("utf-8")).hexdigest()
     tok = load_tokenizer(dest)
     info = tokenizer_info(tok, spec, fingerprint)
-    record = {"fingerprint": fingerprint, "files": files, "source": source, "info": asdict(info),
-              "source_digest": source_digest(spec, base)}
+    record = {
+        "fingerprint": fingerprint,
+        "files": files,
+        "source": source,
+        "info": asdict(info),
+        "source_digest": source_digest(spec, base),
+    }
     write_json_atomic(dest / FINGERPRINT_FILE, record)
     return record
 
@@ -304,8 +315,13 @@ class PieceCutter:
     def merge_free_space(self) -> str | None:
         """The space's symbol if no BPE merge can join across the start of one, else None (read once, when needed)."""
         model = json.loads(self.tokenizer.model.__getstate__())
-        if (model.get("type") != "BPE" or model.get("dropout") or model.get("continuing_subword_prefix")
-                or model.get("end_of_word_suffix") or model.get("ignore_merges")):
+        if (
+            model.get("type") != "BPE"
+            or model.get("dropout")
+            or model.get("continuing_subword_prefix")
+            or model.get("end_of_word_suffix")
+            or model.get("ignore_merges")
+        ):
             return None
         space = self._pre(self._norm(" a"))[0][:1]
         if space not in model["vocab"]:  # an unknown space could fuse with the unknown symbol before it
@@ -318,10 +334,11 @@ class PieceCutter:
 
     def is_safe(self, text: str, at: int) -> bool:
         """Can `text` be cut before character `at`?"""
-        if not (0 < at < len(text) - 1 and text[at] == " " and not text[at - 1].isspace()
-                and not text[at + 1].isspace()):
+        if not (
+            0 < at < len(text) - 1 and text[at] == " " and not text[at - 1].isspace() and not text[at + 1].isspace()
+        ):
             return False
-        left, right = text[max(0, at - CUT_WINDOW):at], text[at:at + CUT_WINDOW]
+        left, right = text[max(0, at - CUT_WINDOW) : at], text[at : at + CUT_WINDOW]
         nl, nr = self._norm(left), self._norm(right)
         if nl + nr != self._norm(left + right):
             return False
@@ -329,8 +346,12 @@ class PieceCutter:
         if pl + pr == pw:
             return True
         space = self.merge_free_space
-        return (space is not None and pw == [*pl[:-1], pl[-1] + pr[0], *pr[1:]] and pr[0].startswith(space)
-                and not pl[-1].endswith(space))
+        return (
+            space is not None
+            and pw == [*pl[:-1], pl[-1] + pr[0], *pr[1:]]
+            and pr[0].startswith(space)
+            and not pl[-1].endswith(space)
+        )
 
     def cuts(self, text: str, every: int) -> list[int]:
         """Cut positions about `every` characters apart; after CUT_TRIES refused candidates in a row the rest of the
@@ -363,8 +384,10 @@ class PinnedTokenizer:
     def cutter(self) -> PieceCutter | None:
         cutter = PieceCutter.of(self.encoder, self.continuation)
         if cutter is None:
-            _log.warning("this tokenizer has non-special added tokens: texts over %d characters are encoded whole",
-                         LONG_TEXT_CHARS)
+            _log.warning(
+                "this tokenizer has non-special added tokens: texts over %d characters are encoded whole",
+                LONG_TEXT_CHARS,
+            )
         return cutter
 
     def encode_texts(self, texts: list[str], *, continuation: bool = False) -> list[list[int] | np.ndarray]:
@@ -374,16 +397,21 @@ class PinnedTokenizer:
         if max(map(len, texts), default=0) <= LONG_TEXT_CHARS:
             return [e.ids for e in encoder.encode_batch_fast(texts, add_special_tokens=False)]
         long = [i for i, t in enumerate(texts) if len(t) > LONG_TEXT_CHARS]
-        out: list[list[int] | np.ndarray] = [e.ids for e in encoder.encode_batch_fast(
-            ["" if len(t) > LONG_TEXT_CHARS else t for t in texts], add_special_tokens=False)]
+        out: list[list[int] | np.ndarray] = [
+            e.ids
+            for e in encoder.encode_batch_fast(
+                ["" if len(t) > LONG_TEXT_CHARS else t for t in texts], add_special_tokens=False
+            )
+        ]
         for i, ids in zip(long, self._encode_long([texts[i] for i in long], continuation), strict=True):
             out[i] = ids
         return out
 
     def encode_batch(self, texts: list[str], *, continuation: bool = False) -> list[list[int]]:
         """`encode_texts` as lists."""
-        return [x.tolist() if isinstance(x, np.ndarray) else x
-                for x in self.encode_texts(texts, continuation=continuation)]
+        return [
+            x.tolist() if isinstance(x, np.ndarray) else x for x in self.encode_texts(texts, continuation=continuation)
+        ]
 
     def encode_long(self, text: str, *, continuation: bool = False) -> np.ndarray:
         """The ids of one text as int32, encoded in pieces (whole if it cannot be cut)."""
@@ -403,7 +431,7 @@ class PinnedTokenizer:
         parts: list[list[np.ndarray]] = [[] for _ in texts]
         for encoder, jobs in ((self.encoder, firsts), (self.continuation, rests)):  # firsts first: parts in order
             for k in range(0, len(jobs), PIECES_PER_CALL):
-                chunk = jobs[k:k + PIECES_PER_CALL]
+                chunk = jobs[k : k + PIECES_PER_CALL]
                 encodings = encoder.encode_batch_fast([texts[t][a:b] for t, a, b in chunk], add_special_tokens=False)
                 for (t, _, _), e in zip(chunk, encodings, strict=True):
                     parts[t].append(np.array(e.ids, dtype=np.int32))

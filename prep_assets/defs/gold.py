@@ -4,7 +4,7 @@ from typing import Any
 
 from dagster import AssetExecutionContext, AssetsDefinition, DataVersion, MaterializeResult, MetadataValue, asset
 
-from prep_assets.core import layers
+from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
 from prep_assets.core.lake import EXAMPLES
 from prep_assets.core.records import GOLD_SCHEMA
 from prep_assets.core.spec import DatasetSpec
@@ -34,7 +34,7 @@ def tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
     def tokenizer(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
         paths = lake.paths(spec.name)
         with user_errors():
-            record = layers.build_tokenizer(spec, paths, lake.root)
+            record = build_tokenizer(spec, paths, lake.root)
         info = record["info"]
         return MaterializeResult(
             metadata={
@@ -81,7 +81,7 @@ def gold_asset(spec: DatasetSpec) -> AssetsDefinition:
         key = context.partition_key
         out = paths.partition_dir("gold", key)
         with user_errors():
-            stats = layers.build_tokenized_examples(
+            stats = build_tokenized_examples(
                 spec, paths.partition_dir("silver", key), paths.tokenizer_dir, out, batch_size=lake.batch_size
             )
         lengths = stats["example_length"]

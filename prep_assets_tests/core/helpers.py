@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from prep_assets.core import gates, layers
+from prep_assets.core import gates
 from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
+from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
 from prep_assets.core.lake import DatasetPaths, dataset_paths
 from prep_assets.core.manifest import build_manifest
 from prep_assets.core.masking import TokenizedBatch
@@ -36,7 +37,7 @@ def run_core(data_dir: Path, spec: DatasetSpec, batch_size: int = 4096) -> dict:
     manifest; per drop key: each layer's stats, its four partition dirs ("dirs") and the drop's source file."""
     paths = dataset_paths(data_dir, spec.name)
     register_drops(paths)
-    layers.build_tokenizer(spec, paths, data_dir)
+    build_tokenizer(spec, paths, data_dir)
     out = {}
     for key in sorted(p.stem for p in paths.drops_dir.glob("*.json")):
         drop, src = resolve_drop(paths, key)
@@ -44,7 +45,7 @@ def run_core(data_dir: Path, spec: DatasetSpec, batch_size: int = 4096) -> dict:
         out[key] = {
             "bronze": build_raw_records(spec, drop, src, b, batch_size=batch_size),
             "silver": build_clean_records(spec, b, s, batch_size=batch_size),
-            "gold": layers.build_tokenized_examples(spec, s, paths.tokenizer_dir, g, batch_size=batch_size),
+            "gold": build_tokenized_examples(spec, s, paths.tokenizer_dir, g, batch_size=batch_size),
             "shards": build_packed_shards(spec, g, paths.tokenizer_dir, sh),
             "dirs": (b, s, g, sh),
             "source": src,

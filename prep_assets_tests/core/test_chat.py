@@ -294,14 +294,14 @@ def test_preference_layers_keep_pairs_in_one_row_and_split(tmp_path: Path):
 
 
 def test_chat_dataset_without_a_template_fails_at_the_tokenizer_with_the_remedy(tmp_path: Path):
-    from prep_assets.core import layers
     from prep_assets.core.errors import TokenizerError
+    from prep_assets.core.gold import build_tokenizer
     from prep_assets.core.lake import dataset_paths
 
     spec = make_spec("c", input={"type": "chat"}, tokenizer={"path": str(shared_path("tokenizers/gpt2"))})
     paths = dataset_paths(tmp_path, "c")
     with pytest.raises(TokenizerError, match="chat_template_file"):
-        layers.build_tokenizer(spec, paths, tmp_path)
+        build_tokenizer(spec, paths, tmp_path)
     assert not paths.tokenizer_dir.exists()  # nothing published
 
 

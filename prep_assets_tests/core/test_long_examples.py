@@ -15,12 +15,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core import invariants as inv
-from prep_assets.core import layers, sql
+from prep_assets.core import sql
 from prep_assets.core import tokenizer as tk
+from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, resolve_drop
+from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
 from prep_assets.core.invariants import shards_gold
 from prep_assets.core.lake import dataset_paths
 from prep_assets.core.records import GOLD_SCHEMA, SHARD_SCHEMA
+from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import DatasetSpec
 from prep_assets_tests.conftest import make_spec, shared_path
 
@@ -155,8 +158,32 @@ def test_shard_gates_on_a_long_example_stay_within_a_small_duckdb_budget(tmp_pat
 
 # ---------------------------------------------------------------- gold of one long text, encoded in pieces
 
-_WORDS = ["the", "Hello", "world", "naïve", "日本語", "😀", "3.14159", "1,000", "don't", "It's", "<|endoftext|>",
-          "<s>", "[INST]", "\r\n", "\n\n", "\t", "--", ",", ".", "!?", "▁", "Ġ", "  ", " " * 12]
+_WORDS = [
+    "the",
+    "Hello",
+    "world",
+    "naïve",
+    "日本語",
+    "😀",
+    "3.14159",
+    "1,000",
+    "don't",
+    "It's",
+    "<|endoftext|>",
+    "<s>",
+    "[INST]",
+    "\r\n",
+    "\n\n",
+    "\t",
+    "--",
+    ",",
+    ".",
+    "!?",
+    "▁",
+    "Ġ",
+    "  ",
+    " " * 12,
+]
 
 
 def _document(n_chars: int, seed: int) -> str:
@@ -174,41 +201,54 @@ def _silver(tmp_path: Path, tokenizer: str, records: list[dict], input_: dict) -
     """Bronze and silver of a one-file drop of `records`: (spec, silver dir, pinned tokenizer dir)."""
     data = tmp_path / "data"
     (data / "raw" / "longdoc").mkdir(parents=True)
-    (data / "raw" / "longdoc" / "doc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records),
-                                                        encoding="utf-8")
-    spec = make_spec("longdoc", input=input_, clean={"max_chars": 1 << 40},
-                     tokenizer={"path": str(shared_path(f"tokenizers/{tokenizer}"))},
-                     sequence={"max_seq_len": 2048}, packing={"strategy": "full"})
+    (data / "raw" / "longdoc" / "doc.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records), encoding="utf-8"
+    )
+    spec = make_spec(
+        "longdoc",
+        input=input_,
+        clean={"max_chars": 1 << 40},
+        tokenizer={"path": str(shared_path(f"tokenizers/{tokenizer}"))},
+        sequence={"max_seq_len": 2048},
+        packing={"strategy": "full"},
+    )
     paths = dataset_paths(data, spec.name)
     (drop,), _ = register_drops(paths)
-    layers.build_tokenizer(spec, paths, data)
+    build_tokenizer(spec, paths, data)
     drop, src = resolve_drop(paths, drop.partition)
     bronze, silver = paths.partition_dir("bronze", drop.partition), paths.partition_dir("silver", drop.partition)
-    layers.build_raw_records(spec, drop, src, bronze)
-    layers.build_clean_records(spec, bronze, silver)
+    build_raw_records(spec, drop, src, bronze)
+    build_clean_records(spec, bronze, silver)
     return spec, silver, paths.tokenizer_dir
 
 
-@pytest.mark.parametrize(("tokenizer", "kind"), [("gpt2", "text"), ("tinyllama", "text"),
-                                                 ("mistral7b", "instruction")])
-def test_gold_of_long_texts_in_pieces_is_byte_identical_to_encoding_them_whole(tmp_path: Path, monkeypatch,
-                                                                               tokenizer: str, kind: str):
+@pytest.mark.parametrize(
+    ("tokenizer", "kind"), [("gpt2", "text"), ("tinyllama", "text"), ("mistral7b", "instruction")]
+)
+def test_gold_of_long_texts_in_pieces_is_byte_identical_to_encoding_them_whole(
+    tmp_path: Path, monkeypatch, tokenizer: str, kind: str
+):
     """A 1.2 MB text among short ones (instruction: a long prompt and a long completion, the continuation)."""
     if kind == "text":
         records = [{"text": "a short one."}, {"text": _document(1_200_000, 0)}, {"text": _document(3_000, 1)}]
         input_ = {"type": "text"}
     else:
-        records = [{"prompt": _document(400_000, 2), "completion": _document(700_000, 3)},
-                   {"prompt": "2+2?", "completion": " 4"}]
+        records = [
+            {"prompt": _document(400_000, 2), "completion": _document(700_000, 3)},
+            {"prompt": "2+2?", "completion": " 4"},
+        ]
         input_ = {"type": "instruction"}
     spec, silver, tok = _silver(tmp_path, tokenizer, records, input_)
     digests = {}
-    for name, long_chars, piece_chars in [("whole", 1 << 62, tk.PIECE_CHARS), ("default", tk.LONG_TEXT_CHARS,
-                                          tk.PIECE_CHARS), ("small_pieces", 8192, 4096)]:
+    for name, long_chars, piece_chars in [
+        ("whole", 1 << 62, tk.PIECE_CHARS),
+        ("default", tk.LONG_TEXT_CHARS, tk.PIECE_CHARS),
+        ("small_pieces", 8192, 4096),
+    ]:
         monkeypatch.setattr(tk, "LONG_TEXT_CHARS", long_chars)
         monkeypatch.setattr(tk, "PIECE_CHARS", piece_chars)
         out = tmp_path / name
-        stats = layers.build_tokenized_examples(spec, silver, tok, out)
+        stats = build_tokenized_examples(spec, silver, tok, out)
         digests[name] = hashlib.sha256((out / "examples.parquet").read_bytes()).hexdigest()
         assert stats["examples"] == len(records)
     assert digests["default"] == digests["whole"] and digests["small_pieces"] == digests["whole"]
@@ -217,7 +257,8 @@ def test_gold_of_long_texts_in_pieces_is_byte_identical_to_encoding_them_whole(t
 _GOLD_CHILD = """
 import json, sys
 from pathlib import Path
-from prep_assets.core import layers, tokenizer
+from prep_assets.core import tokenizer
+from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
 from prep_assets_tests.conftest import make_spec
 
 args = json.loads(sys.argv[1])
@@ -237,28 +278,42 @@ try:
 except OSError:
     pass
 base = status("VmRSS:")
-layers.build_tokenized_examples(spec, Path(args["silver"]), Path(args["tok"]), Path(args["out"]))
+build_tokenized_examples(spec, Path(args["silver"]), Path(args["tok"]), Path(args["out"]))
 print(json.dumps({"base_mib": base, "peak_mib": status("VmHWM:")}))
 """
 
 
 def _gold_rss(tmp_path: Path, spec_args: dict, silver: Path, tok: Path, long_chars: int) -> int:
     """The gold step's peak RSS above the process' RSS before it, in a fresh process (MiB)."""
-    args = {"spec": spec_args, "silver": str(silver), "tok": str(tok), "out": str(tmp_path / f"gold-{long_chars}"),
-            "long_chars": long_chars}
+    args = {
+        "spec": spec_args,
+        "silver": str(silver),
+        "tok": str(tok),
+        "out": str(tmp_path / f"gold-{long_chars}"),
+        "long_chars": long_chars,
+    }
     path = os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])
-    child = subprocess.run([sys.executable, "-c", _GOLD_CHILD, json.dumps(args)], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": path}, check=True)
+    child = subprocess.run(
+        [sys.executable, "-c", _GOLD_CHILD, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+        check=True,
+    )
     out = json.loads(child.stdout.strip().splitlines()[-1])
     return out["peak_mib"] - out["base_mib"]
 
 
 def test_gold_of_a_2_mb_document_stays_within_150_mib_of_its_start(tmp_path: Path):
-    """~1.1M GPT-2 tokens: ~105 MiB in pieces (a second tokenizer loaded, Parquet's buffers); ~395 MiB encoded whole."""
+    """~1.1M GPT-2 tokens: ~105 MiB in pieces (a second tokenizer, Parquet's buffers); ~395 MiB encoded whole."""
     doc = _document(2_000_000, 4)
-    spec_args = {"input": {"type": "text"}, "clean": {"max_chars": 1 << 40},
-                 "tokenizer": {"path": str(shared_path("tokenizers/gpt2"))}, "sequence": {"max_seq_len": 2048},
-                 "packing": {"strategy": "full"}}
+    spec_args = {
+        "input": {"type": "text"},
+        "clean": {"max_chars": 1 << 40},
+        "tokenizer": {"path": str(shared_path("tokenizers/gpt2"))},
+        "sequence": {"max_seq_len": 2048},
+        "packing": {"strategy": "full"},
+    }
     _, silver, tok = _silver(tmp_path, "gpt2", [{"text": doc}], spec_args["input"])
     grown = _gold_rss(tmp_path, spec_args, silver, tok, tk.LONG_TEXT_CHARS)
     assert grown < 150, f"gold grew by {grown} MiB"

@@ -15,10 +15,50 @@ from prep_assets_tests.conftest import shared_path
 TOKENIZERS = ["gpt2", "tinyllama", "mistral7b"]
 # words, digits, punctuation, contractions, CRLF, tabs, emoji, combining marks, no-break and ideographic spaces, runs
 # of spaces, the space symbols of byte-level BPE and SentencePiece, special-token strings as plain text
-_PARTS = ["the", "Hello", "world", "naïve", "café", "日本語", "Ελληνικά", "😀", "👍🏽", "3.14159", "2024", "1,000,000",
-          "don't", "It's", "we'll", "'s", "<|endoftext|>", "<s>", "</s>", "[INST]", "<unk>", "\r\n", "\n", "\n\n",
-          "\t", "-", "--", ",", ".", "!?", "(x)", "Ġ", "▁", "▁▁", "\u00a0", "\u3000", "ﬁ", "e\u0301", " \u0301",
-          "  ", "    ", " " * 40]
+_PARTS = [
+    "the",
+    "Hello",
+    "world",
+    "naïve",
+    "café",
+    "日本語",
+    "Ελληνικά",
+    "😀",
+    "👍🏽",
+    "3.14159",
+    "2024",
+    "1,000,000",
+    "don't",
+    "It's",
+    "we'll",
+    "'s",
+    "<|endoftext|>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "<unk>",
+    "\r\n",
+    "\n",
+    "\n\n",
+    "\t",
+    "-",
+    "--",
+    ",",
+    ".",
+    "!?",
+    "(x)",
+    "Ġ",
+    "▁",
+    "▁▁",
+    "\u00a0",
+    "\u3000",
+    "ﬁ",
+    "e\u0301",
+    " \u0301",
+    "  ",
+    "    ",
+    " " * 40,
+]
 
 
 def mixed_text(n_chars: int, seed: int) -> str:
@@ -53,8 +93,9 @@ def small_pieces(monkeypatch: pytest.MonkeyPatch) -> int:
 
 @pytest.mark.parametrize("continuation", [False, True], ids=["start", "continuation"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_pieces_of_mixed_text_give_the_ids_of_the_whole_text(pinned: PinnedTokenizer, small_pieces: int, seed: int,
-                                                            continuation: bool):
+def test_pieces_of_mixed_text_give_the_ids_of_the_whole_text(
+    pinned: PinnedTokenizer, small_pieces: int, seed: int, continuation: bool
+):
     text = mixed_text(300_000, seed)
     assert pinned.cutter is not None and len(pinned.cutter.cuts(text, small_pieces)) > 100
     ids = pinned.encode_long(text, continuation=continuation)
@@ -62,8 +103,9 @@ def test_pieces_of_mixed_text_give_the_ids_of_the_whole_text(pinned: PinnedToken
 
 
 @pytest.mark.parametrize("name", ["tinyshakespeare.txt", "wiki_demo.txt", "gdp_pretraining.txt", "c4_demo.jsonl"])
-def test_pieces_of_the_shared_long_texts_give_the_ids_of_the_whole_text(pinned: PinnedTokenizer, name: str,
-                                                                        monkeypatch: pytest.MonkeyPatch):
+def test_pieces_of_the_shared_long_texts_give_the_ids_of_the_whole_text(
+    pinned: PinnedTokenizer, name: str, monkeypatch: pytest.MonkeyPatch
+):
     raw = shared_path(f"datasets/text/{name}").read_text(encoding="utf-8")
     text = "\n\n".join(json.loads(line)["text"] for line in raw.splitlines()) if name.endswith(".jsonl") else raw
     monkeypatch.setattr(tk, "PIECE_CHARS", 8192)
@@ -72,8 +114,7 @@ def test_pieces_of_the_shared_long_texts_give_the_ids_of_the_whole_text(pinned: 
         assert pinned.encode_long(text, continuation=continuation).tolist() == whole_ids(pinned, text, continuation)
 
 
-def test_a_batch_gives_long_texts_as_arrays_and_the_rest_as_lists_in_order(pinned: PinnedTokenizer,
-                                                                          small_pieces: int):
+def test_a_batch_gives_long_texts_as_arrays_and_the_rest_as_lists_in_order(pinned: PinnedTokenizer, small_pieces: int):
     texts = ["short one", mixed_text(20_000, 2), "", "another short", mixed_text(9_000, 3)]
     out = pinned.encode_texts(texts)
     assert [type(x) for x in out] == [list, np.ndarray, list, list, np.ndarray]
@@ -90,8 +131,9 @@ def test_sentencepiece_bpe_is_cut_by_its_merges_byte_level_bpe_by_its_pre_tokens
     """GPT-2 has merges across a space (" ³ ³") that its split regex never lets meet: cut by pre-tokens only. The
     SentencePiece-style BPEs do not split before encoding, and none of their merges joins across the start of a
     space."""
-    assert pinned.cutter.merge_free_space == (None if pinned.encoder.pre_tokenizer.__class__.__name__ == "ByteLevel"
-                                              else "\u2581")
+    assert pinned.cutter.merge_free_space == (
+        None if pinned.encoder.pre_tokenizer.__class__.__name__ == "ByteLevel" else "\u2581"
+    )
 
 
 def _toy(pre_tokenizer: pre_tokenizers.PreTokenizer, merges: list[tuple[str, str]]) -> PinnedTokenizer:
@@ -117,8 +159,9 @@ def test_no_cut_where_a_merge_joins_a_word_to_the_space_after_it(small_pieces: i
     assert apart.encode_long(text).tolist() == whole_ids(apart, text, False)
 
 
-def test_a_tokenizer_with_a_non_special_added_token_encodes_long_texts_whole(pinned: PinnedTokenizer,
-                                                                             small_pieces: int):
+def test_a_tokenizer_with_a_non_special_added_token_encodes_long_texts_whole(
+    pinned: PinnedTokenizer, small_pieces: int
+):
     """Added tokens are matched on the raw text before anything else, so a cut could split one: no cut at all."""
     enc = Tokenizer.from_str(pinned.encoder.to_str())
     enc.encode_special_tokens = True

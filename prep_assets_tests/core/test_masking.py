@@ -19,14 +19,16 @@ def gpt2(gpt2_dir: Path, tmp_path: Path) -> PinnedTokenizer:
 
 
 def _examples(tb):
-    return [(tb.token_ids[a:b], tb.loss_mask[a:b], tb.token_type_ids[a:b]) for a, b in zip(tb.offsets[:-1], tb.offsets[1:])]
+    return [
+        (tb.token_ids[a:b], tb.loss_mask[a:b], tb.token_type_ids[a:b]) for a, b in zip(tb.offsets[:-1], tb.offsets[1:])
+    ]
 
 
 def test_instruction_masks_prompt_trains_completion_and_eos(gpt2: PinnedTokenizer):
     spec = make_spec(input={"type": "instruction", "prompt_postfix": "\n"}, sequence={"max_seq_len": 64})
     turns = [{"prompt": "What is 2+2?", "completion": " It is 4."}, {"prompt": "And 3+3?", "completion": " 6."}]
     tb = tokenize_batch([{"turns": turns}], spec, gpt2)
-    (ids, mask, types), = _examples(tb)
+    ((ids, mask, types),) = _examples(tb)
     dec = gpt2.hf.decode
     assert dec(ids.tolist()) == "What is 2+2?\n It is 4.<|endoftext|>And 3+3?\n 6.<|endoftext|>"
     assert dec(ids[mask == 1].tolist()) == " It is 4.<|endoftext|> 6.<|endoftext|>"
@@ -39,7 +41,7 @@ def test_instruction_masks_prompt_trains_completion_and_eos(gpt2: PinnedTokenize
 def test_text_trains_everything_but_the_first_token(gpt2: PinnedTokenizer):
     spec = make_spec(sequence={"max_seq_len": 64})
     tb = tokenize_batch([{"text": "Hello world, again."}], spec, gpt2)
-    (ids, mask, types), = _examples(tb)
+    ((ids, mask, types),) = _examples(tb)
     assert mask.tolist() == [0] + [1] * (len(ids) - 1)
     assert ids[-1] == gpt2.info.eos_id and types[-1] == TYPE_EOS
 
@@ -47,7 +49,7 @@ def test_text_trains_everything_but_the_first_token(gpt2: PinnedTokenizer):
 def test_special_token_strings_in_content_are_plain_text(gpt2: PinnedTokenizer):
     spec = make_spec(sequence={"max_seq_len": 64})
     tb = tokenize_batch([{"text": "a <|endoftext|> b"}], spec, gpt2)
-    (ids, _, _), = _examples(tb)
+    ((ids, _, _),) = _examples(tb)
     assert (ids[:-1] != gpt2.info.eos_id).all()  # only the appended EOS is the special id
     assert gpt2.hf.decode(ids[:-1].tolist()) == "a <|endoftext|> b"
 
@@ -63,8 +65,8 @@ def test_overflow_truncate_right_and_left(gpt2: PinnedTokenizer):
     text = {"text": "".join(f" w{i}" for i in range(20))}
     right = tokenize_batch([text], make_spec(sequence={"max_seq_len": 8, "overflow": "truncate_right"}), gpt2)
     left = tokenize_batch([text], make_spec(sequence={"max_seq_len": 8, "overflow": "truncate_left"}), gpt2)
-    (r_ids, r_mask, _), = _examples(right)
-    (l_ids, l_mask, _), = _examples(left)
+    ((r_ids, r_mask, _),) = _examples(right)
+    ((l_ids, l_mask, _),) = _examples(left)
     assert len(r_ids) == len(l_ids) == 8 and r_mask[0] == 0 and l_mask[0] == 0
     assert gpt2.hf.decode(r_ids.tolist()).startswith(" w0")
     assert l_ids[-1] == gpt2.info.eos_id
@@ -108,7 +110,7 @@ def test_truncate_left_keeps_exactly_one_bos(tmp_path: Path):
     pt = load_pinned(tmp_path)
     spec = make_spec(sequence={"max_seq_len": 8, "overflow": "truncate_left"})
     tb = tokenize_batch([{"text": " ".join(f"w{i}" for i in range(30))}], spec, pt)
-    (ids, mask, _), = _examples(tb)
+    ((ids, mask, _),) = _examples(tb)
     assert len(ids) == 8 and ids[0] == pt.info.bos_id and ids.tolist().count(pt.info.bos_id) == 1
     assert ids[-1] == pt.info.eos_id and mask[0] == 0 and mask[1:].all()
 
@@ -118,7 +120,10 @@ def test_trainable_types_follow_the_mask_spec():
 
     assert trainable_types(make_spec(input={"type": "instruction"})) == (TYPE_COMPLETION, TYPE_EOS)
     assert trainable_types(make_spec(input={"type": "instruction"}, mask={"prompt": "train"})) == (
-        TYPE_PROMPT, TYPE_COMPLETION, TYPE_EOS)
+        TYPE_PROMPT,
+        TYPE_COMPLETION,
+        TYPE_EOS,
+    )
     assert trainable_types(make_spec()) == (TYPE_COMPLETION, TYPE_EOS)
 
 
@@ -131,8 +136,13 @@ def test_pipelined_batches_equal_one_batch_at_a_time_in_order(name: str, tmp_pat
     pin_tokenizer(TokenizerSpec(path=str(shared_path(f"tokenizers/{name}"))), base=tmp_path, dest=tmp_path)
     pt = load_pinned(tmp_path)
     spec = make_spec(input={"type": "instruction"}, sequence={"max_seq_len": 24, "overflow": "drop"})
-    batches = [[{"turns": [{"prompt": f"q{b}.{i} " * (i % 5 + 1), "completion": f"a{b}.{i} " * (i % 7 + 1)}]}
-                for i in range(b * 3 + 1)] for b in range(6)]
+    batches = [
+        [
+            {"turns": [{"prompt": f"q{b}.{i} " * (i % 5 + 1), "completion": f"a{b}.{i} " * (i % 7 + 1)}]}
+            for i in range(b * 3 + 1)
+        ]
+        for b in range(6)
+    ]
     piped = list(tokenize_batches(((b, c) for b, c in enumerate(batches)), spec, pt))
     assert [k for k, _ in piped] == list(range(6))
     for (_, got), contents in zip(piped, batches, strict=True):
@@ -172,7 +182,9 @@ def test_overflow_equals_the_rules_applied_one_example_at_a_time_with_or_without
         lengths = rng.integers(1, 12, size=rng.integers(1, 9))
         total = int(lengths.sum())
         ids = rng.integers(0, 50_000, size=total).astype(np.int32)
-        mask = (rng.random(total) < (0.1 if trial % 3 else 0.8)).astype(np.uint8)  # some examples lose every loss token
+        mask = (rng.random(total) < (0.1 if trial % 3 else 0.8)).astype(
+            np.uint8
+        )  # some examples lose every loss token
         types = rng.integers(0, 4, size=total).astype(np.uint8)
         max_len = int(rng.integers(2, 14))  # sometimes nothing is over, sometimes much
         tb = apply_overflow(ids, mask, types, lengths, policy=policy, max_len=max_len, head=1)

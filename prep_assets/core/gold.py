@@ -1,4 +1,4 @@
-"""One function per layer: read the upstream output in batches, transform, publish atomically, return stats.
+"""Gold: the pinned tokenizer, and silver records tokenized into training examples with loss masks and token types.
 
 These are what the Dagster assets call (and what tests and the benchmark call directly). Each writes
 its whole partition into a staging directory that replaces the previous output in one atomic step.
@@ -64,15 +64,31 @@ class _GoldTally:
     lengths: list[np.ndarray] = field(default_factory=list)
 
 
-def _record_examples(spec: DatasetSpec, silver_dir: Path, pt: PinnedTokenizer, chat: ChatTemplate | None,
-                     ex_sink: ParquetSink, rej_sink: ParquetSink, batch_size: int, tally: _GoldTally) -> None:
+def _record_examples(
+    spec: DatasetSpec,
+    silver_dir: Path,
+    pt: PinnedTokenizer,
+    chat: ChatTemplate | None,
+    ex_sink: ParquetSink,
+    rej_sink: ParquetSink,
+    batch_size: int,
+    tally: _GoldTally,
+) -> None:
     """One gold example per silver record (two per preference pair), tokenized and written batch by batch."""
     cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "split", "content"]
     # closed on the way out, error or not, so their worker threads stop with the step (a traceback kept by the
     # caller would otherwise keep the generators, and a prefetch or an encode, alive)
-    with (closing(iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols)) as read,
-          closing(tokenize_batches(((batch, [loads_json(c) for c in batch.column("content").to_pylist()])
-                                    for batch in read), spec, pt, chat)) as stream):
+    with (
+        closing(iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols)) as read,
+        closing(
+            tokenize_batches(
+                ((batch, [loads_json(c) for c in batch.column("content").to_pylist()]) for batch in read),
+                spec,
+                pt,
+                chat,
+            )
+        ) as stream,
+    ):
         for batch, tb in stream:
             tally.totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
             tally.totals["examples_split_at_turn_boundary"] += tb.split_at_turn_boundary
@@ -88,7 +104,8 @@ def _record_examples(spec: DatasetSpec, silver_dir: Path, pt: PinnedTokenizer, c
                 for r in tb.rejects:
                     tally.reasons[r[1]] += 1
                 rej_sink.write(
-                    pa.Table.from_batches([rej]).append_column("reason", pa.array([r[1] for r in tb.rejects]))
+                    pa.Table.from_batches([rej])
+                    .append_column("reason", pa.array([r[1] for r in tb.rejects]))
                     .append_column("detail", pa.array([r[2] for r in tb.rejects]))
                     .append_column("num_tokens", pa.array([r[3] for r in tb.rejects], type=pa.int32()))
                     .append_column("group_key", pa.nulls(len(tb.rejects), pa.string()))
@@ -168,8 +185,11 @@ def build_tokenized_examples(
             "tokens_dropped_by_overflow": totals["tokens_dropped_by_overflow"],
             "tokens_dropped_by_overflow_by_split": {s: tally.overflow_by_split[s] for s in SPLITS},
             # chat: examples whose ids differ from tokenizer(rendering), cut where a trained turn starts or ends
-            **({"examples_split_at_turn_boundary": totals["examples_split_at_turn_boundary"]}
-               if spec.input.type in ("chat", "preference") else {}),
+            **(
+                {"examples_split_at_turn_boundary": totals["examples_split_at_turn_boundary"]}
+                if spec.input.type in ("chat", "preference")
+                else {}
+            ),
             "overflow": spec.gold_overflow,
             "example_length": percentiles(lengths_cat),
             "tokenizer_fingerprint": pt.info.fingerprint,
