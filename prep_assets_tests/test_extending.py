@@ -129,3 +129,55 @@ def test_the_gate_example_passes_a_clean_partition_and_names_the_record_that_bre
     assert outcome.name == "clean_records_no_stutter" and outcome.violations == 1
     assert outcome.offending == [{"record_id": run["record_ids"][1], "line": 2}]
     assert outcome.description == "no kept record repeats a non-blank line three times in a row"
+
+
+@pytest.fixture
+def registered_type():
+    from prep_assets.core import record_types
+
+    before = dict(record_types.TYPES)
+    namespace: dict = {}
+    exec(compile(example("Add an input type"), str(DOC), "exec"), namespace)  # noqa: S102 - our own docs
+    yield namespace
+    record_types.TYPES.clear()
+    record_types.TYPES.update(before)
+
+
+def test_the_input_type_example_trains_on_the_first_answer_and_rejects_a_record_without_one(
+    registered_type, tmp_path: Path
+):
+    import pyarrow.parquet as pq
+    from transformers import PreTrainedTokenizerFast
+
+    from prep_assets.core.lake import dataset_paths
+
+    lines = [
+        {"question": "What is 2+2? ", "answers": ["4", "four"]},
+        {"question": "Capital of France? ", "answers": []},
+        {"question": "Colour of the sky? ", "answers": ["blue"]},
+    ]
+    spec = make_spec(
+        "qa",
+        input={"type": "qa"},
+        sequence={"max_seq_len": 64},
+        checks={"min_sequence_utilization": 0, "max_reject_rate": 1},
+    )
+    run = run_layers(tmp_path, spec, {"a.jsonl": b"".join(json.dumps(r).encode() + b"\n" for r in lines)})
+    paths = dataset_paths(tmp_path, "qa")
+    rejects = pq.read_table(paths.partition_dir("bronze", run["partition"]) / "rejects.parquet").to_pylist()
+    assert [(r["source_line"], r["reason"]) for r in rejects] == [(2, "no_answer")]
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(paths.tokenizer_dir / "tokenizer.json"))
+    gold = pq.read_table(paths.partition_dir("gold", run["partition"]) / "examples.parquet").to_pylist()
+    texts = sorted(tok.decode(g["token_ids"]) for g in gold)
+    assert texts == ["Colour of the sky? blue<|endoftext|>", "What is 2+2? 4<|endoftext|>"]
+    for g in gold:  # the question masked, the answer and its EOS trained
+        trained = tok.decode([t for t, m in zip(g["token_ids"], g["loss_mask"]) if m])
+        assert trained in ("4<|endoftext|>", "blue<|endoftext|>") or trained.strip() in (
+            "4<|endoftext|>",
+            "blue<|endoftext|>",
+        )
+
+
+def test_an_unknown_input_type_names_the_registered_ones():
+    with pytest.raises(SpecError, match="input.type 'qa': unknown; registered types: .*'instruction'"):
+        make_spec(input={"type": "qa"})

@@ -30,6 +30,7 @@ from prep_assets.core.lake import (
 )
 from prep_assets.core.masking import tokenize_batches
 from prep_assets.core.parquet_io import DEFAULT_BATCH, ParquetSink, gc_paused, iter_batches
+from prep_assets.core.record_types import shape_of
 from prep_assets.core.records import (
     GOLD_REJECT_SCHEMA,
     GOLD_SCHEMA,
@@ -46,7 +47,7 @@ from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokeniz
 def build_tokenizer(spec: DatasetSpec, paths: DatasetPaths, data_dir: Path) -> dict[str, Any]:
     with staged_dir(paths.tokenizer_dir) as stage:
         record = pin_tokenizer(spec.tokenizer, base=data_dir, dest=stage)
-        if spec.input.type in ("chat", "preference"):
+        if shape_of(spec) in ("messages", "pair"):
             ChatTemplate(load_pinned(stage))  # fail here, before any drop, if there is no template
     return record
 
@@ -163,14 +164,14 @@ def build_tokenized_examples(
             ParquetSink(stage / REJECTS, GOLD_REJECT_SCHEMA, compression=comp) as rej_sink,
         ):
             extra: dict[str, Any] = {}
-            if spec.input.type == "tabular":
+            if shape_of(spec) == "rows":
                 tab = build_tabular_examples(spec, silver_dir / RECORDS, pt, ex_sink, rej_sink)
                 tally.lengths.append(tab["lengths"])
                 tally.totals.update({k: tab[k] for k in ("tokens", "loss_tokens", "prompt_tokens")})
                 tally.reasons.update(tab["rejects_by_reason"])
                 extra["tabular"] = tab["tabular"]
             else:
-                chat = ChatTemplate(pt) if spec.input.type in ("chat", "preference") else None
+                chat = ChatTemplate(pt) if shape_of(spec) in ("messages", "pair") else None
                 with gc_paused():
                     _record_examples(spec, silver_dir, pt, chat, ex_sink, rej_sink, batch_size, tally)
         lengths_cat = np.concatenate(tally.lengths) if tally.lengths else np.zeros(0, dtype=np.int64)
@@ -187,7 +188,7 @@ def build_tokenized_examples(
             # chat: examples whose ids differ from tokenizer(rendering), cut where a trained turn starts or ends
             **(
                 {"examples_split_at_turn_boundary": totals["examples_split_at_turn_boundary"]}
-                if spec.input.type in ("chat", "preference")
+                if shape_of(spec) in ("messages", "pair")
                 else {}
             ),
             "overflow": spec.gold_overflow,

@@ -24,6 +24,7 @@ import numpy as np
 
 from prep_assets.core.arrays import offsets_from_lengths, ranges_index, segment_sums
 from prep_assets.core.chat import ChatTemplate, EncodedChat
+from prep_assets.core.record_types import shape_of
 from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT, Invalid
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.tokenizer import PinnedTokenizer
@@ -66,9 +67,9 @@ class TokenizedBatch:
 
 def trainable_types(spec: DatasetSpec) -> tuple[int, ...]:
     """The token types that may carry loss under this spec (what the mask/type gate allows)."""
-    if spec.input.type in ("chat", "preference", "tabular"):
+    if shape_of(spec) in ("messages", "pair", "rows"):
         return (TYPE_COMPLETION, TYPE_EOS)  # tabular: records and their BOS (completion), EOS
-    if spec.input.type == "text":
+    if shape_of(spec) == "text":
         return (TYPE_COMPLETION, TYPE_EOS) if spec.mask_action("text") == "train" else ()
     types = [TYPE_PROMPT] if spec.mask_action("prompt") == "train" else []
     if spec.mask_action("completion") == "train":
@@ -97,7 +98,7 @@ def example_pieces(
     pieces: list[Piece] = []
     if info.add_bos and info.bos_id is not None:
         pieces.append(Piece(_SPECIAL, "", info.bos_id, False, TYPE_PROMPT))
-    if spec.input.type == "text":
+    if shape_of(spec) == "text":
         pieces.append(Piece(_TEXT, content["text"], 0, trained.text, TYPE_COMPLETION))
         if info.add_eos:
             pieces.append(Piece(_SPECIAL, "", info.eos_id, trained.text, TYPE_EOS))
@@ -183,7 +184,7 @@ def _assemble(prep: _Prepared, encoded: _Encoded, spec: DatasetSpec, pt: PinnedT
 def tokenize_batch(
     contents: list[dict[str, Any]], spec: DatasetSpec, pt: PinnedTokenizer, chat: ChatTemplate | None = None
 ) -> TokenizedBatch:
-    if spec.input.type in ("chat", "preference"):
+    if shape_of(spec) in ("messages", "pair"):
         return _tokenize_chat(contents, spec, pt, chat or ChatTemplate(pt))
     prep = _prepare(contents, spec, pt)
     return _assemble(prep, _encode(prep, pt), spec, pt)
@@ -198,7 +199,7 @@ def tokenize_batches(
     """`tokenize_batch` over a stream of (key, contents), pipelined: while one worker thread encodes batch k+1
     (Rust, no GIL), this thread assembles batch k and the caller writes it and reads the next. Same results, in
     order. Chat and preference records are tokenized one batch after the other."""
-    if spec.input.type in ("chat", "preference"):
+    if shape_of(spec) in ("messages", "pair"):
         for key, contents in items:
             yield key, tokenize_batch(contents, spec, pt, chat)
         return
@@ -304,7 +305,7 @@ def _tokenize_chat(
         dtype=np.int64,
         count=len(encoded),
     )
-    paired = spec.input.type == "preference"
+    paired = shape_of(spec) == "pair"
     limits = shared = None
     lost_pairs: list[tuple[int, int]] = []
     if paired:

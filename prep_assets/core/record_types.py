@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prep_assets.core.records import (
     Extractor,
@@ -19,6 +20,9 @@ from prep_assets.core.records import (
     extract_text,
 )
 from prep_assets.core.spec_sections import MaskAction
+
+if TYPE_CHECKING:
+    from prep_assets.core.spec import DatasetSpec
 
 # The canonical content a record type's extractor produces (core/records.py), which decides how gold builds its
 # examples: a document, prompt/completion turns, a conversation rendered with a chat template, a pair of
@@ -52,6 +56,11 @@ def register(record_type: RecordType) -> RecordType:
 
 def record_type(name: str) -> RecordType:
     return TYPES[name]
+
+
+def shape_of(spec: DatasetSpec) -> str:
+    """The content shape of a spec's record type: what gold builds its examples from."""
+    return TYPES[spec.input.type].shape
 
 
 CHAT_MASKS: Mapping[str, MaskAction | None] = {"system": "mask", "user": "mask", "assistant": "train", "tool": "mask"}
