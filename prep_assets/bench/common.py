@@ -192,6 +192,18 @@ class DropRun:
     peaks: dict[str, dict[str, float]]  # RSS per step
     gold: dict[str, Any]  # gold's stats.json
 
+    def summary(self) -> dict[str, Any]:
+        """What every benchmark child prints of a run: success, wall time, RSS per step, the gates."""
+        checks = self.result.get_asset_check_evaluations()
+        return {
+            "success": self.result.success and self.tokenizer_ok,
+            "wall_s": self.wall,
+            "steps": self.peaks,
+            "checks": len(checks),
+            "checks_passed": sum(c.passed for c in checks),
+            "tokens": self.gold["tokens"],
+        }
+
 
 def run_drop(data: Path, spec: DatasetSpec, *, sample_tokenizer: bool = False) -> DropRun:
     """Pin the tokenizer, then bronze -> shards with every gate of the data dir's one drop, on an ephemeral

@@ -25,27 +25,12 @@ def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
     from prep_assets.defs.keys import PARTITIONED
 
     run = run_drop(work / "data", _spec(tokenizer, max_seq_len))
-    result, wall, peaks, gold = run.result, run.wall, run.peaks, run.gold
     steps: dict[str, float] = {}
-    for event in result.get_step_success_events():
+    for event in run.result.get_step_success_events():
         layer = next((n for n in PARTITIONED if n in (event.step_key or "")), "other")
         steps[layer] = steps.get(layer, 0.0) + event.event_specific_data.duration_ms / 1000  # type: ignore[union-attr]
-    checks = result.get_asset_check_evaluations()
-    print(
-        json.dumps(
-            {
-                "success": result.success and run.tokenizer_ok,
-                "wall_s": wall,
-                "layers_s": steps,
-                "steps": peaks,
-                "checks": len(checks),
-                "checks_passed": sum(c.passed for c in checks),
-                "tokens": gold["tokens"],
-                "examples": gold["examples"],
-            }
-        )
-    )
-    return 0 if result.success else 1
+    print(json.dumps({**run.summary(), "layers_s": steps, "examples": run.gold["examples"]}))
+    return 0 if run.result.success else 1
 
 
 def _e2e_run(work: Path, tokenizer: Path, max_seq_len: int) -> dict[str, Any] | None:

@@ -50,24 +50,15 @@ def _longdoc_child(work: Path) -> int:
 
     data = work / "data"
     run = run_drop(data, load_spec(data / "datasets" / "longdoc.yaml"), sample_tokenizer=True)
-    result, wall, peaks, gold = run.result, run.wall, run.peaks, run.gold
-    checks = result.get_asset_check_evaluations()
-    print(
-        json.dumps(
-            {
-                "success": result.success and run.tokenizer_ok,
-                "wall_s": wall,
-                "steps": peaks,
-                "checks": len(checks),
-                "checks_passed": sum(c.passed for c in checks),
-                "failed": [c.check_name for c in checks if not c.passed],
-                "tokens": gold["tokens"],
-                "failed_steps": [e.step_key for e in result.all_events if e.is_step_failure],
-                "peak_rss_mib": round(_own_peak_kib() / 1024),
-            }
-        )
-    )
-    return 0 if result.success else 1
+    checks = run.result.get_asset_check_evaluations()
+    summary = {
+        **run.summary(),
+        "failed": [c.check_name for c in checks if not c.passed],
+        "failed_steps": [e.step_key for e in run.result.all_events if e.is_step_failure],
+        "peak_rss_mib": round(_own_peak_kib() / 1024),
+    }
+    print(json.dumps(summary))
+    return 0 if run.result.success else 1
 
 
 def bench_longdoc(args: argparse.Namespace) -> int:

@@ -8,18 +8,9 @@ import pytest
 
 from prep_assets.core.parquet_io import ParquetSink, token_columns
 from prep_assets.core.records import SHARD_SCHEMA
+from prep_assets_tests.core.lakes import shard_row
 
-ROW = {
-    "input_ids": [5, 6, 7, 0],
-    "loss_mask": [0, 1, 1, 0],
-    "position_ids": [0, 1, 2, 0],
-    "segment_ids": [1, 1, 1, 0],
-    "token_type_ids": [1, 1, 3, 2],
-    "seq_lengths": [3],
-    "example_ids": ["d:1"],
-    "example_offsets": [0],
-    "num_loss_tokens": 2,
-}
+ROW = shard_row()  # a row of 4: three tokens of one example and one padding token
 
 
 def test_integer_list_columns_skip_dictionary_and_statistics_other_columns_keep_them(tmp_path: Path):
