@@ -21,10 +21,10 @@ from dagster import (
 
 from prep_assets.core.spec import DatasetSpec, scan_specs
 from prep_assets.defs.automation import automation_sensor
-from prep_assets.defs.bronze import bronze_asset
+from prep_assets.defs.bronze import BRONZE
 from prep_assets.defs.checks import gate_checks
 from prep_assets.defs.executors import executor_from_env
-from prep_assets.defs.gold import gold_asset, tokenizer_asset
+from prep_assets.defs.gold import GOLD, tokenizer_asset
 from prep_assets.defs.keys import (
     DATASET_MANIFEST,
     PARTITIONED,
@@ -34,10 +34,11 @@ from prep_assets.defs.keys import (
     manifest_job_name,
     tokenizer_job_name,
 )
+from prep_assets.defs.layers import layer_asset
 from prep_assets.defs.resources import LakeResource, default_batch_size, default_data_dir
 from prep_assets.defs.sensors import build_drop_sensor, build_manifest_sensor
-from prep_assets.defs.shards import manifest_asset, shards_asset
-from prep_assets.defs.silver import silver_asset
+from prep_assets.defs.shards import SHARDS, manifest_asset
+from prep_assets.defs.silver import SILVER
 
 
 def dataset_jobs(spec: DatasetSpec) -> list:
@@ -55,11 +56,11 @@ def dataset_jobs(spec: DatasetSpec) -> list:
 def dataset_assets(spec: DatasetSpec) -> list[AssetsDefinition]:
     """A dataset's assets and asset checks, unbound (as `materialize` takes them)."""
     return [
-        bronze_asset(spec),
-        silver_asset(spec),
+        layer_asset(spec, BRONZE),
+        layer_asset(spec, SILVER),
         tokenizer_asset(spec),
-        gold_asset(spec),
-        shards_asset(spec),
+        layer_asset(spec, GOLD),
+        layer_asset(spec, SHARDS),
         manifest_asset(spec),
         *gate_checks(spec),
     ]

@@ -25,10 +25,14 @@ from dagster import (
     RunsFilter,
 )
 
+from prep_assets.core.bronze import BronzeStats
 from prep_assets.core.dedup import earlier_set_changed
 from prep_assets.core.drops import register_drops, registered_drops, superseded_drops
 from prep_assets.core.errors import PrepAssetsError
+from prep_assets.core.gold import GoldStats
 from prep_assets.core.lake import (
+    ACCOUNTING,
+    STATS,
     DatasetPaths,
     dataset_paths,
     exclusive,
@@ -38,7 +42,10 @@ from prep_assets.core.lake import (
     sweep_stale_staging,
     verify_published,
 )
+from prep_assets.core.shards import ShardStats
+from prep_assets.core.silver import SilverStats
 from prep_assets.core.spec import DatasetSpec, scan_specs
+from prep_assets.core.stats import S
 from prep_assets.core.tokenizer import FINGERPRINT_FILE, source_digest
 from prep_assets.definitions import build_definitions
 from prep_assets.defs.checks import unpassed_gates
@@ -172,33 +179,31 @@ def _launch(defs: Definitions, instance: DagsterInstance, job: str, partition: s
 def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dict[str, Any] | None) -> dict[str, Any]:
     """One drop's line of the run summary: where its records went at each layer, and what it became."""
 
-    def stats(layer: str, name: str) -> dict[str, Any]:
+    def stats(layer: str, name: str, kind: type[S]) -> S | None:
         path = paths.partition_dir(layer, partition) / name
-        return read_json(path) if path.is_file() else {}
+        return kind.from_json(read_json(path)) if path.is_file() else None
 
     def flow(total: Any, kept: Any, rejects: Any) -> str:
-        return "" if total in ("", None) else f"{total}/{kept}/{rejects}"
+        return f"{total}/{kept}/{rejects}"
 
-    b, s = stats("bronze", "accounting.json"), stats("silver", "stats.json")
-    g, p = stats("gold", "stats.json"), stats("shards", "stats.json").get("totals", {})
+    b, s = stats("bronze", ACCOUNTING, BronzeStats), stats("silver", STATS, SilverStats)
+    g, p = stats("gold", STATS, GoldStats), stats("shards", STATS, ShardStats)
     checks = "up to date" if run is None else f"{run['checks_passed']}/{run['checks_run']}"
     if run is not None and not run["success"]:
         checks += " FAILED"
-    gold_in = s.get("records", "")
-    gold_rejects = g.get("rejects", "")
-    both = isinstance(gold_in, int) and isinstance(gold_rejects, int)  # silver's stats may be gone after a failure
-    gold_kept = gold_in - gold_rejects if g and both else ""
+    totals = p.totals if p else {}
     return {
         "dataset": spec.name,
         "partition": partition,
-        "bronze": flow(b.get("records", 0) + b.get("rejects", 0) if b else "", b.get("records"), b.get("rejects")),
-        "silver": flow(s.get("records_in", ""), s.get("records"), s.get("rejects")),
-        "gold": flow(gold_in if g else "", gold_kept, gold_rejects),
-        "examples": g.get("examples", ""),
-        "tokens": g.get("tokens", ""),
-        "loss_tokens": g.get("loss_tokens", ""),
-        "sequences": p.get("sequences", ""),
-        "utilization": p.get("sequence_utilization", ""),
+        "bronze": flow(b.records + b.rejects, b.records, b.rejects) if b else "",
+        "silver": flow(s.records_in, s.records, s.rejects) if s else "",
+        # silver's stats may be gone after a failure
+        "gold": flow(s.records, s.records - g.rejects, g.rejects) if g and s else "",
+        "examples": g.examples if g else "",
+        "tokens": g.tokens if g else "",
+        "loss_tokens": g.loss_tokens if g else "",
+        "sequences": totals.get("sequences", ""),
+        "utilization": totals.get("sequence_utilization", ""),
         "checks": checks,
     }
 

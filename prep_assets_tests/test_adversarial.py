@@ -21,15 +21,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from prep_assets.core.bronze import build_raw_records
-from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
+from prep_assets.core.build import build_partition
+from prep_assets.core.drops import register_drops, registered_drops
 from prep_assets.core.errors import SpecError
 from prep_assets.core.gates import gates_for, outcomes
-from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
+from prep_assets.core.gold import build_tokenizer
 from prep_assets.core.lake import DatasetPaths, dataset_paths
 from prep_assets.core.manifest import build_manifest
-from prep_assets.core.shards import build_packed_shards
-from prep_assets.core.silver import build_silver
 from prep_assets.core.spec import DatasetSpec, load_spec, parse_spec
 from prep_assets_tests.conftest import SAMPLE_DATA
 
@@ -533,12 +531,8 @@ def run_case(case: Case, data_dir: Path, tokenizer: Path) -> CaseRun:
     failed: set[str] = set()
     unaccounted = 0
     for key in sorted(registered_drops(paths)):
-        drop, source = resolve_drop(paths, key)
-        b, s, g, sh = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold", "shards"))
-        build_raw_records(spec, drop, source, b)
-        build_silver(spec, paths, key)
-        build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
-        build_packed_shards(spec, g, paths.tokenizer_dir, sh)
+        build_partition(spec, paths, key)
+        b, s, g = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold"))
         for gate, outcome in outcomes(spec, paths, key, gates_for(spec)):
             if isinstance(outcome, Exception):
                 raise AssertionError(f"gate {gate.name} raised: {outcome!r}")

@@ -30,41 +30,23 @@ from prep_assets_tests.conftest import PROJECT, SAMPLE_DATA
 pytestmark = pytest.mark.slow
 DS = "sample_instruct"
 LAYERS = ("tokenizer", "bronze", "silver", "gold", "shards", "manifest")
-GATE_ASSET = {
-    "bronze": "raw_records",
-    "silver": "clean_records",
-    "gold": "tokenized_examples",
-    "shards": "packed_shards",
-}
 
 _CHILD = """
 import sys
 from pathlib import Path
-from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
-from prep_assets.core.bronze import build_raw_records
-from prep_assets.core.drops import resolve_drop
+import importlib
+from prep_assets.core.gold import build_tokenizer
 from prep_assets.core.faults import write_points_seen
 from prep_assets.core.lake import dataset_paths
 from prep_assets.core.manifest import build_manifest
-from prep_assets.core.shards import build_packed_shards
-from prep_assets.core.silver import build_silver
 from prep_assets.core.spec import load_spec
 
 layer, data, ds, part = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 spec, paths = load_spec(data / "datasets" / f"{ds}.yaml"), dataset_paths(data, ds)
 if layer == "tokenizer":
     build_tokenizer(spec, paths, data)
-elif layer == "bronze":
-    drop, source = resolve_drop(paths, part)
-    build_raw_records(spec, drop, source, paths.partition_dir("bronze", part))
-elif layer == "silver":
-    build_silver(spec, paths, part)
-elif layer == "gold":
-    build_tokenized_examples(spec, paths.partition_dir("silver", part), paths.tokenizer_dir,
-                                    paths.partition_dir("gold", part))
-elif layer == "shards":
-    build_packed_shards(spec, paths.partition_dir("gold", part), paths.tokenizer_dir,
-                        paths.partition_dir("shards", part))
+elif layer in ("bronze", "silver", "gold", "shards"):  # every layer builds a partition the same way
+    importlib.import_module(f"prep_assets.core.{layer}").build(spec, paths, part)
 else:
     build_manifest(spec, paths, [part])
 print(write_points_seen())
@@ -124,7 +106,7 @@ def _sample(dest: Path) -> tuple[Path, str]:
 
 def _gates_pass(data: Path, layer: str, partition: str) -> None:
     spec = load_spec(data / "datasets" / f"{DS}.yaml")
-    for gate in (g for g in gates_for(spec) if g.asset == GATE_ASSET.get(layer)):
+    for gate in (g for g in gates_for(spec) if g.layer == layer):
         outcome = gate.probe(spec, dataset_paths(data, DS), partition)
         assert outcome.passed, f"{gate.name} after a crash: {outcome.description}"
 

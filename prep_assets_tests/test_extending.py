@@ -23,13 +23,11 @@ def run_layers(data_dir: Path, spec, files: dict[str, bytes]) -> dict:
 
     import pyarrow.parquet as pq
 
-    from prep_assets.core.bronze import build_raw_records
-    from prep_assets.core.drops import register_drops, resolve_drop
-    from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
+    from prep_assets.core.build import build_partition
+    from prep_assets.core.drops import register_drops
+    from prep_assets.core.gold import build_tokenizer
     from prep_assets.core.lake import dataset_paths
     from prep_assets.core.manifest import build_manifest
-    from prep_assets.core.shards import build_packed_shards
-    from prep_assets.core.silver import build_silver
     from prep_assets.core.spec import parse_spec
 
     shutil.copytree(SAMPLE_DATA / "corpus", data_dir / "corpus")
@@ -46,14 +44,8 @@ def run_layers(data_dir: Path, spec, files: dict[str, bytes]) -> dict:
     (drop,), _ = register_drops(paths)
     build_tokenizer(spec, paths, data_dir)
     key = drop.partition
-    _, source = resolve_drop(paths, key)
-    build_raw_records(spec, drop, source, paths.partition_dir("bronze", key))
-    build_silver(spec, paths, key)
-    build_tokenized_examples(
-        spec, paths.partition_dir("silver", key), paths.tokenizer_dir, paths.partition_dir("gold", key)
-    )
+    build_partition(spec, paths, key)
     shards = paths.partition_dir("shards", key)
-    build_packed_shards(spec, paths.partition_dir("gold", key), paths.tokenizer_dir, shards)
     build_manifest(spec, paths, [key])
     parts = sorted((shards / "train").glob("part-*.parquet"))
     silver = pq.read_table(paths.partition_dir("silver", key) / "records.parquet").to_pylist()

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prep_assets.core.bronze import build_raw_records
-from prep_assets.core.drops import register_drops, resolve_drop
-from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
+from prep_assets.core import bronze, gold, silver
+from prep_assets.core.drops import register_drops
+from prep_assets.core.gold import build_tokenizer
 from prep_assets.core.lake import dataset_paths, read_json
-from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import DatasetSpec, parse_spec
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"  # beside the project folder
@@ -54,25 +53,24 @@ def build_gold(source: Path, tokenizer: Path, max_seq_len: int, work: Path) -> t
     register_drops(paths)
     build_tokenizer(spec, paths, data)
     key = sorted(p.stem for p in paths.drops_dir.glob("*.json"))[0]
-    drop, src = resolve_drop(paths, key)
-    b, s, g = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold"))
     print(f"building gold of {source.name} once (cached in {work})", flush=True)
     t = time.perf_counter()
-    bronze = build_raw_records(spec, drop, src, b)
+    b = bronze.build(spec, paths, key)
     t_b = time.perf_counter() - t
-    silver = build_clean_records(spec, b, s)
+    s = silver.build(spec, paths, key)
     t_s = time.perf_counter() - t - t_b
-    gold = build_tokenized_examples(spec, s, paths.tokenizer_dir, g)
+    g = gold.build(spec, paths, key)
     t_g = time.perf_counter() - t - t_b - t_s
     stats = {
-        "records": bronze["records"],
-        "kept": silver["records"],
-        "examples": gold["examples"],
-        "tokens": gold["tokens"],
+        "records": b.records,
+        "kept": s.records,
+        "examples": g.examples,
+        "tokens": g.tokens,
         "seconds": {"bronze": t_b, "silver": t_s, "gold": t_g},
     }
-    marker.write_text(json.dumps({"want": want, "gold": str(g), "stats": stats}), encoding="utf-8")
-    return g, paths.tokenizer_dir, stats
+    gold_dir = paths.partition_dir("gold", key)
+    marker.write_text(json.dumps({"want": want, "gold": str(gold_dir), "stats": stats}), encoding="utf-8")
+    return gold_dir, paths.tokenizer_dir, stats
 
 
 def _missing(*paths: Path) -> bool:
@@ -190,7 +188,7 @@ class DropRun:
     result: Any  # the layers' ExecuteInProcessResult
     wall: float  # seconds for the layers and their gates
     peaks: dict[str, dict[str, float]]  # RSS per step
-    gold: dict[str, Any]  # gold's stats.json
+    gold: gold.GoldStats
 
     def summary(self) -> dict[str, Any]:
         """What every benchmark child prints of a run: success, wall time, RSS per step, the gates."""
@@ -201,7 +199,7 @@ class DropRun:
             "steps": self.peaks,
             "checks": len(checks),
             "checks_passed": sum(c.passed for c in checks),
-            "tokens": self.gold["tokens"],
+            "tokens": self.gold.tokens,
         }
 
 
@@ -241,5 +239,5 @@ def run_drop(data: Path, spec: DatasetSpec, *, sample_tokenizer: bool = False) -
         wall = time.perf_counter() - start
         sampling.close()
         peaks = _step_peaks(instance, result.run_id, rss)
-    gold = read_json(paths.partition_dir("gold", drop.partition) / STATS)
-    return DropRun(tok.success, result, wall, peaks, gold)
+    stats = gold.GoldStats.from_json(read_json(paths.partition_dir("gold", drop.partition) / STATS))
+    return DropRun(tok.success, result, wall, peaks, stats)

@@ -99,12 +99,12 @@ def bench_dedup(args: argparse.Namespace) -> int:
             "seconds": round(sec, 2),
             "mb_per_s": round(mb / sec, 2),
             "records_per_s": round(n / sec),
-            "kept": st["records"],
-            "removed": st["rejects_by_reason"],
+            "kept": st.records,
+            "removed": st.rejects_by_reason,
         }
         print(
             f"  silver dedup {mode:<6}    {sec:8.2f} s  {mb / sec:8.2f} MB/s  {n / sec:10,.0f} records/s  "
-            f"kept {st['records']:,}  removed {st['rejects_by_reason']}"
+            f"kept {st.records:,}  removed {st.rejects_by_reason}"
         )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of this process: {peak:,.0f} MiB")

@@ -29,7 +29,7 @@ def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
     for event in run.result.get_step_success_events():
         layer = next((n for n in PARTITIONED if n in (event.step_key or "")), "other")
         steps[layer] = steps.get(layer, 0.0) + event.event_specific_data.duration_ms / 1000  # type: ignore[union-attr]
-    print(json.dumps({**run.summary(), "layers_s": steps, "examples": run.gold["examples"]}))
+    print(json.dumps({**run.summary(), "layers_s": steps, "examples": run.gold.examples}))
     return 0 if run.result.success else 1
 
 

@@ -70,7 +70,7 @@ def bench_packing(args: argparse.Namespace) -> int:
         t = time.perf_counter()
         st = build_packed_shards(spec, gold_dir, tok_dir, out)
         t_layer = time.perf_counter() - t
-        m = st["totals"]
+        m = st.totals
         print(
             f"\n{strategy}: {num_rows:,} rows (lower bound {bound:,}, x{num_rows / bound:.5f}), "
             f"sequence utilization {m['sequence_utilization']:.4f}, {m['examples_split']:,} examples split"

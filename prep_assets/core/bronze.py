@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from prep_assets.core.drops import Drop, format_of
+from prep_assets.core.drops import Drop, format_of, resolve_drop
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import (
     ACCOUNTING,
     RECORDS,
     REJECTS,
+    DatasetPaths,
     canonical_json,
     staged_dir,
     write_json_atomic,
@@ -31,6 +33,7 @@ from prep_assets.core.records import (
 )
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spec_sections import TabularSpec
+from prep_assets.core.stats import LayerStats, figure
 from prep_assets.core.tabular import infer_column_types
 
 
@@ -121,9 +124,33 @@ class _BronzeRecords(ColumnBuffer):
             super().flush()
 
 
+@dataclass(frozen=True, kw_only=True)
+class BronzeStats(LayerStats):
+    """A drop's bronze (`accounting.json`): where its lines went."""
+
+    drop: str = figure()
+    file: str = figure("source_file")
+    sha256: str = figure("source_sha256")
+    format: str = figure("format")
+    unit: str = figure()  # what a record is: a line, or an element of a JSON array
+    lines_in: int = figure("lines_in")
+    blank_lines: int = figure("blank_lines")
+    records: int = figure("dagster/row_count")
+    rejects: int = figure("num_rejects")
+    rejects_by_reason: dict[str, int] = figure("rejects_by_reason", table="counts")
+    spec_version: str = figure()
+    gzip_limit: int | None = figure(optional=True)  # the accounting gate's recount stops where the reader had to
+
+
+def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> BronzeStats:
+    """A registered drop's bronze, in the lake."""
+    drop, source = resolve_drop(paths, partition)
+    return build_raw_records(spec, drop, source, paths.partition_dir("bronze", partition), batch_size=batch_size)
+
+
 def build_raw_records(
     spec: DatasetSpec, drop: Drop, source: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
-) -> dict[str, Any]:
+) -> BronzeStats:
     """Bronze: every parseable record with provenance; every other line a reject with its reason."""
     fmt = drop_format(spec, drop)
     extract = _extractor(spec, fmt, source, drop)
@@ -189,22 +216,21 @@ def build_raw_records(
                     records.add(record_id, item.line, item.byte_offset, item.sha256, item.text, canonical)
             records.flush()
             rejects.flush()
-        stats = {
-            "drop": drop.partition,
-            "file": drop.file,
-            "sha256": drop.sha256,
-            "format": fmt,
-            "unit": acct.unit,
-            "lines_in": acct.lines_in,
-            "blank_lines": acct.blank_lines,
-            "records": rec_sink.rows,
-            "rejects": rej_sink.rows,
-            "rejects_by_reason": dict(sorted(reasons.items())),
-            "spec_version": spec.layer_version("bronze"),
-        }
-        if fmt == "jsonl.gz":  # the accounting gate's recount stops where the reader had to
-            stats["gzip_limit"] = gzip_limit(source, spec.input.max_gzip_ratio)
-        write_json_atomic(stage / ACCOUNTING, stats)
+        stats = BronzeStats(
+            drop=drop.partition,
+            file=drop.file,
+            sha256=drop.sha256,
+            format=fmt,
+            unit=acct.unit,
+            lines_in=acct.lines_in,
+            blank_lines=acct.blank_lines,
+            records=rec_sink.rows,
+            rejects=rej_sink.rows,
+            rejects_by_reason=dict(sorted(reasons.items())),
+            spec_version=spec.layer_version("bronze"),
+            gzip_limit=gzip_limit(source, spec.input.max_gzip_ratio) if fmt == "jsonl.gz" else None,
+        )
+        write_json_atomic(stage / ACCOUNTING, stats.as_json())
     return stats
 
 

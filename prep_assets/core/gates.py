@@ -1,4 +1,4 @@
-"""The blocking quality gates between layers, declared once: each gate's asset, name, description and judge.
+"""The blocking quality gates between layers, declared once: each gate's layer, name, description and judge.
 
 The Dagster asset checks (`defs/checks.py`), the manifest's publication (`core/manifest.py`), the gates table of
 docs/shards.md (`markdown_table`) and the tests all read these declarations. How to add a gate: see `Gate`.
@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 
@@ -26,13 +26,9 @@ from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.sql import shared_database
 from prep_assets.core.tokenizer import load_pinned_info
 
-RAW_RECORDS, CLEAN_RECORDS, TOKENIZED_EXAMPLES, PACKED_SHARDS = (
-    "raw_records",
-    "clean_records",
-    "tokenized_examples",
-    "packed_shards",
-)
-DATASET_MANIFEST = "dataset_manifest"
+GateLayer = Literal[
+    "bronze", "silver", "gold", "shards", "manifest"
+]  # what a gate judges (the manifest: the dataset's)
 
 
 def _layer_dir(layer: str) -> property:
@@ -126,14 +122,15 @@ def _always(spec: DatasetSpec) -> bool:
 
 @dataclass(frozen=True)
 class Gate:
-    """One blocking gate: the asset it judges, its check's name, its one description (the check's, shown in the
-    UI, and its row of the gates table in docs/shards.md) and its judge, in the datasets where it `applies`.
+    """One blocking gate: the layer it judges (a check of that layer's asset, `defs/keys.LAYER_ASSET`), its check's
+    name, its one description (the check's, shown in the UI, and its row of the gates table in docs/shards.md) and
+    its judge, in the datasets where it `applies`.
 
     To add a gate: write its invariant in `core/invariants/<layer>.py`, returning an `Outcome` (the violation
     count, offending rows, the figures it measured; a `description` only where figures say more than the count),
-    then declare it here, in `GATES`, at its place in its asset's order:
+    then declare it here, in `GATES`, at its place in its layer's order:
 
-        Gate(CLEAN_RECORDS, "clean_records_<assertion>", "what it asserts, in the spec's terms",
+        Gate("silver", "clean_records_<assertion>", "what it asserts, in the spec's terms",
              lambda on: inv.silver_<assertion>(on.silver, on.spec.clean.<option>), applies=lambda s: ...)
 
     The judge is a function of the `Subject` (the partition's layer folders, or the manifest); a gold rule judged
@@ -142,7 +139,7 @@ class Gate:
     (`markdown_table()`; a test holds them equal). The asset check, the UI and the manifest follow by themselves.
     """
 
-    asset: str
+    layer: GateLayer
     name: str
     description: str
     judge: Judge | SharedPass
@@ -193,34 +190,34 @@ def _table_rows(spec: DatasetSpec) -> bool:
 
 GATES: tuple[Gate, ...] = (
     Gate(
-        RAW_RECORDS,
+        "bronze",
         "raw_records_accounted",
         "records + rejects + blank lines = lines in the drop file (elements of a JSON array, rows of a CSV or "
         "Parquet file), recounted independently of the reader",
         lambda on: inv.bronze_accounted(on.bronze, _source(on)),
     ),
     Gate(
-        RAW_RECORDS,
+        "bronze",
         "raw_records_reject_rate",
         "rejects / (records + rejects) ≤ `checks.max_reject_rate` (blank lines excluded); metadata: the rate and "
         "the rejects by reason",
         lambda on: inv.bronze_reject_rate(on.bronze, on.spec.checks.max_reject_rate),
     ),
     Gate(
-        RAW_RECORDS,
+        "bronze",
         "raw_records_required_fields",
         "provenance present, record ids unique, content valid JSON",
         lambda on: inv.bronze_required_fields(on.bronze),
     ),
     Gate(
-        CLEAN_RECORDS,
+        "silver",
         "clean_records_unique",
         "with `clean.dedup: exact`: no two kept records have the same content (hash and bytes)",
         lambda on: inv.silver_unique(on.silver),
         applies=lambda s: s.clean.dedup == "exact",
     ),
     Gate(
-        CLEAN_RECORDS,
+        "silver",
         "clean_records_unique_across_drops",
         "with `clean.dedup: exact` and `dedup_scope: dataset`: no kept record has the content (hash and bytes) of "
         "a record of a drop registered earlier (their dedup indexes; a missing index fails)",
@@ -230,52 +227,52 @@ GATES: tuple[Gate, ...] = (
         applies=lambda s: s.clean.dedup == "exact" and s.clean.dedup_scope == "dataset",
     ),
     Gate(
-        CLEAN_RECORDS,
+        "silver",
         "clean_records_length_bounds",
         "`clean.min_chars` ≤ chars ≤ `clean.max_chars` for every kept record",
         lambda on: inv.silver_lengths(on.silver, on.spec.clean.min_chars, on.spec.clean.max_chars),
     ),
     Gate(
-        CLEAN_RECORDS,
+        "silver",
         "clean_records_accounted",
         "each bronze record is exactly once in silver records or rejects",
         lambda on: inv.silver_accounted(on.silver, on.bronze),
     ),
     Gate(
-        TOKENIZED_EXAMPLES,
+        "gold",
         "tokenized_examples_mask_aligned",
         "equal list lengths, counts equal to the lists, mask ∈ {0,1}, mask 1 only on the token types `mask` trains "
         "(completion/EOS by default)",
         GoldRows(lambda on: inv.mask_aligned_rule(trainable_types(on.spec))),
     ),
     Gate(
-        TOKENIZED_EXAMPLES,
+        "gold",
         "tokenized_examples_have_loss_tokens",
         "every example has ≥ 1 loss token",
         GoldRows(lambda on: inv.loss_tokens_rule()),
     ),
     Gate(
-        TOKENIZED_EXAMPLES,
+        "gold",
         "tokenized_examples_ids_in_vocab",
         "0 ≤ every token id < the tokenizer's vocab size",
         GoldRows(lambda on: inv.ids_in_vocab_rule(load_pinned_info(on.paths.tokenizer_dir).vocab_size)),
     ),
     Gate(
-        TOKENIZED_EXAMPLES,
+        "gold",
         "tokenized_examples_within_max_len",
         "1 ≤ tokens ≤ `sequence.max_seq_len` (any length ≥ 1 under `full` or `window`, which split examples in "
         "packing)",
         GoldRows(lambda on: inv.within_max_len_rule(on.spec.sequence.max_seq_len, on.spec.splits_examples)),
     ),
     Gate(
-        TOKENIZED_EXAMPLES,
+        "gold",
         "tokenized_examples_accounted",
         "gold examples + gold rejects = silver records, one to one (a pair counts once; a tabular example counts "
         "each record in `record_ids`)",
         lambda on: inv.gold_accounted(on.gold, on.silver),
     ),
     Gate(
-        TOKENIZED_EXAMPLES,
+        "gold",
         "tokenized_examples_reject_rate",
         "gold rejects / records entering gold (silver's kept records) ≤ `checks.max_gold_reject_rate` (default "
         "0.05); metadata: the rate, the counts, and the rejects by reason with a few example rows (record id, "
@@ -283,7 +280,7 @@ GATES: tuple[Gate, ...] = (
         lambda on: inv.gold_reject_rate(on.gold, on.silver, on.spec.checks.max_gold_reject_rate),
     ),
     Gate(
-        TOKENIZED_EXAMPLES,
+        "gold",
         "tokenized_examples_pairs_complete",
         "preference only: one chosen + one rejected example per pair, one split, the first `shared_prefix_tokens` "
         "identical and masked",
@@ -291,7 +288,7 @@ GATES: tuple[Gate, ...] = (
         applies=_paired,
     ),
     Gate(
-        TOKENIZED_EXAMPLES,
+        "gold",
         "tokenized_examples_tabular_budget",
         "tabular only: no record (any mode) or group (grouped) left out for not fitting `sequence.max_seq_len` "
         "with the schema prompt and BOS/EOS; fails before any shard is written, naming the largest, their "
@@ -300,7 +297,7 @@ GATES: tuple[Gate, ...] = (
         applies=_table_rows,
     ),
     Gate(
-        PACKED_SHARDS,
+        "shards",
         "packed_shards_fixed_length",
         "every list column exactly `sequence.max_seq_len`; `num_loss_tokens` = sum of the mask; one example id "
         "and offset per segment",
@@ -309,13 +306,13 @@ GATES: tuple[Gate, ...] = (
         ),
     ),
     Gate(
-        PACKED_SHARDS,
+        "shards",
         "packed_shards_padding_masked",
         "padding (segment 0) = pad id, mask 0, padding token type, position 0",
         lambda on: inv.shards_padding_masked(on.shard_files, load_pinned_info(on.paths.tokenizer_dir).pad_id),
     ),
     Gate(
-        PACKED_SHARDS,
+        "shards",
         "packed_shards_positions_restart",
         "positions 0 at each segment start, +1 inside; segments 1..k; segment starts masked; the segments are "
         "exactly the ones `seq_lengths` lists (a row whose segments run past them fails as a row: the other gates "
@@ -323,7 +320,7 @@ GATES: tuple[Gate, ...] = (
         ShardRows("layout", lambda on, rows: inv.shards_positions_restart(on.shard_files, rows)),
     ),
     Gate(
-        PACKED_SHARDS,
+        "shards",
         "packed_shards_tokens_conserved",
         "per split: shard tokens = gold tokens − tokens dropped by packing + window overlaps, both recomputed from "
         "gold in SQL and equal to the packer's own figures; every example placed as the strategy requires: whole "
@@ -332,7 +329,7 @@ GATES: tuple[Gate, ...] = (
         lambda on: inv.shards_tokens_conserved(on.shard_files, on.gold, layout(on.spec), _reported(on.shards)),
     ),
     Gate(
-        PACKED_SHARDS,
+        "shards",
         "packed_shards_match_gold",
         "token by token, each segment equals its gold example at its offset (id, type), with gold's mask except "
         "the segment's first token (and a window's overlap), masked (rows first: a sum of per-token hashes of "
@@ -345,7 +342,7 @@ GATES: tuple[Gate, ...] = (
         ),
     ),
     Gate(
-        PACKED_SHARDS,
+        "shards",
         "packed_shards_utilization",
         "tokens in segments / (rows × `sequence.max_seq_len`) ≥ `checks.min_sequence_utilization`",
         lambda on: inv.shards_utilization(
@@ -353,20 +350,20 @@ GATES: tuple[Gate, ...] = (
         ),
     ),
     Gate(
-        PACKED_SHARDS,
+        "shards",
         "packed_shards_pairs_together",
         "preference only: both examples of every pair in the same row (so file, row group and split)",
         lambda on: inv.shards_pairs_together(on.shard_files, on.gold),
         applies=_paired,
     ),
     Gate(
-        DATASET_MANIFEST,
+        "manifest",
         "dataset_manifest_one_tokenizer",
         "every partition's shards were made with the pinned tokenizer (one fingerprint)",
         lambda on: inv.shards_one_tokenizer(_manifest_partitions(on), on.manifest["tokenizer_fingerprint"]),
     ),
     Gate(
-        DATASET_MANIFEST,
+        "manifest",
         "dataset_manifest_duplicates_kept",
         "with `dedup_scope: dataset`: every duplicate removed from the manifest's drops names a record kept in "
         "them (a copy kept only in a replaced or failed drop would otherwise be lost; rebuild the named drops' "
@@ -380,22 +377,22 @@ GATES: tuple[Gate, ...] = (
 
 
 def gates_for(spec: DatasetSpec) -> tuple[Gate, ...]:
-    """The gates of `spec`'s partitions (every asset but the manifest)."""
-    return tuple(g for g in GATES if g.asset != DATASET_MANIFEST and g.applies(spec))
+    """The gates of `spec`'s partitions (every layer but the manifest)."""
+    return tuple(g for g in GATES if g.layer != "manifest" and g.applies(spec))
 
 
 def manifest_gates_for(spec: DatasetSpec) -> tuple[Gate, ...]:
     """The gates of `spec`'s manifest."""
-    return tuple(g for g in GATES if g.asset == DATASET_MANIFEST and g.applies(spec))
+    return tuple(g for g in GATES if g.layer == "manifest" and g.applies(spec))
 
 
 def markdown_table() -> str:
-    """The gates table of docs/shards.md: every gate by asset, in the order declared."""
-    lines = ["| asset | check | asserts |", "|---|---|---|"]
+    """The gates table of docs/shards.md: every gate by layer, in the order declared."""
+    lines = ["| layer | check | asserts |", "|---|---|---|"]
     for i, g in enumerate(GATES):
-        first = i == 0 or GATES[i - 1].asset != g.asset
+        first = i == 0 or GATES[i - 1].layer != g.layer
         lines.append(
-            f"| {g.asset} | `{g.name}` | {g.description} |" if first else f"| | `{g.name}` | {g.description} |"
+            f"| {g.layer} | `{g.name}` | {g.description} |" if first else f"| | `{g.name}` | {g.description} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -453,6 +450,10 @@ def raised(results: list[tuple[Gate, inv.Outcome | Exception]]) -> list[inv.Outc
     return [o for _, o in results if isinstance(o, inv.Outcome)]
 
 
-def evaluate(spec: DatasetSpec, paths: DatasetPaths, partition: str, asset: str | None = None) -> list[inv.Outcome]:
-    """Run the gates of one partition (of one asset, or all), as the asset checks do; a gate's error is raised."""
-    return raised(outcomes(spec, paths, partition, [g for g in gates_for(spec) if asset is None or g.asset == asset]))
+def evaluate(
+    spec: DatasetSpec, paths: DatasetPaths, partition: str, layer: GateLayer | None = None
+) -> list[inv.Outcome]:
+    """Run the gates of one partition (of one layer, or all), as the asset checks do; a gate's error is raised."""
+    if layer is not None and layer not in get_args(GateLayer):  # a typo would otherwise judge nothing
+        raise ValueError(f"no layer {layer!r}; the layers: {get_args(GateLayer)}")
+    return raised(outcomes(spec, paths, partition, [g for g in gates_for(spec) if layer is None or g.layer == layer]))

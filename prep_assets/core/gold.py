@@ -38,6 +38,7 @@ from prep_assets.core.records import (
     TYPE_PROMPT,
 )
 from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.stats import LayerStats, figure
 from prep_assets.core.tabular_gold import build_tabular_examples
 from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
 
@@ -150,11 +151,39 @@ def _record_examples(
             tally.totals["prompt_tokens"] += int(n_prompt.sum())
 
 
+@dataclass(frozen=True, kw_only=True)
+class GoldStats(LayerStats):
+    """A drop's gold (`stats.json`): its examples' token counts, its rejects, and what it was tokenized for."""
+
+    examples: int = figure("dagster/row_count")
+    rejects: int = figure("num_rejects")
+    rejects_by_reason: dict[str, int] = figure("rejects_by_reason", table="counts")
+    tokens: int = figure("num_tokens")
+    loss_tokens: int = figure("num_loss_tokens")
+    prompt_tokens: int = figure("num_prompt_tokens")
+    tokens_dropped_by_overflow: int = figure("num_tokens_dropped_by_overflow")
+    tokens_dropped_by_overflow_by_split: dict[str, int] = figure()
+    # chat: examples whose ids differ from tokenizer(rendering), cut where a trained turn starts or ends
+    examples_split_at_turn_boundary: int | None = figure("num_examples_split_at_turn_boundary", optional=True)
+    overflow: str = figure()
+    example_length: dict[str, Any] = figure("example_length_tokens", table="percentiles")
+    tokenizer_fingerprint: str = figure("tokenizer_fingerprint")
+    vocab_size: int = figure()
+    max_seq_len: int = figure()
+    tabular: dict[str, Any] | None = figure(optional=True)  # tables: how rows were assembled into examples
+
+
+def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> GoldStats:
+    """A drop's gold, from its silver, with the dataset's pinned tokenizer."""
+    silver, out = paths.partition_dir("silver", partition), paths.partition_dir("gold", partition)
+    return build_tokenized_examples(spec, silver, paths.tokenizer_dir, out, batch_size=batch_size)
+
+
 def build_tokenized_examples(
     spec: DatasetSpec, silver_dir: Path, tokenizer_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
-) -> dict[str, Any]:
+) -> GoldStats:
     """Gold: one example per record (a preference pair: two) with token ids, loss mask and token types
-    (DESIGN §4); for tables, examples assembled from rows (DESIGN §6, `tabular_gold`)."""
+    (docs/shards.md); for tables, examples assembled from rows (`tabular_gold`)."""
     pt = load_pinned(tokenizer_dir)
     tally = _GoldTally()
     with staged_dir(out_dir) as stage:
@@ -163,40 +192,37 @@ def build_tokenized_examples(
             ParquetSink(stage / EXAMPLES, GOLD_SCHEMA, compression=comp, row_group_size=4096) as ex_sink,
             ParquetSink(stage / REJECTS, GOLD_REJECT_SCHEMA, compression=comp) as rej_sink,
         ):
-            extra: dict[str, Any] = {}
+            tabular: dict[str, Any] | None = None
             if shape_of(spec) == "rows":
                 tab = build_tabular_examples(spec, silver_dir / RECORDS, pt, ex_sink, rej_sink)
                 tally.lengths.append(tab["lengths"])
                 tally.totals.update({k: tab[k] for k in ("tokens", "loss_tokens", "prompt_tokens")})
                 tally.reasons.update(tab["rejects_by_reason"])
-                extra["tabular"] = tab["tabular"]
+                tabular = tab["tabular"]
             else:
                 chat = ChatTemplate(pt) if shape_of(spec) in ("messages", "pair") else None
                 with gc_paused():
                     _record_examples(spec, silver_dir, pt, chat, ex_sink, rej_sink, batch_size, tally)
         lengths_cat = np.concatenate(tally.lengths) if tally.lengths else np.zeros(0, dtype=np.int64)
         totals = tally.totals
-        stats = {
-            "examples": ex_sink.rows,
-            "rejects": rej_sink.rows,
-            "rejects_by_reason": dict(sorted(tally.reasons.items())),
-            "tokens": totals["tokens"],
-            "loss_tokens": totals["loss_tokens"],
-            "prompt_tokens": totals["prompt_tokens"],
-            "tokens_dropped_by_overflow": totals["tokens_dropped_by_overflow"],
-            "tokens_dropped_by_overflow_by_split": {s: tally.overflow_by_split[s] for s in SPLITS},
-            # chat: examples whose ids differ from tokenizer(rendering), cut where a trained turn starts or ends
-            **(
-                {"examples_split_at_turn_boundary": totals["examples_split_at_turn_boundary"]}
-                if shape_of(spec) in ("messages", "pair")
-                else {}
+        stats = GoldStats(
+            examples=ex_sink.rows,
+            rejects=rej_sink.rows,
+            rejects_by_reason=dict(sorted(tally.reasons.items())),
+            tokens=totals["tokens"],
+            loss_tokens=totals["loss_tokens"],
+            prompt_tokens=totals["prompt_tokens"],
+            tokens_dropped_by_overflow=totals["tokens_dropped_by_overflow"],
+            tokens_dropped_by_overflow_by_split={s: tally.overflow_by_split[s] for s in SPLITS},
+            examples_split_at_turn_boundary=(
+                totals["examples_split_at_turn_boundary"] if shape_of(spec) in ("messages", "pair") else None
             ),
-            "overflow": spec.gold_overflow,
-            "example_length": percentiles(lengths_cat),
-            "tokenizer_fingerprint": pt.info.fingerprint,
-            "vocab_size": pt.info.vocab_size,
-            "max_seq_len": spec.sequence.max_seq_len,
-            **extra,
-        }
-        write_json_atomic(stage / STATS, stats)
+            overflow=spec.gold_overflow,
+            example_length=percentiles(lengths_cat),
+            tokenizer_fingerprint=pt.info.fingerprint,
+            vocab_size=pt.info.vocab_size,
+            max_seq_len=spec.sequence.max_seq_len,
+            tabular=tabular,
+        )
+        write_json_atomic(stage / STATS, stats.as_json())
     return stats

@@ -20,7 +20,7 @@ from prep_assets.core.records import (
     SHARD_SCHEMA,
     SPLITS,
 )
-from prep_assets.core.shards import totals
+from prep_assets.core.shards import ShardStats, totals
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.tabular import initial_prefill
 
@@ -74,13 +74,13 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
         stats_path = paths.partition_dir("shards", partition) / STATS
         if not stats_path.is_file():
             continue
-        stats = read_json(stats_path)
-        fingerprints.add(stats["tokenizer_fingerprint"])
-        parts[partition] = {"tokenizer_fingerprint": stats["tokenizer_fingerprint"], **stats["totals"]}
-        if "tabular" in stats:
-            tabular = _merge_tabular(tabular, stats["tabular"])
+        stats = ShardStats.from_json(read_json(stats_path))
+        fingerprints.add(stats.tokenizer_fingerprint)
+        parts[partition] = {"tokenizer_fingerprint": stats.tokenizer_fingerprint, **stats.totals}
+        if stats.tabular is not None:
+            tabular = _merge_tabular(tabular, stats.tabular)
         base = f"shards/{partition}"
-        for split, s in stats["splits"].items():
+        for split, s in stats.splits.items():
             metrics[split].append(s)
             files[split] += [{**f, "path": f"{base}/{f['path']}", "partition": partition} for f in s["files"]]
             for fmt, e in sorted(s.get("exports", {}).items()):

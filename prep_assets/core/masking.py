@@ -1,6 +1,6 @@
 """Tokenize + mask: content records to token ids, loss masks and token types, in batches.
 
-Rules (DESIGN §4): text trains on every token; instruction masks prompts and trains completions,
+Rules (the `mask` keys of docs/spec.md): text trains on every token; instruction masks prompts and trains completions,
 with one EOS after each completion, trained. Chat and preference records render through the chat
 template (see `chat`): each role's characters train or not per the spec, a trained turn with its
 end-of-turn text. Preference records become two examples (chosen, rejected) whose shared prompt is

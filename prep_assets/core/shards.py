@@ -16,9 +16,11 @@ import pyarrow.compute as pc
 from prep_assets.core.arrays import flat_values, offsets_from_lengths, percentiles, segment_sums
 from prep_assets.core.errors import DropError
 from prep_assets.core.formats import FORMATS, PARQUET, DocumentFormat, RowFormat, SplitTarget
+from prep_assets.core.gold import GoldStats
 from prep_assets.core.lake import (
     EXAMPLES,
     STATS,
+    DatasetPaths,
     read_json,
     staged_dir,
     write_json_atomic,
@@ -32,6 +34,7 @@ from prep_assets.core.records import (
 from prep_assets.core.rows import RowCounts, rows_from_values, segment_sources
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spill import TokenSpill
+from prep_assets.core.stats import LayerStats, figure
 from prep_assets.core.tokenizer import load_pinned_info
 
 
@@ -152,22 +155,42 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
         raise
 
 
+@dataclass(frozen=True, kw_only=True)
+class ShardStats(LayerStats):
+    """A drop's shards (`stats.json`): per split its metrics, files and exports; the partition's totals."""
+
+    tokenizer_fingerprint: str = figure("tokenizer_fingerprint")
+    max_seq_len: int = figure()
+    strategy: str = figure()
+    overflow: str = figure()
+    overlap: int = figure()
+    splits: dict[str, Any] = figure()  # per split: `split_metrics`, max_batch_size, files, exports
+    totals: dict[str, Any] = figure()  # `totals` of the splits
+    tabular: dict[str, Any] | None = figure(optional=True)
+
+
+def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> ShardStats:
+    """A drop's packed shards and exports, from its gold."""
+    gold, out = paths.partition_dir("gold", partition), paths.partition_dir("shards", partition)
+    return build_packed_shards(spec, gold, paths.tokenizer_dir, out, batch_size=batch_size)
+
+
 def build_packed_shards(
     spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
-) -> dict[str, Any]:
+) -> ShardStats:
     """Shards: fixed-length packed rows per split, in Parquet files of at most max_tokens_per_shard tokens,
     plus the optional memmap and Megatron exports. Streams: gold is read once in batches and spilled per split
     to flat files (mapped back), rows are planned from the lengths and materialized SHARD_CHUNK_ROWS at a time."""
     info = load_pinned_info(tokenizer_dir)  # ids and fingerprint only: packing never encodes
-    gold_stats = read_json(gold_dir / STATS)
-    if gold_stats["tokenizer_fingerprint"] != info.fingerprint:
+    gold = GoldStats.from_json(read_json(gold_dir / STATS))
+    if gold.tokenizer_fingerprint != info.fingerprint:
         raise DropError(
             "gold was tokenized with another tokenizer than the pinned one "
-            f"({gold_stats['tokenizer_fingerprint'][:12]} != {info.fingerprint[:12]}); rematerialize gold"
+            f"({gold.tokenizer_fingerprint[:12]} != {info.fingerprint[:12]}); rematerialize gold"
         )
-    if gold_stats.get("overflow") != spec.gold_overflow:
+    if gold.overflow != spec.gold_overflow:
         raise DropError(
-            f"gold was built for overflow {gold_stats.get('overflow')!r}, the spec now needs "
+            f"gold was built for overflow {gold.overflow!r}, the spec now needs "
             f"{spec.gold_overflow!r}; rematerialize gold"
         )
     L = spec.sequence.max_seq_len
@@ -213,7 +236,7 @@ def build_packed_shards(
                 for f in named:
                     if isinstance(f, DocumentFormat) and examples:
                         exports[f.name] = f.write(target, sg.id_chunks(), sg.offsets)
-                overflow = gold_stats.get("tokens_dropped_by_overflow_by_split", {}).get(split, 0)
+                overflow = gold.tokens_dropped_by_overflow_by_split.get(split, 0)
                 split_stats[split] = {
                     **split_metrics(sg.offsets, plan, counts, L, overflow),
                     "max_batch_size": min((f["sequences"] for f in files), default=0),
@@ -224,18 +247,18 @@ def build_packed_shards(
             for sg in spilled.values():
                 sg.spill.close()
         shutil.rmtree(stage / _SPILL)
-        stats = {
-            "tokenizer_fingerprint": info.fingerprint,
-            "max_seq_len": L,
-            "strategy": spec.packing.strategy,
-            "overflow": spec.sequence.overflow,
-            "overlap": spec.sequence.overlap,
-            "splits": split_stats,
-            "totals": totals(split_stats.values(), L),
-        }
-        if "tabular" in gold_stats:  # what a generator needs beside the shards (the manifest collects it)
-            stats["tabular"] = {k: gold_stats["tabular"][k] for k in TABULAR_MANIFEST_KEYS}
-        write_json_atomic(stage / STATS, stats)
+        stats = ShardStats(
+            tokenizer_fingerprint=info.fingerprint,
+            max_seq_len=L,
+            strategy=spec.packing.strategy,
+            overflow=spec.sequence.overflow,
+            overlap=spec.sequence.overlap,
+            splits=split_stats,
+            totals=totals(split_stats.values(), L),
+            # what a generator needs beside the shards (the manifest collects it)
+            tabular={k: gold.tabular[k] for k in TABULAR_MANIFEST_KEYS} if gold.tabular is not None else None,
+        )
+        write_json_atomic(stage / STATS, stats.as_json())
     return stats
 
 

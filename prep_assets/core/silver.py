@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from prep_assets.core.records import (
     near_dup_text,
 )
 from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.stats import LayerStats, figure
 from prep_assets.core.tabular import group_label
 
 
@@ -54,6 +56,23 @@ def _split_key(spec: DatasetSpec, content: dict[str, Any], digest: str) -> str:
     return "group:" + group_label(content["values"][content["columns"].index(group_by)])
 
 
+@dataclass(frozen=True, kw_only=True)
+class SilverStats(LayerStats):
+    """A drop's silver (`stats.json`): what cleaning and dedup kept and why the rest went."""
+
+    records_in: int = figure("num_records_in")
+    records: int = figure("dagster/row_count")
+    rejects: int = figure("num_rejects")
+    rejects_by_reason: dict[str, int] = figure("rejects_by_reason", table="counts")
+    records_by_split: dict[str, int] = figure("records_by_split", table="counts", key="split")
+    chars: int = figure("num_chars")
+    dedup: str = figure("dedup")
+    dedup_scope: str = figure("dedup_scope")
+    duplicates_of_earlier_drops: int = figure("duplicates_of_earlier_drops")
+    earlier_drops: list[str] = figure()
+    hash_collisions: int = figure("hash_collisions")
+
+
 def build_clean_records(
     spec: DatasetSpec,
     bronze_dir: Path,
@@ -63,7 +82,7 @@ def build_clean_records(
     earlier: Sequence[Path] = (),
     index_dir: Path | None = None,
     near: bool = True,
-) -> dict[str, Any]:
+) -> SilverStats:
     """Silver: normalized, quality-filtered, deduplicated records with a deterministic split.
 
     `earlier` are the dedup indexes of drops registered before this one (dedup_scope: dataset): their
@@ -90,7 +109,7 @@ def _clean_pass(
     colliding: frozenset[str],
     index_dir: Path | None,
     with_near: bool,
-) -> dict[str, Any]:
+) -> SilverStats:
     clean = spec.clean
     norm = clean.normalization
     exact = dedup.ExactDedup(earlier, colliding) if clean.dedup != "none" else None
@@ -205,20 +224,20 @@ def _clean_pass(
             found = dedup.collisions(stage / RECORDS, stage / REJECTS, earlier) - colliding
             if found:
                 raise dedup.HashCollision(found)  # the stage is discarded; the caller runs the pass again
-        stats = {
-            "records_in": records_in,
-            "records": keep_sink.rows,
-            "rejects": rej_sink.rows,
-            "rejects_by_reason": dict(sorted(reasons.items())),
-            "records_by_split": {s: splits[s] for s in SPLITS},
-            "chars": chars,
-            "dedup": clean.dedup,
-            "dedup_scope": clean.dedup_scope,
-            "duplicates_of_earlier_drops": of_earlier,
-            "earlier_drops": [path.parent.name for path in earlier],
-            "hash_collisions": len(colliding),
-        }
-        write_json_atomic(stage / STATS, stats)
+        stats = SilverStats(
+            records_in=records_in,
+            records=keep_sink.rows,
+            rejects=rej_sink.rows,
+            rejects_by_reason=dict(sorted(reasons.items())),
+            records_by_split={s: splits[s] for s in SPLITS},
+            chars=chars,
+            dedup=clean.dedup,
+            dedup_scope=clean.dedup_scope,
+            duplicates_of_earlier_drops=of_earlier,
+            earlier_drops=[path.parent.name for path in earlier],
+            hash_collisions=len(colliding),
+        )
+        write_json_atomic(stage / STATS, stats.as_json())
         if index_dir is not None and exact is not None:
             dedup.write_index(index_dir, exact.first_seen.values(), stage / RECORDS, stage / REJECTS)
     return stats
@@ -251,9 +270,7 @@ def _index_drop(spec: DatasetSpec, paths: DatasetPaths, drop: Drop, out_dir: Pat
         build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir, near=False)
 
 
-def build_silver(
-    spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH
-) -> dict[str, Any]:
+def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> SilverStats:
     """A drop's silver; with `clean.dedup_scope: dataset`, also without copies of earlier drops' records."""
     bronze, out = paths.partition_dir("bronze", partition), paths.partition_dir("silver", partition)
     if spec.clean.dedup_scope != "dataset":

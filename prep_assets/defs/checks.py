@@ -23,7 +23,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from prep_assets.core import invariants as inv
 from prep_assets.core.gates import Gate, Subject, gates_for, judged, manifest_gates_for
 from prep_assets.core.spec import DatasetSpec
-from prep_assets.defs.keys import PARTITIONED, asset_key
+from prep_assets.defs.keys import LAYER_ASSET, PARTITIONED, asset_key
 from prep_assets.defs.metadata import counts_table, md_table
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
@@ -104,7 +104,7 @@ def gates_pending(problems: list[str]) -> bool:
 def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: list[str]) -> dict[str, list[str]]:
     """Per partition, the gates that did not pass on its latest materialization (failed, never run, or older)."""
     gates = gates_for(spec)
-    keys = [AssetCheckKey(asset_key(spec, g.asset), g.name) for g in gates]
+    keys = [AssetCheckKey(asset_key(spec, LAYER_ASSET[g.layer]), g.name) for g in gates]
     infos = (
         instance.event_log_storage.get_asset_check_partition_info(keys, partition_keys=partitions)
         if partitions
@@ -128,5 +128,5 @@ def unpassed_gates(instance: DagsterInstance, spec: DatasetSpec, partitions: lis
 
 def gate_checks(spec: DatasetSpec) -> list[AssetChecksDefinition]:
     gates = gates_for(spec) + manifest_gates_for(spec)
-    assets = list(dict.fromkeys(g.asset for g in gates))  # in layer order
-    return [_gates_check(spec, a, [g for g in gates if g.asset == a]) for a in assets]
+    layers = list(dict.fromkeys(g.layer for g in gates))  # in layer order
+    return [_gates_check(spec, LAYER_ASSET[layer], [g for g in gates if g.layer == layer]) for layer in layers]

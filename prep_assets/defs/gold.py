@@ -4,14 +4,14 @@ from typing import Any
 
 from dagster import AssetExecutionContext, AssetsDefinition, DataVersion, MaterializeResult, MetadataValue, asset
 
-from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
+from prep_assets.core.gold import build_tokenizer
 from prep_assets.core.lake import EXAMPLES
 from prep_assets.core.records import GOLD_SCHEMA
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import gold_condition, tokenizer_condition
-from prep_assets.defs.keys import CLEAN_RECORDS, TOKENIZED_EXAMPLES, TOKENIZER, asset_key, code_version
-from prep_assets.defs.metadata import column_schema, counts_table, md_table, preview, user_errors, worker
-from prep_assets.defs.partitions import drops_partitions
+from prep_assets.defs.keys import CLEAN_RECORDS, TOKENIZER, asset_key, code_version
+from prep_assets.defs.layers import LayerAsset
+from prep_assets.defs.metadata import md_table, user_errors, worker
 from prep_assets.defs.resources import LakeResource
 
 
@@ -55,60 +55,24 @@ def tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
     return tokenizer
 
 
-def gold_asset(spec: DatasetSpec) -> AssetsDefinition:
-    @asset(
-        key=asset_key(spec, TOKENIZED_EXAMPLES),
-        automation_condition=gold_condition(asset_key(spec, TOKENIZER)),
-        deps=[asset_key(spec, CLEAN_RECORDS), asset_key(spec, TOKENIZER)],
-        partitions_def=drops_partitions(spec.name),
-        group_name="gold",
-        kinds={"parquet"},
-        code_version=code_version(spec, "gold"),
-        description=(
-            "One training example per silver record: token_ids, loss_mask (1 = loss target), token_type_ids "
-            "(0 prompt, 1 completion, 2 padding, 3 EOS), counts and provenance. Masks follow `mask`/`mask_default`; "
-            "one EOS per completion (trained), BOS per the tokenizer; the first token of each example is masked. "
-            "Examples over `sequence.max_seq_len` follow `sequence.overflow`; untrainable ones go to rejects. "
-            "Tabular data: examples assembled from rows per `tabular.mode` (flat, grouped, sequential): the schema "
-            "prompt (masked), then BOS + compact JSON lines + EOS units (trained); records or groups that cannot fit "
-            "go to rejects and fail the blocking budget check."
-        ),
-        metadata={"dagster/column_schema": column_schema(GOLD_SCHEMA)},
-        tags={"layer": "gold"},
-    )
-    def tokenized_examples(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
-        paths = lake.paths(spec.name)
-        key = context.partition_key
-        out = paths.partition_dir("gold", key)
-        with user_errors():
-            stats = build_tokenized_examples(
-                spec, paths.partition_dir("silver", key), paths.tokenizer_dir, out, batch_size=lake.batch_size
-            )
-        lengths = stats["example_length"]
-        return MaterializeResult(
-            metadata={
-                "worker": worker(),
-                **tabular_metadata(stats.get("tabular")),
-                "dagster/row_count": stats["examples"],
-                "num_tokens": stats["tokens"],
-                "num_loss_tokens": stats["loss_tokens"],
-                "num_prompt_tokens": stats["prompt_tokens"],
-                "num_tokens_dropped_by_overflow": stats["tokens_dropped_by_overflow"],
-                "num_rejects": stats["rejects"],
-                **(
-                    {"num_examples_split_at_turn_boundary": stats["examples_split_at_turn_boundary"]}
-                    if "examples_split_at_turn_boundary" in stats
-                    else {}
-                ),
-                "rejects_by_reason": counts_table(stats["rejects_by_reason"]),
-                "example_length_tokens": md_table([lengths]),
-                "tokenizer_fingerprint": stats["tokenizer_fingerprint"],
-                "path": MetadataValue.path(str(out)),
-                "preview": preview(out / EXAMPLES, ["example_id", "split", "num_tokens", "num_loss_tokens"]),
-            }
-        )
-
-    return tokenized_examples
+GOLD = LayerAsset(
+    layer="gold",
+    schema=GOLD_SCHEMA,
+    group="gold",
+    upstream=(CLEAN_RECORDS, TOKENIZER),
+    automation=lambda spec: gold_condition(asset_key(spec, TOKENIZER)),
+    description=lambda spec: (
+        "One training example per silver record: token_ids, loss_mask (1 = loss target), token_type_ids "
+        "(0 prompt, 1 completion, 2 padding, 3 EOS), counts and provenance. Masks follow `mask`/`mask_default`; "
+        "one EOS per completion (trained), BOS per the tokenizer; the first token of each example is masked. "
+        "Examples over `sequence.max_seq_len` follow `sequence.overflow`; untrainable ones go to rejects. "
+        "Tabular data: examples assembled from rows per `tabular.mode` (flat, grouped, sequential): the schema "
+        "prompt (masked), then BOS + compact JSON lines + EOS units (trained); records or groups that cannot fit "
+        "go to rejects and fail the blocking budget check."
+    ),
+    preview=(EXAMPLES, ["example_id", "split", "num_tokens", "num_loss_tokens"]),
+    extra=lambda spec, paths, partition, stats: tabular_metadata(stats.tabular),
+)
 
 
 DISTRIBUTIONS = (

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 from dagster import AssetKey
 
-from prep_assets.core.gates import (  # the partitioned layers' names live with the gates, re-exported here
-    CLEAN_RECORDS as CLEAN_RECORDS,
-)
-from prep_assets.core.gates import (
-    PACKED_SHARDS as PACKED_SHARDS,
-)
-from prep_assets.core.gates import (
-    RAW_RECORDS as RAW_RECORDS,
-)
-from prep_assets.core.gates import (
-    TOKENIZED_EXAMPLES as TOKENIZED_EXAMPLES,
-)
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spec_sections import Layer
 
+RAW_RECORDS = "raw_records"
+CLEAN_RECORDS = "clean_records"
+TOKENIZED_EXAMPLES = "tokenized_examples"
+PACKED_SHARDS = "packed_shards"
 TOKENIZER = "tokenizer"
 DATASET_MANIFEST = "dataset_manifest"
 PARTITIONED = (RAW_RECORDS, CLEAN_RECORDS, TOKENIZED_EXAMPLES, PACKED_SHARDS)
+# the asset of each layer core speaks of (a gate's `layer`, a partition folder); the manifest's gates judge it
+LAYER_ASSET: dict[str, str] = {
+    "bronze": RAW_RECORDS,
+    "silver": CLEAN_RECORDS,
+    "gold": TOKENIZED_EXAMPLES,
+    "shards": PACKED_SHARDS,
+    "manifest": DATASET_MANIFEST,
+}
 
 
 def asset_key(spec: DatasetSpec, name: str) -> AssetKey:

@@ -15,6 +15,7 @@ from dagster import Failure, MetadataValue, TableColumn, TableRecord, TableSchem
 
 from prep_assets.core.decode import decode_row, render_text
 from prep_assets.core.errors import PrepAssetsError
+from prep_assets.core.stats import LayerStats
 
 
 def worker() -> str:
@@ -40,6 +41,19 @@ def counts_table(counts: dict[str, int], key: str = "reason") -> MetadataValue:
     schema = TableSchema(columns=[TableColumn(key, "string"), TableColumn("count", "int")])
     records = [TableRecord({key: k, "count": int(v)}) for k, v in sorted(counts.items())]
     return MetadataValue.table(records=records, schema=schema)
+
+
+def stats_metadata(stats: LayerStats) -> dict[str, Any]:
+    """A layer's stats as the UI shows them: each figure under its label, a mapping as a table."""
+    shown: dict[str, Any] = {}
+    for f in stats.figures():
+        if f.table == "counts":
+            shown[f.label] = counts_table(f.value, key=f.key)
+        elif f.table == "percentiles":
+            shown[f.label] = md_table([f.value])
+        else:
+            shown[f.label] = f.value
+    return shown
 
 
 def md_table(rows: list[dict[str, Any]]) -> MetadataValue:

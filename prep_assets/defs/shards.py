@@ -1,5 +1,7 @@
 """Packed shards per drop, and the dataset manifest over all drops."""
 
+from typing import Any
+
 from dagster import (
     AllPartitionMapping,
     AssetDep,
@@ -11,9 +13,10 @@ from dagster import (
 )
 
 from prep_assets.core.drops import superseded_drops
+from prep_assets.core.lake import DatasetPaths
 from prep_assets.core.manifest import build_manifest, manifest_partitions
 from prep_assets.core.records import SHARD_SCHEMA
-from prep_assets.core.shards import COUNTS, UTILIZATIONS, build_packed_shards
+from prep_assets.core.shards import COUNTS, UTILIZATIONS, ShardStats
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.checks import gates_pending, unpassed_gates
@@ -26,73 +29,58 @@ from prep_assets.defs.keys import (
     asset_key,
     code_version,
 )
-from prep_assets.defs.metadata import column_schema, decoded_row, md_table, user_errors, worker
+from prep_assets.defs.layers import LayerAsset
+from prep_assets.defs.metadata import decoded_row, md_table, user_errors, worker
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
 _SPLIT_COLUMNS = (*COUNTS, *UTILIZATIONS, "max_batch_size")
 
 
-def shards_asset(spec: DatasetSpec) -> AssetsDefinition:
-    @asset(
-        key=asset_key(spec, PACKED_SHARDS),
-        automation_condition=layer_condition(),
-        deps=[asset_key(spec, TOKENIZED_EXAMPLES), asset_key(spec, TOKENIZER)],
-        partitions_def=drops_partitions(spec.name),
-        group_name="gold",
-        kinds={"parquet"},
-        code_version=code_version(spec, "shards"),
-        description=(
-            f"Rows of exactly `sequence.max_seq_len` ({spec.sequence.max_seq_len}) tokens per split, packed with "
-            f"`packing.strategy` ({spec.packing.strategy}), overflow `{spec.sequence.overflow}`, padded with the pad "
-            "id (mask 0, segment 0). Columns: input_ids, loss_mask, position_ids (restart per segment), segment_ids "
-            "(1..k, 0 = padding), token_type_ids, seq_lengths, example_ids, example_offsets, num_loss_tokens. Files "
-            "of at most `output.max_tokens_per_shard` tokens under `shards/<drop>/<split>/`, plus the exports in "
-            f"`output.formats` ({', '.join(spec.output.formats)})."
+def _shards_metadata(spec: DatasetSpec, paths: DatasetPaths, partition: str, stats: ShardStats) -> dict[str, Any]:
+    """Totals, per-split figures and distributions, the file lists and row 0 decoded."""
+    totals = stats.totals
+    splits = stats.splits
+    per_split = [{"split": s, **{c: m[c] for c in _SPLIT_COLUMNS}} for s, m in splits.items()]
+    distributions = [
+        {"split": s, "figure": name, **d}
+        for s, m in splits.items()
+        if m["sequences"]
+        for name, d in m["distributions"].items()
+    ]
+    first = next((m["files"][0]["path"] for m in splits.values() if m["files"]), None)
+    out = paths.partition_dir("shards", partition)
+    return {
+        "dagster/row_count": totals["sequences"],
+        **{f"num_{k}": totals[k] for k in COUNTS if k != "sequences"},
+        **{k: totals[k] for k in (*UTILIZATIONS, "max_batch_size")},
+        "strategy": f"{spec.packing.strategy} / overflow {spec.sequence.overflow}",
+        "splits": md_table(per_split),
+        "length_distributions_tokens": md_table(distributions),
+        **({"decoded_row": decoded_row(out / first, paths.tokenizer_dir)} if first else {}),
+        "files": MetadataValue.json([f["path"] for m in splits.values() for f in m["files"]]),
+        "exports": MetadataValue.json(
+            [f["path"] for m in splits.values() for e in m["exports"].values() for f in e["files"]]
         ),
-        metadata={"dagster/column_schema": column_schema(SHARD_SCHEMA)},
-        tags={"layer": "gold"},
-    )
-    def packed_shards(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
-        paths = lake.paths(spec.name)
-        key = context.partition_key
-        out = paths.partition_dir("shards", key)
-        with user_errors():
-            stats = build_packed_shards(
-                spec, paths.partition_dir("gold", key), paths.tokenizer_dir, out, batch_size=lake.batch_size
-            )
-        totals = stats["totals"]
-        per_split = [{"split": s, **{c: m[c] for c in _SPLIT_COLUMNS}} for s, m in stats["splits"].items()]
-        distributions = [
-            {"split": s, "figure": name, **d}
-            for s, m in stats["splits"].items()
-            if m["sequences"]
-            for name, d in m["distributions"].items()
-        ]
-        first = next((m["files"][0]["path"] for m in stats["splits"].values() if m["files"]), None)
-        return MaterializeResult(
-            metadata={
-                "worker": worker(),
-                "dagster/row_count": totals["sequences"],
-                **{f"num_{k}": totals[k] for k in COUNTS if k != "sequences"},
-                **{
-                    k: totals[k]
-                    for k in ("data_utilization", "sequence_utilization", "loss_token_utilization", "max_batch_size")
-                },
-                "strategy": f"{spec.packing.strategy} / overflow {spec.sequence.overflow}",
-                "splits": md_table(per_split),
-                "length_distributions_tokens": md_table(distributions),
-                **({"decoded_row": decoded_row(out / first, paths.tokenizer_dir)} if first else {}),
-                "files": MetadataValue.json([f["path"] for m in stats["splits"].values() for f in m["files"]]),
-                "exports": MetadataValue.json(
-                    [f["path"] for m in stats["splits"].values() for e in m["exports"].values() for f in e["files"]]
-                ),
-                "tokenizer_fingerprint": stats["tokenizer_fingerprint"],
-                "path": MetadataValue.path(str(out)),
-            }
-        )
+    }
 
-    return packed_shards
+
+SHARDS = LayerAsset(
+    layer="shards",
+    schema=SHARD_SCHEMA,
+    group="gold",
+    upstream=(TOKENIZED_EXAMPLES, TOKENIZER),
+    automation=lambda spec: layer_condition(),
+    description=lambda spec: (
+        f"Rows of exactly `sequence.max_seq_len` ({spec.sequence.max_seq_len}) tokens per split, packed with "
+        f"`packing.strategy` ({spec.packing.strategy}), overflow `{spec.sequence.overflow}`, padded with the pad "
+        "id (mask 0, segment 0). Columns: input_ids, loss_mask, position_ids (restart per segment), segment_ids "
+        "(1..k, 0 = padding), token_type_ids, seq_lengths, example_ids, example_offsets, num_loss_tokens. Files "
+        "of at most `output.max_tokens_per_shard` tokens under `shards/<drop>/<split>/`, plus the exports in "
+        f"`output.formats` ({', '.join(spec.output.formats)})."
+    ),
+    extra=_shards_metadata,
+)
 
 
 def manifest_asset(spec: DatasetSpec) -> AssetsDefinition:

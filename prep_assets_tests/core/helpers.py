@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 
 from prep_assets.core import gates
 from prep_assets.core.bronze import build_raw_records
+from prep_assets.core.build import build_partition
 from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
-from prep_assets.core.gold import build_tokenized_examples, build_tokenizer
+from prep_assets.core.gold import build_tokenizer
 from prep_assets.core.lake import DatasetPaths, dataset_paths
 from prep_assets.core.manifest import build_manifest
 from prep_assets.core.masking import TokenizedBatch
-from prep_assets.core.shards import build_packed_shards
 from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
@@ -40,15 +40,10 @@ def run_core(data_dir: Path, spec: DatasetSpec, batch_size: int = 4096) -> dict:
     build_tokenizer(spec, paths, data_dir)
     out = {}
     for key in sorted(p.stem for p in paths.drops_dir.glob("*.json")):
-        drop, src = resolve_drop(paths, key)
-        b, s, g, sh = (paths.partition_dir(x, key) for x in ("bronze", "silver", "gold", "shards"))
         out[key] = {
-            "bronze": build_raw_records(spec, drop, src, b, batch_size=batch_size),
-            "silver": build_clean_records(spec, b, s, batch_size=batch_size),
-            "gold": build_tokenized_examples(spec, s, paths.tokenizer_dir, g, batch_size=batch_size),
-            "shards": build_packed_shards(spec, g, paths.tokenizer_dir, sh),
-            "dirs": (b, s, g, sh),
-            "source": src,
+            **build_partition(spec, paths, key, batch_size=batch_size),
+            "dirs": tuple(paths.partition_dir(x, key) for x in ("bronze", "silver", "gold", "shards")),
+            "source": resolve_drop(paths, key)[1],
         }
     build_manifest(spec, paths, list(out))
     return out

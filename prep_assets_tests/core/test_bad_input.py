@@ -32,9 +32,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core import readers
+from prep_assets.core.bronze import BronzeStats
 from prep_assets.core.drops import register_drops, registered_drops
 from prep_assets.core.errors import PrepAssetsError
-from prep_assets.core.gates import RAW_RECORDS, evaluate
+from prep_assets.core.gates import evaluate
 from prep_assets.core.invariants import Outcome
 from prep_assets.core.lake import JSON_MAX_DEPTH, DatasetPaths, dataset_paths
 from prep_assets.core.readers import GZIP_MIN_LIMIT, NESTING_TOO_DEEP
@@ -89,7 +90,7 @@ class DropRun:
     """What bronze and its gates produced for one drop."""
 
     partition: str
-    stats: dict[str, Any]
+    stats: BronzeStats
     records: list[dict[str, Any]]
     rejects: list[dict[str, Any]]
     gates: dict[str, Outcome]
@@ -173,11 +174,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 def observe(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> DropRun:
     out = paths.partition_dir("bronze", partition)
     start = time.perf_counter()
-    gates = {o.name: o for o in evaluate(spec, paths, partition, asset=RAW_RECORDS)}
+    gates = {o.name: o for o in evaluate(spec, paths, partition, layer="bronze")}
     seconds = time.perf_counter() - start
     return DropRun(
         partition,
-        json.loads((out / "accounting.json").read_text(encoding="utf-8")),
+        BronzeStats.from_json(json.loads((out / "accounting.json").read_text(encoding="utf-8"))),
         read_rows(out / "records.parquet"),
         read_rows(out / "rejects.parquet"),
         gates,
@@ -211,9 +212,9 @@ def check_drop(exp: DropCase, run: DropRun) -> None:
     """The assertions every case makes on every drop."""
     where = exp.file
     stats = run.stats
-    assert (stats["lines_in"], stats["blank_lines"]) == (exp.lines_in, exp.blank_lines), where
-    assert stats["records"] == len(run.records) and stats["rejects"] == len(run.rejects), where
-    assert stats["lines_in"] == len(run.records) + len(run.rejects) + stats["blank_lines"], where
+    assert (stats.lines_in, stats.blank_lines) == (exp.lines_in, exp.blank_lines), where
+    assert stats.records == len(run.records) and stats.rejects == len(run.rejects), where
+    assert stats.lines_in == len(run.records) + len(run.rejects) + stats.blank_lines, where
 
     kept = [Kept(r["source_line"], json.loads(r["content"])) for r in run.records]
     assert kept == list(exp.kept), where
@@ -227,7 +228,7 @@ def check_drop(exp: DropCase, run: DropRun) -> None:
         assert isinstance(row["source_line"], int) and row["source_line"] >= 1, row
         assert isinstance(row["byte_offset"], int) and row["byte_offset"] >= 0, row
         assert row["reason"] and row["detail"], row
-    suffix = ".0" if stats["unit"] == "element" else ""  # the fixtures' arrays hold one element per line
+    suffix = ".0" if stats.unit == "element" else ""  # the fixtures' arrays hold one element per line
     for row in run.records:
         assert row["source_file"] == exp.file, row
         assert row["record_id"] == f"{run.partition}:{row['source_line']}{suffix}", row
@@ -731,7 +732,7 @@ def schema_drift() -> list[DropCase]:
 
 def check_schema_drift(run: CaseRun) -> None:
     first, second = run.drops["drop1_2026-01.jsonl"], run.drops["drop2_2026-02.jsonl"]
-    assert first.stats["rejects_by_reason"] == {} and second.stats["rejects_by_reason"] == {"missing_key": 3}
+    assert first.stats.rejects_by_reason == {} and second.stats.rejects_by_reason == {"missing_key": 3}
     assert all(o.passed for o in first.gates.values())  # drop 1 is unaffected: every gate passes
     assert second.gates[ACCOUNTED].passed and not second.gates[REJECT_RATE].passed
 
@@ -787,7 +788,7 @@ def check_reject_rate_above_max(run: CaseRun) -> None:
     }
     # the same bronze under a threshold equal to its rate passes: the gate fails only above the maximum
     looser = make_spec("ds", checks={"max_reject_rate": 0.3})
-    assert {o.name: o.passed for o in evaluate(looser, run.paths, drop.partition, asset=RAW_RECORDS)} == {
+    assert {o.name: o.passed for o in evaluate(looser, run.paths, drop.partition, layer="bronze")} == {
         ACCOUNTED: True,
         REJECT_RATE: True,
         REQUIRED: True,

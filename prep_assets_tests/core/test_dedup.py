@@ -14,7 +14,7 @@ from prep_assets.core.drops import earlier_drops, register_drops, registered_dro
 from prep_assets.core.errors import DropError, SpecError
 from prep_assets.core.gates import evaluate
 from prep_assets.core.lake import dataset_paths
-from prep_assets.core.silver import build_clean_records, build_silver
+from prep_assets.core.silver import build_clean_records
 from prep_assets_tests.conftest import make_spec
 
 A = "Café notes: the river rose two feet overnight."
@@ -42,12 +42,12 @@ def _lake(tmp: Path):
     return paths, {d.file: d.partition for d in registered_drops(paths).values()}
 
 
-def _silver(paths, keys: list[str], spec=SPEC) -> dict[str, dict]:
+def _silver(paths, keys: list[str], spec=SPEC) -> dict[str, silver.SilverStats]:
     out = {}
     for key in keys:
         drop, src = resolve_drop(paths, key)
         build_raw_records(spec, drop, src, paths.partition_dir("bronze", key))
-        out[key] = build_silver(spec, paths, key)
+        out[key] = silver.build(spec, paths, key)
     return out
 
 
@@ -79,13 +79,13 @@ def test_earliest_drop_then_first_line_keeps_the_record(tmp_path: Path):
     a, b, c = (keys[n] for n in DROPS)
     stats = _silver(paths, [a, b, c])
     assert _kept(paths, a) == [A, B, C] and _kept(paths, b) == [D, E] and _kept(paths, c) == [F]
-    assert [s["duplicates_of_earlier_drops"] for s in stats.values()] == [0, 1, 2]
+    assert [s.duplicates_of_earlier_drops for s in stats.values()] == [0, 1, 2]
     rejects = {
         r["record_id"]: r["duplicate_of"]
         for r in pq.read_table(paths.partition_dir("silver", c) / "rejects.parquet").to_pylist()
     }
     assert rejects == {f"{c}:1": f"{a}:1", f"{c}:2": f"{b}:2", f"{c}:4": f"{c}:3"}
-    assert all(o.passed for o in evaluate(SPEC, paths, c, "clean_records"))
+    assert all(o.passed for o in evaluate(SPEC, paths, c, "silver"))
 
 
 def test_same_silver_bytes_whatever_the_materialization_order(tmp_path: Path):
@@ -104,7 +104,7 @@ def test_drop_scope_keeps_copies_across_drops(tmp_path: Path):
     paths, keys = _lake(tmp_path)
     spec = make_spec("ds", clean={"dedup": "exact"})
     stats = _silver(paths, [keys[n] for n in DROPS], spec=spec)
-    assert [s["records"] for s in stats.values()] == [3, 3, 3]
+    assert [s.records for s in stats.values()] == [3, 3, 3]
     assert not (paths.root / "dedup_index").exists()
 
 
@@ -126,7 +126,7 @@ def test_earlier_drop_without_file_or_index_is_a_clear_error(tmp_path: Path):
     drop, src = resolve_drop(paths, keys["b_2026-02.jsonl"])
     build_raw_records(SPEC, drop, src, paths.partition_dir("bronze", drop.partition))
     with pytest.raises(DropError, match="missing"):
-        build_silver(SPEC, paths, drop.partition)
+        silver.build(SPEC, paths, drop.partition)
 
 
 def test_gate_fails_when_a_kept_record_repeats_an_earlier_drop(tmp_path: Path):
@@ -136,7 +136,7 @@ def test_gate_fails_when_a_kept_record_repeats_an_earlier_drop(tmp_path: Path):
     drop, src = resolve_drop(paths, b)
     build_raw_records(SPEC, drop, src, paths.partition_dir("bronze", b))
     build_clean_records(SPEC, paths.partition_dir("bronze", b), paths.partition_dir("silver", b))  # drop-only
-    (gate,) = [o for o in evaluate(SPEC, paths, b, "clean_records") if o.name == "clean_records_unique_across_drops"]
+    (gate,) = [o for o in evaluate(SPEC, paths, b, "silver") if o.name == "clean_records_unique_across_drops"]
     assert not gate.passed and gate.violations == 1
     assert gate.offending == [{"record_id": f"{b}:1", "location": "b_2026-02.jsonl:1", "earlier_record_id": f"{a}:2"}]
     assert gate.facts == {"earlier_drops": 1}
@@ -178,8 +178,8 @@ def test_an_earlier_drop_this_spec_cannot_read_holds_nothing(tmp_path: Path):
     b = next(d for d in registered_drops(paths).values() if d.file == "b.csv")
     drop, src = resolve_drop(paths, b.partition)
     build_raw_records(spec, drop, src, paths.partition_dir("bronze", b.partition))
-    stats = build_silver(spec, paths, b.partition)  # a.txt (no reader for tables) does not block b
-    assert stats["records"] == 1 and stats["rejects_by_reason"] == {"duplicate": 1}
+    stats = silver.build(spec, paths, b.partition)  # a.txt (no reader for tables) does not block b
+    assert stats.records == 1 and stats.rejects_by_reason == {"duplicate": 1}
 
 
 def test_silver_over_bronze_of_another_spec_is_refused(tmp_path: Path):
@@ -190,7 +190,7 @@ def test_silver_over_bronze_of_another_spec_is_refused(tmp_path: Path):
         "ds", input={"type": "text", "text_key": "body"}, clean={"dedup": "exact", "dedup_scope": "dataset"}
     )
     with pytest.raises(DropError, match="bronze was built with another spec"):
-        build_silver(other, paths, a)
+        silver.build(other, paths, a)
 
 
 def test_scope_dataset_without_dedup_is_a_spec_error():
@@ -219,5 +219,5 @@ def test_a_forced_hash_collision_keeps_both_distinct_records(tmp_path: Path, mon
     a, b, c = (keys[n] for n in DROPS)
     stats = _silver(paths, [a, b, c])
     assert _kept(paths, a) == [A, B, C] and _kept(paths, b) == [D, E] and _kept(paths, c) == [F]
-    assert [s["hash_collisions"] for s in stats.values()] == [1, 1, 1]
-    assert all(o.passed for k in (a, b, c) for o in evaluate(SPEC, paths, k, "clean_records"))
+    assert [s.hash_collisions for s in stats.values()] == [1, 1, 1]
+    assert all(o.passed for k in (a, b, c) for o in evaluate(SPEC, paths, k, "silver"))

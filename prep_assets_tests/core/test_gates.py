@@ -84,7 +84,9 @@ def test_gold_row_gates_run_together_are_named_and_report_what_each_finds_alone(
 def test_every_gate_has_one_name_and_its_outcome_carries_its_description(lake):
     spec, paths, chosen = lake
     assert len({g.name for g in gates.GATES}) == len(gates.GATES)
-    assert all(g.name.startswith(g.asset) and g.description for g in gates.GATES)
+    prefix = {"bronze": "raw_records", "silver": "clean_records", "gold": "tokenized_examples"}
+    prefix |= {"shards": "packed_shards", "manifest": "dataset_manifest"}
+    assert all(g.name.startswith(prefix[g.layer]) and g.description for g in gates.GATES)
     for g, outcome in gates.outcomes(spec, paths, "k", chosen):
         assert outcome.name == g.name and outcome.description == g.description  # type: ignore[union-attr]
 
@@ -103,10 +105,10 @@ def test_a_gate_that_measures_more_than_a_count_says_so_in_its_outcome(tmp_path:
 def test_docs_gates_table_is_the_declared_one():
     """docs/shards.md holds exactly `markdown_table()`: regenerate it there when a gate changes."""
     text = (PROJECT / "docs" / "shards.md").read_text(encoding="utf-8")
-    start = text.index("| asset | check | asserts |")
+    start = text.index("| layer | check | asserts |")
     end = text.find("\n\n", start)
     assert text[start : None if end < 0 else end + 1] == gates.markdown_table()
-    assert text.count("| asset | check | asserts |") == 1
+    assert text.count("| layer | check | asserts |") == 1
 
 
 @pytest.mark.parametrize("scope", ["drop", "dataset"])

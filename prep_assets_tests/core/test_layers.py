@@ -44,13 +44,13 @@ def gsm_run(tmp_path_factory: pytest.TempPathFactory):
 
 def test_gsm8k_every_record_flows_to_shards(gsm_run):
     _, _, r = gsm_run
-    assert r["bronze"]["lines_in"] == r["bronze"]["records"] == 7473
-    assert r["silver"]["records"] + r["silver"]["rejects"] == 7473
-    assert r["gold"]["examples"] == r["silver"]["records"]
-    totals = r["shards"]["totals"]
-    assert totals["output_tokens"] == r["gold"]["tokens"] and totals["loss_tokens"] == r["gold"]["loss_tokens"]
+    assert r["bronze"].lines_in == r["bronze"].records == 7473
+    assert r["silver"].records + r["silver"].rejects == 7473
+    assert r["gold"].examples == r["silver"].records
+    totals = r["shards"].totals
+    assert totals["output_tokens"] == r["gold"].tokens and totals["loss_tokens"] == r["gold"].loss_tokens
     assert totals["sequence_utilization"] > 0.95
-    assert len(r["shards"]["splits"]["train"]["files"]) > 1  # max_tokens_per_shard splits files
+    assert len(r["shards"].splits["train"]["files"]) > 1  # max_tokens_per_shard splits files
 
 
 def test_gsm8k_all_invariants_hold(gsm_run):
@@ -80,7 +80,7 @@ def test_gsm8k_all_invariants_hold(gsm_run):
 
 
 def test_shards_verified_independently_with_duckdb(gsm_run):
-    """Checks written here from DESIGN §5, not through core.invariants."""
+    """Checks written here from the shard contract of docs/shards.md, not through core.invariants."""
     _, _, r = gsm_run
     _, _, g, sh = r["dirs"]
     files = [str(p) for p in sorted(sh.glob("*/*.parquet"))]
@@ -130,7 +130,7 @@ def test_shards_verified_independently_with_duckdb(gsm_run):
 
 def test_bfd_rows_within_a_thousandth_of_the_lower_bound_per_split(gsm_run):
     _, _, r = gsm_run
-    for split, m in r["shards"]["splits"].items():
+    for split, m in r["shards"].splits.items():
         if m["gold_tokens"]:
             bound = math.ceil(m["gold_tokens"] / L)
             assert m["sequences"] <= 1.001 * bound, (split, m["sequences"], bound)
@@ -151,7 +151,7 @@ def test_manifest_lists_every_shard_with_checksums(gsm_run):
     data_dir, spec, r = gsm_run
     manifest = read_json(data_dir / "lake" / "gsm" / "manifest.json")
     files = [f for s in manifest["splits"].values() for f in s["files"]]
-    assert len(files) == sum(len(m["files"]) for m in r["shards"]["splits"].values())
+    assert len(files) == sum(len(m["files"]) for m in r["shards"].splits.values())
     for f in files:
         path = data_dir / "lake" / "gsm" / f["path"]
         assert hashlib.sha256(path.read_bytes()).hexdigest() == f["sha256"]
@@ -171,7 +171,7 @@ def test_csv_drop_through_every_layer_with_every_gate(tmp_path: Path):
     )
     key, r = run_one_file(tmp_path, spec, src)
     rows = sum(1 for _ in src.open(encoding="utf-8")) - 1
-    assert r["bronze"]["unit"] == "row" and r["bronze"]["records"] == rows and r["bronze"]["rejects"] == 0
+    assert r["bronze"].unit == "row" and r["bronze"].records == rows and r["bronze"].rejects == 0
     assert failed_gates(spec, tmp_path, key) == []
     first = pq.read_table(r["dirs"][0] / "records.parquet").slice(0, 1).to_pylist()[0]
     assert first["source_line"] == 2 and first["content"] == '{"text":"define sonogram"}'
@@ -187,7 +187,7 @@ def test_parquet_drop_keeps_embedded_carriage_returns_through_every_gate(tmp_pat
         sequence={"max_seq_len": 64},
     )
     key, r = run_one_file(tmp_path, spec, src)
-    assert r["bronze"]["records"] == 2 and r["gold"]["examples"] == 2
+    assert r["bronze"].records == 2 and r["gold"].examples == 2
     assert failed_gates(spec, tmp_path, key) == []
     contents = [
         json.loads(c)["text"] for c in pq.read_table(r["dirs"][1] / "records.parquet").column("content").to_pylist()
@@ -224,7 +224,7 @@ def test_bronze_and_silver_run_their_records_with_the_cycle_collector_off_and_tu
     watch(silver, "canonical_json")  # per normalized record in silver
     watch(silver, "content_texts")  # per record in silver
     b, s = paths.partition_dir("bronze", "k"), paths.partition_dir("silver", "k")
-    assert build_raw_records(spec, drop, src, b)["records"] == 2 and gc.isenabled()
+    assert build_raw_records(spec, drop, src, b).records == 2 and gc.isenabled()
     # a hash collision makes silver run its pass again: the collector is off in both passes
     real_collisions, passes = silver.dedup.collisions, []
 
@@ -233,7 +233,7 @@ def test_bronze_and_silver_run_their_records_with_the_cycle_collector_off_and_tu
         return real_collisions(*args) | ({"0" * 64} if len(passes) == 1 else set())
 
     monkeypatch.setattr(silver.dedup, "collisions", collide_once)
-    assert build_clean_records(spec, b, s)["records"] == 2 and gc.isenabled()
+    assert build_clean_records(spec, b, s).records == 2 and gc.isenabled()
     assert len(passes) == 2 and seen.count(("content_texts", False)) == 4
     assert sorted(set(seen)) <= [("canonical_json", False), ("content_texts", False)]
 

@@ -46,7 +46,7 @@ def test_bfd_rows_within_a_thousandth_of_ceil_tokens_over_len(tmp_path: Path, fi
         sequence={"max_seq_len": max_seq_len},
         checks={"max_reject_rate": 0.2},
     )
-    m = r["shards"]["splits"]["train"]
+    m = r["shards"].splits["train"]
     bound = math.ceil(m["gold_tokens"] / max_seq_len)
     print(
         f"\n{file} L={max_seq_len}: {m['examples']} examples, {m['gold_tokens']} kept tokens, "
@@ -80,8 +80,8 @@ def wiki(tmp_path_factory: pytest.TempPathFactory):
 
 def test_window_overflow_keeps_every_token_with_masked_overlaps(wiki):
     r, _ = wiki["window"]
-    t = r["shards"]["totals"]
-    assert r["gold"]["tokens_dropped_by_overflow"] == 0 and r["gold"]["example_length"]["max"] > 1024
+    t = r["shards"].totals
+    assert r["gold"].tokens_dropped_by_overflow == 0 and r["gold"].example_length["max"] > 1024
     assert t["examples_split"] > 20 and t["overlap_tokens"] == 128 * (t["segments"] - t["examples"])
     # every token of gold is in a window; only the repeated overlaps are added
     assert t["output_tokens"] == t["gold_tokens"] + t["overlap_tokens"] - t["tokens_dropped_by_packing"]
@@ -90,10 +90,10 @@ def test_window_overflow_keeps_every_token_with_masked_overlaps(wiki):
 
 def test_full_packs_every_row_but_the_last_of_each_split(wiki):
     r, _ = wiki["full"]
-    for split, m in r["shards"]["splits"].items():
+    for split, m in r["shards"].splits.items():
         if m["sequences"]:
             assert m["padding_tokens"] < 1024 and m["sequences"] == math.ceil(m["gold_tokens"] / 1024), split
-    assert r["shards"]["totals"]["output_tokens"] == r["gold"]["tokens"]
+    assert r["shards"].totals["output_tokens"] == r["gold"].tokens
 
 
 def _parquet_rows(split_dir: Path, column: str) -> np.ndarray:

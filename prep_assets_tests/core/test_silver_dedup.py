@@ -46,7 +46,7 @@ def test_near_copies_are_removed_naming_the_earliest_kept_record(tmp_path: Path)
     assert [json.loads(r["content"])["text"] for r in kept] == [a, b]
     by_line = {r["source_line"]: (r["reason"], r["duplicate_of"].rsplit(":", 1)[1]) for r in rejects}
     assert by_line == {3: ("near_duplicate", "1"), 4: ("near_duplicate", "1"), 5: ("duplicate", "1")}
-    assert stats["rejects_by_reason"] == {"duplicate": 1, "near_duplicate": 2}
+    assert stats.rejects_by_reason == {"duplicate": 1, "near_duplicate": 2}
 
 
 def test_an_exact_copy_of_a_near_duplicate_names_the_kept_record(tmp_path: Path):

@@ -58,7 +58,7 @@ def _alone(gate: gates.Gate, spec, paths) -> object:
 
 def test_gates_run_together_give_the_same_outcomes_in_one_database_as_each_in_its_own(lake):
     spec, paths, _ = lake
-    chosen = [g for g in gates.gates_for(spec) if g.asset == gates.PACKED_SHARDS]
+    chosen = [g for g in gates.gates_for(spec) if g.layer == "shards"]
     shared = [(g.name, _text(o)) for g, o in gates.outcomes(spec, paths, "k", chosen)]
     assert shared == [(g.name, _alone(g, spec, paths)) for g in chosen]
     assert set(BY_ROWS) <= {n for n, o in shared if not isinstance(o, str) and not o.passed}  # type: ignore[union-attr]

@@ -77,7 +77,7 @@ def test_flat_exact_examples_seeded_shuffle_max_records_and_masks(tmp_path: Path
     assert all(o.passed for o in evaluate(spec, dataset_paths(data, "tab"), key)), [
         o.name for o in evaluate(spec, dataset_paths(data, "tab"), key) if not o.passed
     ]
-    tab = r["gold"]["tabular"]
+    tab = r["gold"].tabular
     assert tab["mode"] == "flat" and tab["records_per_example"]["max"] == 2 and tab["records_in_examples"] == 5
 
 
@@ -128,7 +128,7 @@ def test_grouped_units_per_group_ordered_by_order_by_and_packed_counting_groups(
         "who, t, v\n" + "".join(EOT + "".join(x + "\n" for x in units[k]) + EOT for k in ex) for ex in expected
     ]
     assert [g["group_keys"] for g in gold] == expected
-    tab = r["gold"]["tabular"]
+    tab = r["gold"].tabular
     assert tab["groups"] == 3 and tab["groups_per_example"]["max"] == 2 and tab["examples_per_group"]["max"] == 1
 
 
@@ -164,7 +164,7 @@ def test_sequential_continues_in_order_flushes_on_group_change_and_draws_budgets
         max_seq_len=L,
         packing={"seed": 9},
     )
-    tab = r["gold"]["tabular"]
+    tab = r["gold"].tabular
     size = tab["tokens_per_record"]["max"]
     assert tab["mode"] == "sequential" and tab["tokens_per_record"]["min"] == size
     record_budget = L - tab["schema_prompt_tokens"] - 2
@@ -200,7 +200,7 @@ def test_sequential_test_split_uses_the_full_budget_and_train_the_seeded_draws(t
         split={"test_ratio": 0.5},
         packing={"max_sequences_per_example": 100, "seed": 5},
     )
-    tab = r["gold"]["tabular"]
+    tab = r["gold"].tabular
     record_budget = 100 - tab["schema_prompt_tokens"] - 2
     size = tab["tokens_per_record"]["max"]
     assert tab["tokens_per_record"]["min"] == size
@@ -278,8 +278,8 @@ def test_jsonl_rows_take_the_union_of_keys_nulls_and_nested_values(tmp_path: Pat
         checks={"max_reject_rate": 0.5, "min_sequence_utilization": 0.0},
     )
     (r,) = runs.values()
-    assert r["bronze"]["records"] == 3  # NaN is not JSON: that line is a reader reject, never a silent null
-    assert sorted(r["bronze"]["rejects_by_reason"]) == ["invalid_json_constant", "not_an_object"]
+    assert r["bronze"].records == 3  # NaN is not JSON: that line is a reader reject, never a silent null
+    assert sorted(r["bronze"].rejects_by_reason) == ["invalid_json_constant", "not_an_object"]
     pt = load_pinned(dataset_paths(data, "tab").tokenizer_dir)
     (g,) = pq.read_table(r["dirs"][2] / "examples.parquet").to_pylist()
     text_out = _text(pt, g["token_ids"])

@@ -174,10 +174,10 @@ def _run(tmp_path: Path, gpt2: Path, drops: dict[str, str], tabular: dict, **ext
         examples = pq.read_table(gold / "examples.parquet").to_pylist()
         rejects = pq.read_table(gold / "rejects.parquet").to_pylist()
         # every data row kept or rejected once, in the layer that knew why
-        assert r["bronze"]["lines_in"] == r["bronze"]["records"] + r["bronze"]["rejects"] + r["bronze"]["blank_lines"]
+        assert r["bronze"].lines_in == r["bronze"].records + r["bronze"].rejects + r["bronze"].blank_lines
         in_examples = [rid for e in examples for rid in e["record_ids"]]
         assert (
-            r["silver"]["records"]
+            r["silver"].records
             == len(in_examples) + len(rejects)
             == len(set(in_examples) | {x["record_id"] for x in rejects})
         )
@@ -213,7 +213,7 @@ def test_sequences_of_m_d_yyyy_times_are_in_time_order(tmp_path: Path, gpt2_dir:
     )  # line 7
     r = _one(_run(tmp_path, gpt2_dir, {"t.csv": csv}, SEQUENTIAL))
     assert _ordered_lines(r) == {"a": [5, 3, 7, 2], "b": [6, 4]} and r["rejects"] == []
-    tab = r["stats"]["gold"]["tabular"]
+    tab = r["stats"]["gold"].tabular
     assert tab["order_by_type"] == "datetime" and tab["unorderable_records"] == 0
     prefill = [json.loads(x)["t"] for x in tab["initial_prefill"]["a"]]
     assert prefill == ["12/31/2023 23:00", "1/9/2024 22:00", "1/9/2024 22:00:30"]
@@ -234,7 +234,7 @@ def test_each_type_orders_its_sequences(tmp_path: Path, gpt2_dir: Path, values: 
     csv = "dev,t\n" + "".join(f"a,{v}\n" for v in values)
     r = _one(_run(tmp_path, gpt2_dir, {"t.csv": csv}, SEQUENTIAL))
     assert _ordered_lines(r) == {"a": order} and r["rejects"] == []
-    assert r["stats"]["gold"]["tabular"]["order_by_type"] == kind
+    assert r["stats"]["gold"].tabular["order_by_type"] == kind
 
 
 def test_unreadable_and_empty_order_values_are_gold_rejects_naming_the_value(tmp_path: Path, gpt2_dir: Path):
@@ -258,9 +258,9 @@ def test_unreadable_and_empty_order_values_are_gold_rejects_naming_the_value(tmp
     assert all(x["byte_offset"] > 0 for x in r["rejects"])
     assert "'yesterday' does not read as datetime" in r["rejects"][0]["detail"]
     assert r["rejects"][1]["detail"].startswith("order_by column 't' is empty")
-    tab = r["stats"]["gold"]["tabular"]
+    tab = r["stats"]["gold"].tabular
     assert tab["unorderable_records"] == 3 and tab["over_budget"] == []
-    assert r["stats"]["gold"]["rejects_by_reason"] == {"unorderable_value": 3}
+    assert r["stats"]["gold"].rejects_by_reason == {"unorderable_value": 3}
 
 
 def test_an_empty_group_cell_is_a_bronze_reject_and_the_text_null_its_own_group(tmp_path: Path, gpt2_dir: Path):
@@ -329,7 +329,7 @@ def test_shared_patient_events_empty_timestamps_are_rejects_and_equal_dates_keep
     assert len(empty) == 98 and len(rows) == 200
     assert [x["source_line"] for x in r["rejects"]] == empty
     assert {x["reason"] for x in r["rejects"]} == {"unorderable_value"}
-    tab = r["stats"]["gold"]["tabular"]
+    tab = r["stats"]["gold"].tabular
     assert tab["order_by_type"] == "datetime" and tab["order_by_values"] == {"datetime": 102}
     assert tab["records_in_examples"] == 102
     for group, lines in _ordered_lines(r).items():  # every kept timestamp is 2025-02-12: file order

@@ -77,7 +77,7 @@ def test_a_gate_that_raises_leaves_the_others_reporting_and_fails_the_step(drop)
     def broken(*_: object) -> inv.Outcome:
         raise RuntimeError("the gate itself broke")
 
-    first, *_, last = [g for g in gates_for(spec) if g.asset == "raw_records"]
+    first, *_, last = [g for g in gates_for(spec) if g.layer == "bronze"]
     gates = [first, Gate("raw_records", "raw_records_broken", "raises", broken), last]
     raw = next(a for a in dataset_assets(spec) if isinstance(a, AssetsDefinition) and RAW in a.keys)
     result = _run(data, partition, instance, AssetSelection.all(), [raw, _gates_check(spec, "raw_records", gates)])

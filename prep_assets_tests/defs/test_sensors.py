@@ -132,10 +132,8 @@ def test_restart_with_the_stored_cursor_and_a_failed_tick_lose_nothing(tmp_path:
 
 
 def test_dataset_scope_a_replaced_file_requests_silver_again_for_later_drops(tmp_path: Path, instance):
-    from prep_assets.core.bronze import build_raw_records
-    from prep_assets.core.drops import resolve_drop
+    from prep_assets.core.build import BUILDS
     from prep_assets.core.invariants import duplicates_resolve_to_kept
-    from prep_assets.core.silver import build_silver
 
     spec = {**SPEC, "clean": {"dedup": "exact", "dedup_scope": "dataset"}}
     data = write_dataset(
@@ -151,9 +149,8 @@ def test_dataset_scope_a_replaced_file_requests_silver_again_for_later_drops(tmp
     loaded = load_spec(data / "datasets" / "notes.yaml")
 
     def silver(key: str) -> None:
-        drop, src = resolve_drop(paths, key)
-        build_raw_records(loaded, drop, src, paths.partition_dir("bronze", key))
-        build_silver(loaded, paths, key)
+        BUILDS["bronze"](loaded, paths, key)
+        BUILDS["silver"](loaded, paths, key)
 
     silver(a), silver(b)
     assert t.tick().run_requests == []  # nothing stale
