@@ -39,7 +39,7 @@ def megatron_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
 
 
-def _file_entry(path: Path, rel: str) -> dict[str, Any]:
+def file_entry(path: Path, rel: str) -> dict[str, Any]:
     return {"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
@@ -78,9 +78,9 @@ class MemmapWriter:
                 "dtype": self.dtypes[name].newbyteorder("=").name,
                 "shape": shape,
             }
-            files.append(_file_entry(path, f"{self.rel}/{path.name}"))
+            files.append(file_entry(path, f"{self.rel}/{path.name}"))
         write_json_atomic(self.dest / "meta.json", meta)
-        files.append(_file_entry(self.dest / "meta.json", f"{self.rel}/meta.json"))
+        files.append(file_entry(self.dest / "meta.json", f"{self.rel}/meta.json"))
         return {"dir": self.rel, "rows": self.rows, "files": files}
 
 
@@ -113,7 +113,7 @@ def write_megatron(
         f.write(lengths.tobytes(order="C"))
         f.write(pointers.tobytes(order="C"))
         f.write(documents.tobytes(order="C"))
-    files = [_file_entry(prefix.with_suffix(s), f"{rel}{s}") for s in (".bin", ".idx")]
+    files = [file_entry(prefix.with_suffix(s), f"{rel}{s}") for s in (".bin", ".idx")]
     return {
         "prefix": rel,
         "documents": int(len(lengths)),

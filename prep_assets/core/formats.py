@@ -188,3 +188,8 @@ def _text_only(spec: DatasetSpec) -> str | None:
 PARQUET = register(RowFormat("parquet", ParquetRows))
 register(RowFormat("npy", _npy))
 register(DocumentFormat("megatron", _megatron, refuses=_text_only))
+
+# Formats in their own modules register here with the built-ins, so loading a spec knows them all.
+from prep_assets.core import format_hdf5  # noqa: E402  (needs RowFormat above; imports nothing of this module)
+
+register(RowFormat("hdf5", format_hdf5.Hdf5Rows, refuses=format_hdf5.refuses))
