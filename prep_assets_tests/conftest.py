@@ -84,7 +84,7 @@ def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 PACKED_SOURCES = {
     "instruct": ("instruction/gdp_generative_tuning.jsonl", 100, {"type": "instruction"}),
     "chat": ("chat/fastchat_dummy_conversation.json", 60, {"type": "chat"}),
-    "text": ("text/c4_demo.jsonl", 24, {"type": "text"}),
+    "text": ("text/c4_demo.jsonl", 12, {"type": "text"}),
 }
 PACKED_LEN = 128
 

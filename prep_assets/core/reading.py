@@ -237,3 +237,46 @@ class PackedRows:
     def __getstate__(self) -> dict[str, Any]:
         """Sent to DataLoader workers without the decoded row groups."""
         return {**self.__dict__, "_cache": OrderedDict()}
+
+
+# ---------------------------------------------------------------- what a batch of rows means to a model
+
+
+def segment_starts(segment_ids: np.ndarray) -> np.ndarray:
+    """[B, L] bool: the first token of each segment (a row's first token, or a change of segment id; not padding)."""
+    seg = np.asarray(segment_ids)
+    starts = np.ones(seg.shape, dtype=bool)
+    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    return starts & (seg > 0)
+
+
+def labels_of(input_ids: np.ndarray, loss_mask: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+    """[B, L] int64 labels *unshifted* (HF convention: the model predicts labels[t] from position t-1): the token
+    where its loss mask is 1, else -100; a segment's first token is always -100, as it would be predicted from the
+    previous segment (the shards already mask it: a gate checks it; enforced here for any source)."""
+    ids = np.asarray(input_ids, dtype=np.int64)
+    keep = (np.asarray(loss_mask) == 1) & ~segment_starts(segment_ids)
+    return np.where(keep, ids, -100)
+
+
+def cu_seqlens_of(segment_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Cumulative segment lengths (int32) over the flattened [B * L] batch, and the longest segment. A row's
+    padding is a segment of its own, so the boundaries cover every token and the flattened batch goes to a varlen
+    kernel as it is; padding attends only to padding and carries no label."""
+    seg = np.asarray(segment_ids)
+    B, L = seg.shape
+    boundary = np.ones(seg.shape, dtype=bool)
+    boundary[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    cu = np.append(np.flatnonzero(boundary.reshape(-1)), B * L).astype(np.int32)
+    return cu, int(np.diff(cu).max()) if len(cu) > 1 else 0
+
+
+def block_mask_of(segment_ids: np.ndarray) -> np.ndarray:
+    """[B, 1, L, L] bool attention mask: query t sees key s <= t of its own segment (id > 0). A padding token sees
+    only itself: no query row is empty (an empty row makes SDPA return NaN, which values would spread)."""
+    seg = np.asarray(segment_ids)
+    L = seg.shape[1]
+    same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] > 0)
+    mask = same & np.tril(np.ones((L, L), dtype=bool))
+    mask |= (seg == 0)[:, :, None] & np.eye(L, dtype=bool)
+    return mask[:, None]
