@@ -139,6 +139,18 @@ def test_collated_batch_conventions(packed_lakes):
             assert mask[b, 0, q].numpy().tolist() == want.tolist()
 
 
+def test_hf_builds_the_same_block_mask_from_restarting_positions(packed_lakes, llama):
+    """transformers (5.x) turns position ids that restart at 0 into a block-diagonal mask when no mask and no cache
+    are given: the shard's position_ids alone then isolate the segments too."""
+    ds = PackedDataset(packed_lakes["chat"], "train")
+    batch = collate_packed([ds[i] for i in range(8)], block_mask=True)
+    ids, positions, real = batch["input_ids"], batch["position_ids"], batch["segment_ids"] > 0
+    with torch.no_grad():
+        ours = llama(input_ids=ids, attention_mask=additive_mask(batch["attention_mask"]), position_ids=positions)
+        theirs = llama(input_ids=ids, position_ids=positions, use_cache=False)
+    assert (ours.logits[real] - theirs.logits[real]).abs().max().item() < TOLERANCE
+
+
 def _take(ds: PackedIterableDataset, workers: int, batches: int | None) -> list[int]:
     """Rows of up to `batches` batches of a DataLoader over `ds` (all when None), each counted by `advance`."""
     loader = DataLoader(ds, batch_size=ds.batch_size, num_workers=workers, collate_fn=collate_packed)
