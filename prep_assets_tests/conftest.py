@@ -123,3 +123,22 @@ def packed_lakes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The manifest of each PACKED_SOURCES dataset (one data dir), built once per session."""
     data_dir = tmp_path_factory.mktemp("packed")
     return {name: build_packed_lake(data_dir, name) for name in PACKED_SOURCES}
+
+
+@pytest.fixture
+def hf_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """HF `datasets`, offline, its caches under `tmp_path` (its config reads the environment once, at import, so the
+    paths are patched there too); skipped with a reason where it is not installed."""
+    datasets = pytest.importorskip("datasets", reason="needs HF datasets: pip install datasets")
+    cache = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(cache))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    for name, sub in (
+        ("HF_DATASETS_CACHE", "datasets"),
+        ("HF_MODULES_CACHE", "modules"),
+        ("DOWNLOADED_DATASETS_PATH", "datasets/downloads"),
+        ("EXTRACTED_DATASETS_PATH", "datasets/downloads/extracted"),
+    ):
+        monkeypatch.setattr(datasets.config, name, cache / sub)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    return datasets

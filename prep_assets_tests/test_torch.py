@@ -7,6 +7,8 @@ The parity figures are printed (run with -s).
 from __future__ import annotations
 
 import json
+import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -225,14 +227,9 @@ def test_manifests_of_other_tokenizers_or_lengths_are_not_read_together(packed_l
         PackedDataset([packed_lakes["text"], shorter])
 
 
-def test_hf_datasets_reads_the_same_rows(packed_lakes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    datasets = pytest.importorskip("datasets", reason="needs HF datasets: pip install datasets")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+def test_hf_datasets_reads_the_same_rows(packed_lakes, hf_datasets):
     rows = reading.PackedRows(packed_lakes["chat"], "validation")
-    hf = datasets.load_dataset(
-        "parquet", data_files=[str(f.path) for f in rows.files], split="train", cache_dir=str(tmp_path / "cache")
-    )
+    hf = hf_datasets.load_dataset("parquet", data_files=[str(f.path) for f in rows.files], split="train")
     assert len(hf) == len(rows)
     for i, r in enumerate(rows):
         for column in reading.TOKEN_COLUMNS + ("seq_lengths", "example_ids", "num_loss_tokens"):
@@ -248,3 +245,25 @@ def test_the_core_install_runs_without_torch():
     assert out.stdout.strip() == "False"
     own = [p for p in (PROJECT / "prep_assets").rglob("*.py") if "import torch" in p.read_text(encoding="utf-8")]
     assert own == [PROJECT / "prep_assets" / "torch.py"]
+
+
+def test_the_training_doc_snippets_run_as_written(
+    packed_lakes, hf_datasets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """docs/training.md's PyTorch and HF datasets snippets over a lake at the path they name; the PyTorch one run
+    twice: the second resumes from the cursor the first wrote after its first batch."""
+    doc = (PROJECT / "docs" / "training.md").read_text(encoding="utf-8")
+    torch_snippet, hf_snippet = re.findall(r"```python\n(.*?)```", doc, re.S)
+    lake = tmp_path / "data" / "lake"
+    lake.mkdir(parents=True)
+    shutil.copytree(packed_lakes["instruct"].parent, lake / "sample_instruct")
+    monkeypatch.chdir(tmp_path)
+    for name, code in (("torch_snippet", torch_snippet), ("hf_snippet", hf_snippet)):
+        (tmp_path / f"{name}.py").write_text(code, encoding="utf-8")
+    first = runpy.run_path(str(tmp_path / "torch_snippet.py"))
+    rows = len(first["ds"].rows)
+    assert first["ds"].state_dict() == {"epoch": 1, "seed": 0, "consumed": 0} and first["step"] == -(-rows // 8) - 1
+    assert json.loads((tmp_path / "cursor.json").read_text()) == {"epoch": 0, "seed": 0, "consumed": 8}  # step 0
+    second = runpy.run_path(str(tmp_path / "torch_snippet.py"))  # resumes after the first batch
+    assert second["ds"].state_dict() == {"epoch": 1, "seed": 0, "consumed": 0} and second["step"] == first["step"] - 1
+    assert len(runpy.run_path(str(tmp_path / "hf_snippet.py"))["ds"]) == len(PackedDataset(lake / "sample_instruct"))
