@@ -23,3 +23,19 @@ class WriteError(DropError):
 
 class ManifestError(PrepAssetsError):
     """A manifest that would name files whose bytes differ from their recorded checksums: not published."""
+
+
+class ReadError(PrepAssetsError):
+    """A manifest's shards cannot be read for training as recorded: nothing is yielded until it is fixed."""
+
+
+class ShardIntegrityError(ReadError):
+    """A shard file a manifest names is missing or its bytes differ from the recorded sha256."""
+
+
+class SplitNotFoundError(ReadError):
+    """The split asked for is not in the manifest (or holds no shard file)."""
+
+
+class ManifestMismatchError(ReadError):
+    """Manifests read together disagree on the tokenizer fingerprint or max_seq_len."""

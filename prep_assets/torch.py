@@ -1,0 +1,132 @@
+"""PyTorch datasets over a manifest split and the collator that turns packed rows into model inputs.
+
+The reading, ordering and cursor logic is `prep_assets.core.reading` (torch-free); this module adds only torch's
+Dataset types and tensors. Conventions (labels unshifted, padding as its own cu_seqlens segment, the sharding
+and resume scheme): docs/training.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    import torch
+    from torch.utils.data import Dataset, IterableDataset, get_worker_info
+except ImportError as e:  # the core install is torch-free
+    raise ImportError("prep_assets.torch needs PyTorch: pip install 'prep_assets[torch]'") from e
+
+from prep_assets.core import reading
+from prep_assets.core.reading import PackedRows, Row
+
+Manifests = str | Path | Sequence[str | Path]
+
+
+class PackedDataset(Dataset):
+    """Map-style: row i of the split (numpy arrays per column, `row_index` = i). Verified when built; shuffle
+    with a sampler, or index in `reading.order(len(ds), seed, epoch)`."""
+
+    def __init__(self, manifests: Manifests, split: str = "train", *, verify: bool = True) -> None:
+        self.rows = PackedRows(manifests, split, verify=verify)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Row:
+        return self.rows[index]
+
+
+class PackedIterableDataset(IterableDataset):
+    """One epoch of the rank's stream in seeded order, from the cursor on, split over DataLoader workers in chunks
+    of `batch_size` (give the DataLoader the same batch size). The training loop calls `advance(batch)` for each
+    batch it consumes; `state_dict()` is then the cursor a new dataset resumes from, with any worker count."""
+
+    def __init__(
+        self,
+        manifests: Manifests,
+        split: str = "train",
+        *,
+        batch_size: int,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        verify: bool = True,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.rank = rank if rank is not None else (torch.distributed.get_rank() if dist else 0)
+        self.world_size = world_size if world_size is not None else (torch.distributed.get_world_size() if dist else 1)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
+        self.rows = PackedRows(manifests, split, verify=verify)
+        self.batch_size = batch_size
+        self.cursor = reading.new_cursor(seed)
+
+    @property
+    def stream_len(self) -> int:
+        """Rows in this rank's stream per epoch."""
+        return len(range(self.rank, len(self.rows), self.world_size))
+
+    def __len__(self) -> int:
+        return self.stream_len - self.cursor["consumed"]
+
+    def __iter__(self):
+        c = self.cursor
+        positions = reading.rank_positions(len(self.rows), c["seed"], c["epoch"], self.rank, self.world_size)
+        positions = positions[c["consumed"] :]
+        info = get_worker_info()
+        if info is not None:
+            positions = reading.worker_positions(positions, self.batch_size, info.id, info.num_workers)
+        for p in positions.tolist():
+            yield self.rows[p]
+
+    def advance(self, batch: Mapping[str, Any] | int) -> None:
+        """Count a consumed batch (or that many rows); the last batch of the epoch moves the cursor to the next."""
+        n = batch if isinstance(batch, int) else len(batch["input_ids"])
+        left = self.stream_len - self.cursor["consumed"]
+        if n != self.batch_size and n != left:
+            raise ValueError(
+                f"a batch of {n} rows with {left} left in the epoch: the DataLoader's batch_size must be the "
+                f"dataset's ({self.batch_size}), or the cursor would not name the rows consumed"
+            )
+        self.cursor = reading.advance(self.cursor, n, self.stream_len)
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(self.cursor)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        cursor = reading.check_cursor(dict(state))
+        if cursor["consumed"] > self.stream_len:
+            raise ValueError(f"cursor {cursor} is past this rank's stream of {self.stream_len} rows")
+        self.cursor = cursor
+
+
+def collate_packed(rows: Sequence[Row], *, block_mask: bool = False) -> dict[str, Any]:
+    """A batch of shard rows as model inputs: `input_ids`, `labels` (unshifted, -100 off the loss mask and on
+    every segment start), `position_ids`, `segment_ids` (int64 [B, L]), `cu_seqlens` (int32, padding a segment of
+    its own), `max_seqlen`, `row_index`; with `block_mask`, `attention_mask` bool [B, 1, L, L] (`additive_mask`
+    makes the float form eager attention adds)."""
+    stack = {c: np.stack([r[c] for r in rows]) for c in ("input_ids", "loss_mask", "position_ids", "segment_ids")}
+    cu, max_seqlen = reading.cu_seqlens_of(stack["segment_ids"])
+    batch: dict[str, Any] = {
+        "input_ids": torch.from_numpy(stack["input_ids"].astype(np.int64)),
+        "labels": torch.from_numpy(reading.labels_of(stack["input_ids"], stack["loss_mask"], stack["segment_ids"])),
+        "position_ids": torch.from_numpy(stack["position_ids"].astype(np.int64)),
+        "segment_ids": torch.from_numpy(stack["segment_ids"].astype(np.int64)),
+        "cu_seqlens": torch.from_numpy(cu),
+        "max_seqlen": max_seqlen,
+        "row_index": torch.tensor([int(r["row_index"]) for r in rows], dtype=torch.int64),
+    }
+    if block_mask:
+        batch["attention_mask"] = torch.from_numpy(reading.block_mask_of(stack["segment_ids"]))
+    return batch
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A bool attention mask as the float one attention adds to its scores: 0 where True, the dtype's lowest
+    finite value where False (finite, so no softmax row becomes NaN)."""
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
