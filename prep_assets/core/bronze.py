@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,6 +74,14 @@ def _extractor(spec: DatasetSpec, fmt: str, source: Path, drop: Drop) -> Extract
 
 # What the Parquet writer raises for a value it cannot store (a lone surrogate): that record's reject, not the drop's
 _UNSTORABLE = (UnicodeEncodeError, pa.ArrowException, OverflowError)
+
+
+def record_domain(value: Any, key: str) -> tuple[str | None, str | None]:
+    """The record's domain under `key` (None: the record names none), or why it cannot be one."""
+    domain = value.get(key) if isinstance(value, dict) else None
+    if domain is None or isinstance(domain, str) and domain:
+        return domain, None
+    return None, f"{key!r} must be a non-empty string to name a domain, not {json.dumps(domain)[:60]}"
 
 
 def _shown(text: str) -> str:
@@ -209,11 +218,17 @@ def build_raw_records(
                             item.line, item.byte_offset, "unstorable_value", f"{type(exc).__name__}: {exc}", item.text
                         )
                         continue
+                    domain = None
+                    if spec.input.domain_key is not None:
+                        domain, problem = record_domain(item.value, spec.input.domain_key)
+                        if problem is not None:
+                            reject(item.line, item.byte_offset, "invalid_domain", problem, item.text)
+                            continue
                     record_id = f"{drop.partition}:{item.line}"
                     if acct.unit == "element":  # several array elements may share a line
                         record_id += f".{element_no[item.line]}"
                         element_no[item.line] += 1
-                    records.add(record_id, item.line, item.byte_offset, item.sha256, item.text, canonical)
+                    records.add(record_id, item.line, item.byte_offset, item.sha256, item.text, canonical, domain)
             records.flush()
             rejects.flush()
         stats = BronzeStats(

@@ -13,7 +13,7 @@ The shards layer writes every named format without knowing any of them, so a new
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -46,6 +46,7 @@ class SplitTarget:
     vocab_size: int
     compression: str
     rows_per_file: int  # a row format may cut its files here; chunks never straddle these boundaries
+    max_tokens_per_file: int = 0  # `output.max_tokens_per_shard`, for a document format's files
 
 
 class RowSink(Protocol):
@@ -62,10 +63,25 @@ class RowFormat:
 
 
 @dataclass(frozen=True)
+class Documents:
+    """One split's gold examples, whole and in gold order, as a document format reads them."""
+
+    offsets: np.ndarray  # example i is tokens [offsets[i], offsets[i + 1]) of the split
+    example_ids: pa.Array
+    domains: list[str | None]  # each example's domain (`input.domain_key`; None: it names none)
+    id_chunks: Callable[[], Iterator[np.ndarray]]  # the token ids front to back, a bounded chunk at a time
+    # (token ids, loss mask, token types) of the examples given by index, concatenated in that order
+    gather: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+@dataclass(frozen=True)
 class DocumentFormat:
     name: str
-    # (target, token id chunks of the split's examples in gold order, example offsets) -> manifest entry
-    write: Callable[[SplitTarget, Iterable[np.ndarray], np.ndarray], dict[str, Any]]
+    write: Callable[[SplitTarget, Documents], dict[str, Any]]  # -> the split's manifest entry
     refuses: Callable[[DatasetSpec], str | None] = lambda spec: None
 
 
@@ -173,9 +189,13 @@ class _MemmapRows:
         return self.writer.close()
 
 
-def _megatron(target: SplitTarget, token_ids: Iterable[np.ndarray], offsets: np.ndarray) -> dict[str, Any]:
+def _megatron(target: SplitTarget, docs: Documents) -> dict[str, Any]:
     return write_megatron(
-        target.dir / MEGATRON_PREFIX, f"{target.rel}/{MEGATRON_PREFIX}", token_ids, offsets, target.vocab_size
+        target.dir / MEGATRON_PREFIX,
+        f"{target.rel}/{MEGATRON_PREFIX}",
+        docs.id_chunks(),
+        docs.offsets,
+        target.vocab_size,
     )
 
 
@@ -189,7 +209,9 @@ PARQUET = register(RowFormat("parquet", ParquetRows))
 register(RowFormat("npy", _npy))
 register(DocumentFormat("megatron", _megatron, refuses=_text_only))
 
-# Formats in their own modules register here with the built-ins, so loading a spec knows them all.
-from prep_assets.core import format_hdf5  # noqa: E402  (needs RowFormat above; imports nothing of this module)
+# Formats in their own modules register here with the built-ins, so loading a spec knows them all (they import
+# this module's types only when type checking).
+from prep_assets.core import format_astrai, format_hdf5  # noqa: E402
 
 register(RowFormat("hdf5", format_hdf5.Hdf5Rows, refuses=format_hdf5.refuses))
+register(DocumentFormat("astrai_bin", format_astrai.write, refuses=format_astrai.refuses))

@@ -32,6 +32,7 @@ from prep_assets.core.masking import tokenize_batches
 from prep_assets.core.parquet_io import DEFAULT_BATCH, ParquetSink, gc_paused, iter_batches
 from prep_assets.core.record_types import shape_of
 from prep_assets.core.records import (
+    DEFAULT_DOMAIN,
     GOLD_REJECT_SCHEMA,
     GOLD_SCHEMA,
     SPLITS,
@@ -64,6 +65,14 @@ class _GoldTally:
     totals: Counter[str] = field(default_factory=Counter)
     overflow_by_split: Counter[str] = field(default_factory=Counter)
     lengths: list[np.ndarray] = field(default_factory=list)
+    by_domain: dict[str, Counter[str]] = field(default_factory=dict)  # with input.domain_key: examples, tokens
+
+    def count_domains(self, domains: list[str | None], lengths: np.ndarray, n_loss: np.ndarray) -> None:
+        for domain, n, loss in zip(domains, lengths.tolist(), n_loss.tolist(), strict=True):
+            c = self.by_domain.setdefault(domain if domain is not None else DEFAULT_DOMAIN, Counter())
+            c["examples"] += 1
+            c["tokens"] += n
+            c["loss_tokens"] += loss
 
 
 def _record_examples(
@@ -81,7 +90,7 @@ def _record_examples(
     # closed on the way out, error or not, so their worker threads stop with the step (a traceback kept by the
     # caller would otherwise keep the generators, and a prefetch or an encode, alive)
     with (
-        closing(iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=cols)) as read,
+        closing(iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=[*cols, "domain"])) as read,
         closing(
             tokenize_batches(
                 ((batch, [loads_json(c) for c in batch.column("content").to_pylist()]) for batch in read),
@@ -117,7 +126,8 @@ def _record_examples(
             lengths = np.diff(tb.offsets)
             n_loss = segment_sums(tb.loss_mask, tb.offsets)
             n_prompt = segment_sums(tb.token_type_ids == TYPE_PROMPT, tb.offsets)
-            kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(pa.array(tb.kept, type=pa.int64()))
+            take = pa.array(tb.kept, type=pa.int64())
+            kept = pa.Table.from_batches([batch.select(cols[:-1])]).take(take)
             pair_id = branch = pa.nulls(len(tb.kept), pa.string())
             shared = pa.nulls(len(tb.kept), pa.int32())
             example_id = kept.column("record_id")
@@ -141,11 +151,14 @@ def _record_examples(
                         "shared_prefix_tokens": shared,
                         "record_ids": pa.nulls(len(tb.kept), pa.list_(pa.string())),
                         "group_keys": pa.nulls(len(tb.kept), pa.list_(pa.string())),
+                        "domain": batch.column("domain").take(take),
                     },
                     schema=GOLD_SCHEMA,
                 )
             )
             tally.lengths.append(lengths)
+            if spec.input.domain_key is not None:
+                tally.count_domains(batch.column("domain").take(take).to_pylist(), lengths, n_loss)
             tally.totals["tokens"] += int(lengths.sum())
             tally.totals["loss_tokens"] += int(n_loss.sum())
             tally.totals["prompt_tokens"] += int(n_prompt.sum())
@@ -171,6 +184,8 @@ class GoldStats(LayerStats):
     vocab_size: int = figure()
     max_seq_len: int = figure()
     tabular: dict[str, Any] | None = figure(optional=True)  # tables: how rows were assembled into examples
+    # with input.domain_key: per domain (DEFAULT_DOMAIN for records naming none) examples, tokens, loss tokens
+    domains: dict[str, dict[str, int]] | None = figure("domains", table="domain_counts", optional=True)
 
 
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> GoldStats:
@@ -223,6 +238,9 @@ def build_tokenized_examples(
             vocab_size=pt.info.vocab_size,
             max_seq_len=spec.sequence.max_seq_len,
             tabular=tabular,
+            domains=(
+                {d: dict(c) for d, c in sorted(tally.by_domain.items())} if spec.input.domain_key is not None else None
+            ),
         )
         write_json_atomic(stage / STATS, stats.as_json())
     return stats

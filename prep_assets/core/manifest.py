@@ -70,6 +70,7 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
     parts: dict[str, Any] = {}
     fingerprints = set()
     tabular: dict[str, Any] | None = None
+    domains: dict[str, dict[str, int]] = {}  # with input.domain_key: gold's counts per domain, summed over drops
     for partition in sorted(partitions):
         stats_path = paths.partition_dir("shards", partition) / STATS
         if not stats_path.is_file():
@@ -79,6 +80,11 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
         parts[partition] = {"tokenizer_fingerprint": stats.tokenizer_fingerprint, **stats.totals}
         if stats.tabular is not None:
             tabular = _merge_tabular(tabular, stats.tabular)
+        if stats.domains is not None:
+            for domain, figures in stats.domains.items():
+                acc = domains.setdefault(domain, {})
+                for k, v in figures.items():
+                    acc[k] = acc.get(k, 0) + v
         base = f"shards/{partition}"
         for split, s in stats.splits.items():
             metrics[split].append(s)
@@ -108,6 +114,7 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
         "splits": {s: {**totals(metrics[s], L), "files": files[s], "exports": exports[s]} for s in SPLITS},
         "schema": {f.name: str(f.type) for f in SHARD_SCHEMA},
         **({"tabular": tabular} if tabular is not None else {}),
+        **({"domains": dict(sorted(domains.items()))} if spec.input.domain_key is not None else {}),
     }
     return manifest
 

@@ -381,12 +381,15 @@ PROVENANCE_FIELDS = [
     pa.field("byte_offset", pa.int64(), nullable=False),
 ]
 
+DEFAULT_DOMAIN = "__default__"  # the domain of a record that names none (AstrAI's name for it)
+
 BRONZE_SCHEMA = pa.schema(
     [
         *PROVENANCE_FIELDS,
         pa.field("record_sha256", pa.string(), nullable=False),
         pa.field("record", pa.string(), nullable=False),
         pa.field("content", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=True),  # the record's `input.domain_key` value (null: none)
     ]
 )
 
@@ -409,6 +412,7 @@ SILVER_SCHEMA = pa.schema(
         pa.field("content_sha256", pa.string(), nullable=False),
         pa.field("num_chars", pa.int64(), nullable=False),
         pa.field("split", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=True),
     ]
 )
 
@@ -442,6 +446,7 @@ GOLD_SCHEMA = pa.schema(
         # group of each BOS/EOS unit (null in flat mode)
         pa.field("record_ids", pa.list_(pa.string()), nullable=True),
         pa.field("group_keys", pa.list_(pa.string()), nullable=True),
+        pa.field("domain", pa.string(), nullable=True),  # the record's domain (`input.domain_key`)
     ]
 )
 

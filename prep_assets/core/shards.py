@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from prep_assets.core.arrays import flat_values, offsets_from_lengths, percentiles, segment_sums
 from prep_assets.core.errors import DropError
-from prep_assets.core.formats import FORMATS, PARQUET, DocumentFormat, RowFormat, SplitTarget
+from prep_assets.core.formats import FORMATS, PARQUET, DocumentFormat, Documents, RowFormat, SplitTarget
 from prep_assets.core.gold import GoldStats
 from prep_assets.core.lake import (
     EXAMPLES,
@@ -106,6 +106,7 @@ class _SplitGold:
     example_ids: pa.Array
     pair_ids: list[str | None]
     loss: np.ndarray  # loss tokens per example (summed as it was spilled)
+    domains: list[str | None]
 
     def id_chunks(self, tokens: int = 1 << 22) -> Iterator[np.ndarray]:
         """The token ids front to back, a chunk at a time (the pages of the one before dropped)."""
@@ -114,16 +115,29 @@ class _SplitGold:
             yield ids[lo : lo + tokens]
         self.spill.release()
 
+    def documents(self) -> Documents:
+        starts, lengths = self.offsets[:-1], np.diff(self.offsets)
+        return Documents(
+            self.offsets,
+            self.example_ids,
+            self.domains,
+            self.id_chunks,
+            lambda idx: self.spill.read(starts[idx], lengths[idx]),
+        )
+
 
 def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _SplitGold]:
     """Stream gold once: per split, its tokens appended to a spill file, its example ids kept."""
     spill.mkdir()
     out: dict[str, dict[str, Any]] = {
-        s: {"spill": TokenSpill(spill / f"{s}.tokens"), "lengths": [], "loss": [], "ids": [], "pairs": []}
+        s: {
+            "spill": TokenSpill(spill / f"{s}.tokens"),
+            **{k: [] for k in ("lengths", "loss", "ids", "pairs", "domains")},
+        }
         for s in SPLITS
     }
     try:
-        cols = ["example_id", "split", "token_ids", "loss_mask", "token_type_ids", "pair_id"]
+        cols = ["example_id", "split", "token_ids", "loss_mask", "token_type_ids", "pair_id", "domain"]
         for batch in iter_batches(gold_path, batch_size=batch_size, columns=cols):
             splits = batch.column("split")
             for split in SPLITS:
@@ -141,13 +155,15 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
                 acc["loss"].append(segment_sums(mask, offsets))
                 acc["ids"].append(sub.column("example_id"))
                 acc["pairs"] += sub.column("pair_id").to_pylist()
+                acc["domains"] += sub.column("domain").to_pylist()
         result = {}
         for split, acc in out.items():
             acc["spill"].seal()
             lengths = np.concatenate(acc["lengths"]) if acc["lengths"] else np.zeros(0, dtype=np.int64)
             loss = np.concatenate(acc["loss"]) if acc["loss"] else np.zeros(0, dtype=np.int64)
             ids = pa.concat_arrays(acc["ids"]) if acc["ids"] else pa.array([], pa.string())
-            result[split] = _SplitGold(acc["spill"], offsets_from_lengths(lengths), ids, acc["pairs"], loss)
+            offsets = offsets_from_lengths(lengths)
+            result[split] = _SplitGold(acc["spill"], offsets, ids, acc["pairs"], loss, acc["domains"])
         return result
     except BaseException:
         for acc in out.values():
@@ -167,6 +183,7 @@ class ShardStats(LayerStats):
     splits: dict[str, Any] = figure()  # per split: `split_metrics`, max_batch_size, files, exports
     totals: dict[str, Any] = figure()  # `totals` of the splits
     tabular: dict[str, Any] | None = figure(optional=True)
+    domains: dict[str, dict[str, int]] | None = figure(optional=True)  # gold's, for the manifest
 
 
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> ShardStats:
@@ -207,7 +224,15 @@ def build_packed_shards(
                 examples = len(sg.offsets) - 1
                 if plan.num_rows or examples:
                     (stage / split).mkdir()
-                target = SplitTarget(stage / split, split, L, info.vocab_size, spec.output.compression, rows_per_shard)
+                target = SplitTarget(
+                    stage / split,
+                    split,
+                    L,
+                    info.vocab_size,
+                    spec.output.compression,
+                    rows_per_shard,
+                    spec.output.max_tokens_per_shard,
+                )
                 named = [FORMATS[name] for name in spec.output.formats]
                 sinks = {
                     f.name: f.open(target)
@@ -235,7 +260,7 @@ def build_packed_shards(
                 exports: dict[str, Any] = {name: sink.close() for name, sink in sinks.items()}
                 for f in named:
                     if isinstance(f, DocumentFormat) and examples:
-                        exports[f.name] = f.write(target, sg.id_chunks(), sg.offsets)
+                        exports[f.name] = f.write(target, sg.documents())
                 overflow = gold.tokens_dropped_by_overflow_by_split.get(split, 0)
                 split_stats[split] = {
                     **split_metrics(sg.offsets, plan, counts, L, overflow),
@@ -257,6 +282,7 @@ def build_packed_shards(
             totals=totals(split_stats.values(), L),
             # what a generator needs beside the shards (the manifest collects it)
             tabular={k: gold.tabular[k] for k in TABULAR_MANIFEST_KEYS} if gold.tabular is not None else None,
+            domains=gold.domains,
         )
         write_json_atomic(stage / STATS, stats.as_json())
     return stats

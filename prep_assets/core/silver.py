@@ -127,7 +127,7 @@ def _clean_pass(
         ):
             rejected = RowBuffer(rej_sink, batch_size)
 
-            cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "content"]
+            cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "domain", "content"]
             values: list[list[Any]] = []
 
             def reject(

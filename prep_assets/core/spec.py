@@ -95,6 +95,11 @@ class DatasetSpec(_Strict):
                 "sequence.overlap applies to windows (overflow: window with bfd, ffd or single); "
                 "packing.strategy full cuts examples across rows without repeating tokens"
             )
+        if kind.table_rows and self.input.domain_key is not None:
+            raise ValueError(
+                "input.domain_key names a domain per record; a tabular example assembles many records, so it has "
+                "none: split the table into one dataset per domain instead"
+            )
         if kind.table_rows:
             self._check_tabular()
         elif self.tabular is not None:
@@ -198,7 +203,7 @@ class DatasetSpec(_Strict):
 # `checks` is in every layer: a changed threshold must re-judge every partition.
 # Bump when a layer's code changes what it writes: the UI then shows that layer (and below) stale, and the
 # dedup indexes (keyed by silver's version) are rebuilt.
-CODE_VERSION = "4"
+CODE_VERSION = "5"
 
 # the sections every layer from silver down follows (the order of names never changes a fingerprint)
 _CLEANED = ("input", "checks", "clean", "split", "tabular")

@@ -52,6 +52,9 @@ class InputSpec(_Strict):
     rejected_key: str = "rejected"
     max_line_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     max_gzip_ratio: float = Field(default=100.0, gt=1)  # decompressed / compressed bytes (floor 256 MiB)
+    # the record field naming its domain (a string): it travels with the record to gold, is counted per domain
+    # in the manifest and routes records in the formats that group by domain (`astrai_bin`)
+    domain_key: str | None = None
 
     @model_validator(mode="after")
     def _check_keys(self) -> InputSpec:

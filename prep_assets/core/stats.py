@@ -2,8 +2,9 @@
 metadata of its asset and the figures the manifest and the run summary read.
 
 A field is declared with `figure`: its label in the UI (`ui`, none: not shown there), how a mapping is shown
-(`table`: "counts" by `key`, or "percentiles"), and `optional` for a field a build reports only in some datasets
-(left out of the stats file when it is None, so a file lists exactly what applies).
+(`table`: "counts" by `key`, "percentiles", or "domain_counts": a row per domain), and `optional` for a field a
+build reports only in some datasets (left out of the stats file when it is None, so a file lists exactly what
+applies).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, TypeVar
 
-Table = Literal["counts", "percentiles"]
+Table = Literal["counts", "percentiles", "domain_counts"]
 S = TypeVar("S", bound="LayerStats")
 
 

@@ -263,6 +263,7 @@ def build_tabular_examples(
                         ],
                         pa.list_(pa.string()),
                     ),
+                    "domain": pa.nulls(len(lengths), pa.string()),  # an example holds many records: none
                 },
                 schema=GOLD_SCHEMA,
             )

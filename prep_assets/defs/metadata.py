@@ -51,6 +51,8 @@ def stats_metadata(stats: LayerStats) -> dict[str, Any]:
             shown[f.label] = counts_table(f.value, key=f.key)
         elif f.table == "percentiles":
             shown[f.label] = md_table([f.value])
+        elif f.table == "domain_counts":  # {domain: {figure: n}}: a row per domain
+            shown[f.label] = md_table([{"domain": d, **figures} for d, figures in f.value.items()])
         else:
             shown[f.label] = f.value
     return shown
