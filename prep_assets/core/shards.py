@@ -207,7 +207,17 @@ def build_packed_shards(
                 examples = len(sg.offsets) - 1
                 if plan.num_rows or examples:
                     (stage / split).mkdir()
-                target = SplitTarget(stage / split, split, L, info.vocab_size, spec.output.compression, rows_per_shard)
+                target = SplitTarget(
+                    stage / split,
+                    split,
+                    L,
+                    info.vocab_size,
+                    spec.output.compression,
+                    rows_per_shard,
+                    spec.sequence.overlap,
+                    info.eos_id,
+                    out_dir.name,
+                )
                 named = [FORMATS[name] for name in spec.output.formats]
                 sinks = {
                     f.name: f.open(target)
