@@ -5,8 +5,9 @@
   `rows x max_seq_len`, and `meta.json` with the shapes and dtypes. Rows are in the order of the split's
   Parquet parts. `numpy.memmap(dir / meta["arrays"][name]["file"], dtype, mode="r", shape=shape)` opens
   them without a copy.
-- `megatron` (per split, `text` datasets): the gold documents of the split in gold order as Megatron-LM's
-  `MMIDIDX` indexed dataset, `text_document.bin` + `text_document.idx`, one sequence per document.
+- `megatron` (per split; text, instruction and chat gold, masks not kept): the gold documents of the split in gold
+  order as Megatron-LM's `MMIDIDX` indexed dataset, `text_document.bin` + `text_document.idx`, one sequence per
+  document.
   The .idx layout: magic `MMIDIDX\\x00\\x00`, version u64 = 1, dtype code u8 (uint16 = 8, int32 = 4),
   sequence count u64, document count u64 (documents + 1), then sequence lengths int32[sequences],
   sequence byte pointers int64[sequences], document indices int64[documents + 1]; all little-endian.

@@ -25,6 +25,7 @@ from prep_assets.core.arrays import list_array
 from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, MemmapWriter, write_megatron
 from prep_assets.core.lake import sha256_file
 from prep_assets.core.parquet_io import ParquetSink
+from prep_assets.core.record_types import record_type
 from prep_assets.core.records import SHARD_SCHEMA
 from prep_assets.core.rows import PackedRows, RowCounts
 
@@ -47,6 +48,9 @@ class SplitTarget:
     compression: str
     rows_per_file: int  # a row format may cut its files here; chunks never straddle these boundaries
     max_tokens_per_file: int = 0  # `output.max_tokens_per_shard`, for a document format's files
+    overlap: int = 0  # sequence.overlap: tokens a window repeats from the previous one
+    eos_id: int | None = None  # the pinned tokenizer's EOS (a document format's end-of-document token)
+    partition: str = ""  # the partition the split belongs to (names files that may share a folder)
 
 
 class RowSink(Protocol):
@@ -199,19 +203,29 @@ def _megatron(target: SplitTarget, docs: Documents) -> dict[str, Any]:
     )
 
 
-def _text_only(spec: DatasetSpec) -> str | None:
-    if spec.input.type != "text":
-        return "the .bin/.idx document layout is for input.type text only"
+def _documents_only(spec: DatasetSpec) -> str | None:
+    """Megatron's indexed dataset holds independent documents with no loss mask (docs/formats.md): text,
+    instruction and chat examples go in whole, masks dropped; a preference pair, whose two branches must stay
+    together, and table examples, built for one example per row with a masked schema prompt and in order, do not."""
+    kind = record_type(spec.input.type)
+    if kind.paired:
+        return f"Megatron's .bin/.idx holds single documents: input.type {spec.input.type} (preference pairs) cannot"
+    if kind.table_rows:
+        return (
+            f"Megatron's GPT dataset concatenates documents and cuts them at its sequence length: input.type "
+            f"{spec.input.type} examples (one per row, schema prompt masked, in order) cannot be represented"
+        )
     return None
 
 
 PARQUET = register(RowFormat("parquet", ParquetRows))
 register(RowFormat("npy", _npy))
-register(DocumentFormat("megatron", _megatron, refuses=_text_only))
+register(DocumentFormat("megatron", _megatron, refuses=_documents_only))
 
 # Formats in their own modules register here with the built-ins, so loading a spec knows them all (they import
 # this module's types only when type checking).
-from prep_assets.core import format_astrai, format_hdf5  # noqa: E402
+from prep_assets.core import format_astrai, format_gpt_simple, format_hdf5  # noqa: E402
 
 register(RowFormat("hdf5", format_hdf5.Hdf5Rows, refuses=format_hdf5.refuses))
+register(DocumentFormat("gpt_simple", format_gpt_simple.write, refuses=format_gpt_simple.refuses))
 register(DocumentFormat("astrai_bin", format_astrai.write, refuses=format_astrai.refuses))

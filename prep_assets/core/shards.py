@@ -231,7 +231,10 @@ def build_packed_shards(
                     info.vocab_size,
                     spec.output.compression,
                     rows_per_shard,
-                    spec.output.max_tokens_per_shard,
+                    max_tokens_per_file=spec.output.max_tokens_per_shard,
+                    overlap=spec.sequence.overlap,
+                    eos_id=info.eos_id,
+                    partition=out_dir.name,
                 )
                 named = [FORMATS[name] for name in spec.output.formats]
                 sinks = {

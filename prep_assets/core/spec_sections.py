@@ -266,7 +266,7 @@ class SplitSpec(_Strict):
 
 
 class OutputSpec(_Strict):
-    # parquet always; npy: flat memmap arrays + meta.json; megatron: .bin/.idx of gold documents (text only)
+    # parquet always; npy: flat memmap arrays + meta.json; megatron: .bin/.idx of gold documents; docs/formats.md
     formats: list[str] = ["parquet"]  # names registered in core/formats.py
     max_tokens_per_shard: int = Field(default=50_000_000, ge=8)
     compression: Literal["zstd", "snappy", "none"] = "zstd"

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+import yaml
 
 from prep_assets.core import gates
 from prep_assets.core.bronze import build_raw_records
@@ -25,9 +26,9 @@ from prep_assets.core.lake import DatasetPaths, dataset_paths
 from prep_assets.core.manifest import build_manifest
 from prep_assets.core.masking import TokenizedBatch
 from prep_assets.core.silver import build_clean_records
-from prep_assets.core.spec import DatasetSpec
+from prep_assets.core.spec import DatasetSpec, load_spec
 from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
-from prep_assets_tests.conftest import make_spec
+from prep_assets_tests.conftest import SAMPLE_DATA, make_spec
 
 # ---------------------------------------------------------------- every layer in core
 
@@ -230,3 +231,24 @@ def read_mmidx(prefix: Path) -> dict:
         "data": data,
         "itemsize": np.dtype(dtype).itemsize,
     }
+
+
+# ---------------------------------------------------------------- shipped sample specs, changed
+
+
+def sample_spec(data_dir: Path, name: str, **changes: Any) -> DatasetSpec:
+    """The shipped sample spec `name` with top-level sections updated, written into `data_dir` and loaded."""
+    raw = yaml.safe_load((SAMPLE_DATA / "datasets" / f"{name}.yaml").read_text(encoding="utf-8"))
+    for section, values in changes.items():
+        raw[section] = {**raw.get(section, {}), **values}
+    path = data_dir / "datasets" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return load_spec(path, data_dir)
+
+
+def gold_documents(gold_dir: Path) -> dict[str, list[list[int]]]:
+    """Per split, the token ids of its gold examples in gold order."""
+    out: dict[str, list[list[int]]] = {}
+    for row in pq.read_table(gold_dir / "examples.parquet", columns=["split", "token_ids"]).to_pylist():
+        out.setdefault(row["split"], []).append(row["token_ids"])
+    return out

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
 
 import h5py
 import numpy as np
@@ -16,21 +15,11 @@ import yaml
 
 from prep_assets.core.errors import SpecError
 from prep_assets.core.lake import read_json
-from prep_assets.core.spec import DatasetSpec, load_spec
+from prep_assets.core.spec import DatasetSpec
 from prep_assets_tests.conftest import SAMPLE_DATA, copy_sample_data
-from prep_assets_tests.core.helpers import run_core
+from prep_assets_tests.core.helpers import run_core, sample_spec
 
 GDP_PREFIX = {"train": "train", "validation": "dev", "test": "test"}
-
-
-def _spec(data_dir: Path, name: str, **changes: Any) -> DatasetSpec:
-    """The shipped sample spec `name` with top-level sections updated, written into `data_dir` and loaded."""
-    raw = yaml.safe_load((SAMPLE_DATA / "datasets" / f"{name}.yaml").read_text(encoding="utf-8"))
-    for section, values in changes.items():
-        raw[section] = {**raw.get(section, {}), **values}
-    path = data_dir / "datasets" / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    return load_spec(path, data_dir)
 
 
 def _build(data_dir: Path, name: str, rows_per_file: int) -> tuple[DatasetSpec, list[dict], Path]:
@@ -38,7 +27,7 @@ def _build(data_dir: Path, name: str, rows_per_file: int) -> tuple[DatasetSpec, 
     copy_sample_data(data_dir)
     L = yaml.safe_load((SAMPLE_DATA / "datasets" / f"{name}.yaml").read_text(encoding="utf-8"))["sequence"]
     output = {"formats": ["parquet", "hdf5"], "max_tokens_per_shard": L["max_seq_len"] * rows_per_file}
-    spec = _spec(data_dir, name, output=output)
+    spec = sample_spec(data_dir, name, output=output)
     results = list(run_core(data_dir, spec).values())
     return spec, results, data_dir / "lake" / spec.name
 
@@ -127,7 +116,7 @@ def test_text_hdf5_rows_types_metadata_and_balance(text_run):
     seen, most_files = 0, 0
     for result in results:
         shards = result["dirs"][3]
-        for split, stats in result["shards"]["splits"].items():
+        for split, stats in result["shards"].splits.items():
             if not stats["sequences"]:
                 assert not (shards / split / "hdf5").exists()
                 continue
@@ -174,4 +163,4 @@ def test_dialogue_has_one_gdp_boundary_per_segment_on_its_last_eos(chat_run):
 def test_preference_spec_with_hdf5_is_refused_at_load(tmp_path):
     copy_sample_data(tmp_path)
     with pytest.raises(SpecError, match=r"output\.formats hdf5: .*no chosen/rejected pair"):
-        _spec(tmp_path, "sample_pref", output={"formats": ["parquet", "hdf5"]})
+        sample_spec(tmp_path, "sample_pref", output={"formats": ["parquet", "hdf5"]})
