@@ -75,7 +75,7 @@ def segments(seg: np.ndarray) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if seg[a] > 0]
 
 
-def test_packed_losses_equal_each_segment_alone_and_causal_ones_do_not(packed_lakes, llama):
+def test_packed_losses_equal_each_segment_alone_and_causal_ones_do_not(packed_lakes, llama, capsys):
     ds = PackedDataset(list(packed_lakes.values()), "train")
     loader = DataLoader(ds, batch_size=8, collate_fn=lambda rows: collate_packed(rows, block_mask=True))
     max_diff, causal_diffs, n_rows, n_segments, raw_unmasked_starts = 0.0, [], 0, 0, 0
@@ -108,11 +108,12 @@ def test_packed_losses_equal_each_segment_alone_and_causal_ones_do_not(packed_la
                 n_rows += 1
             # HF's own shift of the labels gives the mean of exactly those per-segment target losses
             assert abs(hf_loss.item() - torch.cat(alone_target_losses).mean().item()) < TOLERANCE
-    print(
-        f"\nparity: rows={n_rows} segments={n_segments} max_abs_loss_diff={max_diff:.2e} "
-        f"causal_min_diff={min(causal_diffs):.3f} (over {len(causal_diffs)} rows of >=2 segments) "
-        f"segment starts with a loss in the shards: {raw_unmasked_starts}"
-    )
+    with capsys.disabled():  # the figures in every test run's output
+        print(
+            f"\nparity: rows={n_rows} segments={n_segments} max_abs_loss_diff={max_diff:.2e} "
+            f"causal_min_diff={min(causal_diffs):.3f} (over {len(causal_diffs)} rows of >=2 segments) "
+            f"segment starts with a loss in the shards: {raw_unmasked_starts}"
+        )
     assert n_rows >= 100 and len(causal_diffs) >= 20
     assert max_diff < TOLERANCE
     assert min(causal_diffs) > CAUSAL_MARGIN
