@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -35,7 +35,22 @@ def token_columns(schema: pa.Schema) -> set[str]:
     return {f.name for f in schema if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)}
 
 
-class ParquetSink:
+class ClosedOnExit:
+    """`with` closes it (its `close`), whatever ends the block."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class ParquetSink(ClosedOnExit):
     """Append record batches; rows are written in row groups of exactly `row_group_size` (last one shorter).
 
     An empty output still gets a file with the schema, so readers and checks never special-case absence.
@@ -126,14 +141,6 @@ class ParquetSink:
             self._writer.close()
             if self._failed is not None:  # a file missing row groups must not look complete
                 self.path.unlink(missing_ok=True)
-
-    def __enter__(self) -> ParquetSink:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def iter_batches(path: Path, *, batch_size: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:

@@ -380,6 +380,7 @@ PROVENANCE_FIELDS = [
     pa.field("source_line", pa.int64(), nullable=False),
     pa.field("byte_offset", pa.int64(), nullable=False),
 ]
+REASON_FIELDS = [pa.field("reason", pa.string(), nullable=False), pa.field("detail", pa.string(), nullable=False)]
 
 DEFAULT_DOMAIN = "__default__"  # the domain of a record that names none (AstrAI's name for it)
 
@@ -395,12 +396,8 @@ BRONZE_SCHEMA = pa.schema(
 
 BRONZE_REJECT_SCHEMA = pa.schema(
     [
-        pa.field("drop", pa.string(), nullable=False),
-        pa.field("source_file", pa.string(), nullable=False),
-        pa.field("source_line", pa.int64(), nullable=False),
-        pa.field("byte_offset", pa.int64(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("detail", pa.string(), nullable=False),
+        *PROVENANCE_FIELDS[1:],  # a line that is no record has no record id
+        *REASON_FIELDS,
         pa.field("excerpt", pa.string(), nullable=False),
     ]
 )
@@ -419,8 +416,7 @@ SILVER_SCHEMA = pa.schema(
 SILVER_REJECT_SCHEMA = pa.schema(
     [
         *PROVENANCE_FIELDS,
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("detail", pa.string(), nullable=False),
+        *REASON_FIELDS,
         pa.field("duplicate_of", pa.string(), nullable=True),
         pa.field("content", pa.string(), nullable=False),  # normalized, as the filters and dedup saw it
         pa.field("content_sha256", pa.string(), nullable=True),  # for duplicates (null: failed a filter first)
@@ -454,8 +450,7 @@ GOLD_REJECT_SCHEMA = pa.schema(
     [
         *PROVENANCE_FIELDS,
         pa.field("split", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("detail", pa.string(), nullable=False),
+        *REASON_FIELDS,
         pa.field("num_tokens", pa.int32(), nullable=False),
         pa.field("group_key", pa.string(), nullable=True),  # tabular: the group that cannot fit
     ]

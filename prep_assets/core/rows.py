@@ -50,18 +50,10 @@ def materialize_rows(
 ) -> PackedRows:
     """Gather the planned pieces from in-memory arrays into rows of exactly `row_len` tokens (`rows_from_values`)."""
     index_type = np.int32 if len(token_ids) < np.iinfo(np.int32).max else np.int64
-    pos = within_offsets(plan.length, index_type)
     src = np.repeat(segment_sources(plan, offsets).astype(index_type), plan.length)
-    src += pos
-    return _rows(
-        plan,
-        token_ids[src],
-        loss_mask[src].astype(np.uint8, copy=False),
-        token_type_ids[src],
-        pos,
-        row_len=row_len,
-        pad_id=pad_id,
-    )
+    src += within_offsets(plan.length, index_type)
+    values = token_ids[src], loss_mask[src], token_type_ids[src]
+    return rows_from_values(plan, *values, row_len=row_len, pad_id=pad_id)
 
 
 def rows_from_values(

@@ -186,12 +186,6 @@ class ShardStats(LayerStats):
     domains: dict[str, dict[str, int]] | None = figure(optional=True)  # gold's, for the manifest
 
 
-def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> ShardStats:
-    """A drop's packed shards and exports, from its gold."""
-    gold, out = paths.partition_dir("gold", partition), paths.partition_dir("shards", partition)
-    return build_packed_shards(spec, gold, paths.tokenizer_dir, out, batch_size=batch_size)
-
-
 def build_packed_shards(
     spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
 ) -> ShardStats:
@@ -289,6 +283,12 @@ def build_packed_shards(
         )
         write_json_atomic(stage / STATS, stats.as_json())
     return stats
+
+
+def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> ShardStats:
+    """A drop's packed shards and exports, from its gold."""
+    gold, out = paths.partition_dir("gold", partition), paths.partition_dir("shards", partition)
+    return build_packed_shards(spec, gold, paths.tokenizer_dir, out, batch_size=batch_size)
 
 
 def _chunks(num_rows: int, rows_per_file: int) -> Iterator[tuple[int, int]]:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
-from types import TracebackType
 
 import numpy as np
+
+from prep_assets.core.parquet_io import ClosedOnExit
 
 TOKEN = np.dtype([("id", "<i4"), ("mask", "u1"), ("type", "u1")])
 
@@ -42,7 +43,7 @@ def runs(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return starts[first], np.add.reduceat(lengths, first)
 
 
-class TokenSpill:
+class TokenSpill(ClosedOnExit):
     """A spill file of TOKEN records: appended while gold streams in, then mapped and read back."""
 
     def __init__(self, path: Path) -> None:
@@ -104,14 +105,6 @@ class TokenSpill:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def __enter__(self) -> TokenSpill:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class FrontToBack:
