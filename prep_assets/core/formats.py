@@ -2,7 +2,8 @@
 
 Two kinds, chosen by what a trainer reads:
 - a *row format* receives the split's packed rows (fixed-length sequences) chunk by chunk, in order, and
-  returns its manifest entry when closed (`parquet`, always written: the gates check it; `npy`);
+  returns its manifest entry when closed (`parquet`, always written: the gates check it; `npy`); it may also
+  have a partition-level `finish`, called once after every split (`hdf5`: one folder and metadata per drop);
 - a *document format* receives the split's gold examples whole (token ids in consecutive chunks and the
   example offsets) and returns its manifest entry (`megatron`).
 
