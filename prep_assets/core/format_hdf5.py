@@ -1,10 +1,15 @@
-"""`hdf5`: the packed rows of a split in SambaNova generative_data_prep's (gdp) HDF5 layout, which SambaStudio reads.
+"""`hdf5`: a drop's packed rows as one SambaNova generative_data_prep (gdp) output folder, which SambaStudio reads.
 
-Per split, in `<split>/hdf5/`: `<prefix>_<i>_of_<N>.hdf5` (prefix `train`, `dev` for validation, `test`; i from 1),
-each holding `input_ids` and `token_type_ids`, int32 `(rows, max_seq_len)`, and a `metadata.yaml` with gdp's
-dataset fields. Rows keep the order of the split's Parquet parts and are cut into N contiguous blocks whose sizes
-differ by at most one (gdp's `balance_hdf5_files` promise; the first `rows % N` files hold one row more).
-N is the number of Parquet parts of the split, ceil(rows / rows_per_file), rows_per_file coming from
+In `shards/<drop>/hdf5/`, as gdp lays out its output directory: `<prefix>_<i>_of_<N>.hdf5` per split (prefix
+`train`, `dev` for validation, `test`; i from 1), each holding `input_ids` and `token_type_ids` (and
+`category_ids` with `output.categories`), int32 `(rows, max_seq_len)`; one `metadata.yaml` over all splits; a
+`tokenizer/` copy of the pinned tokenizer; with `output.hdf5_test_jsonl` the test split as gdp keeps it,
+untokenized JSONL in `test_files/`; with categories gdp's `category_to_id.json`. The split files are written by
+`Hdf5Rows` (one split at a time), the rest by `finish` once every split is written (docs/formats.md).
+
+Rows keep the order of the split's Parquet parts and are cut into N contiguous blocks whose sizes differ by at
+most one (gdp's `balance_hdf5_files` promise; the first `rows % N` files hold one row more). N is the number of
+Parquet parts of the split, ceil(rows / rows_per_file), rows_per_file coming from
 `output.max_tokens_per_shard // max_seq_len`: a SambaStudio run needs at least as many training files as
 workers, so lower `max_tokens_per_shard` to get more files.
 
@@ -18,39 +23,51 @@ their type, so the boundary is the segment's last token where the example ends i
 last EOS otherwise. A segment holding no EOS (a window or `full` cut before the example's end) has no boundary,
 as gdp's article continuing in the next sequence; a cut segment of a dialogue marks its last turn's EOS.
 
-Rows are written as chunks arrive into one resizable, chunked staging file (memory bounded by a chunk); `close`
-renames it when N is 1, else copies it block by block into the N files and removes it.
+Rows are written as chunks arrive into one resizable, chunked staging file per split (memory bounded by a chunk);
+`close` renames it when N is 1, else copies it block by block into the N files and removes it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import yaml
 
+from prep_assets.core.errors import DropError
 from prep_assets.core.exports import file_entry
+from prep_assets.core.parquet_io import iter_batches
 from prep_assets.core.record_types import record_type
 from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS
+from prep_assets.core.tokenizer import is_tokenizer_file
 
 if TYPE_CHECKING:
-    from prep_assets.core.formats import SplitTarget
+    from prep_assets.core.formats import PartitionTarget, SplitTarget
     from prep_assets.core.rows import PackedRows
     from prep_assets.core.spec import DatasetSpec
 
-HDF5_DIR, METADATA = "hdf5", "metadata.yaml"
+HDF5_DIR, METADATA, TOKENIZER_DIR, TEST_DIR = "hdf5", "metadata.yaml", "tokenizer", "test_files"
+CATEGORY_FILE = "category_to_id.json"  # gdp writes its --categories_path list as {name: id} here
 GDP_PREFIX = {"train": "train", "validation": "dev", "test": "test"}
 DATASETS = ("input_ids", "token_type_ids")
+CATEGORY_IDS = "category_ids"  # the dataset name gdp's HDF5 writer and balancer use
+NO_CATEGORY = -1  # gdp's category id of padding and of a line naming no category
 # gdp's metadata.yaml names SambaStudio compares with the model it trains. `tokenizer_model_type` is
-# `str(type(model_config))` of the Hugging Face model in gdp; a tokenizer-only pipeline has no model config.
+# `str(type(model_config))` of the Hugging Face model in gdp; a tokenizer-only pipeline has none unless the spec
+# gives `output.hdf5_model_type`.
 TOKENIZER_MODEL_TYPE = "unknown"
 _CHUNK_BYTES = 1 << 20  # HDF5 chunk (and copy block) size target
 _STAGING = ".rows.hdf5"
+_TEST_SHAPES = ("text", "turns")  # record shapes gdp's prompt/completion JSONL can hold
 
 
 def gdp_token_types(token_type_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
@@ -66,8 +83,35 @@ def gdp_token_types(token_type_ids: np.ndarray, segment_ids: np.ndarray) -> np.n
     return out
 
 
-def file_names(split: str, n: int) -> list[str]:
-    return [f"{GDP_PREFIX[split]}_{i}_of_{n}.hdf5" for i in range(1, n + 1)]
+def category_map(spec: DatasetSpec | None) -> dict[str, int] | None:
+    """gdp's category ids (the list's positions) of `output.categories`; None without categories."""
+    if spec is None or spec.output.categories is None:
+        return None
+    return {name: i for i, name in enumerate(spec.output.categories)}
+
+
+def category_of(domain: str | None, ids: dict[str, int]) -> int:
+    """A record's category id: -1 when it names no domain (gdp: no `category` key), an error when not listed."""
+    if domain is None:
+        return NO_CATEGORY
+    if domain not in ids:
+        raise DropError(f"hdf5: domain {domain!r} is not in output.categories {list(ids)}")
+    return ids[domain]
+
+
+def row_categories(rows: PackedRows, domains: Sequence[str | None], ids: dict[str, int]) -> np.ndarray:
+    """Per token of rows `(n, L)`: its example's category id (gdp's layout), -1 on padding."""
+    n, L = rows.num_rows, rows.row_len
+    per_segment = np.array([category_of(domains[e], ids) for e in rows.example_order], dtype=np.int32)
+    segments = rows.segment_ids[: n * L].reshape(n, L).astype(np.int64)
+    index = rows.seg_offsets[:n, None] + segments - 1  # the segment's index in the chunk (padding: segment 0)
+    out = np.full((n, L), NO_CATEGORY, dtype=np.int32)
+    out[segments > 0] = per_segment[index[segments > 0]]
+    return out
+
+
+def file_names(split: str, n: int, ext: str = "hdf5") -> list[str]:
+    return [f"{GDP_PREFIX[split]}_{i}_of_{n}.{ext}" for i in range(1, n + 1)]
 
 
 def block_sizes(rows: int, n: int) -> list[int]:
@@ -76,9 +120,9 @@ def block_sizes(rows: int, n: int) -> list[int]:
     return [base + (i < extra) for i in range(n)]
 
 
-def _create(f: h5py.File, rows: int, row_len: int) -> None:
+def _create(f: h5py.File, rows: int, row_len: int, names: Sequence[str]) -> None:
     chunk_rows = max(1, _CHUNK_BYTES // (4 * row_len))
-    for name in DATASETS:
+    for name in names:
         f.create_dataset(
             name,
             shape=(rows, row_len),
@@ -90,26 +134,36 @@ def _create(f: h5py.File, rows: int, row_len: int) -> None:
 
 
 class Hdf5Rows:
-    """A split's packed rows as gdp HDF5 files plus metadata.yaml (module docstring)."""
+    """A split's packed rows as gdp HDF5 files in the drop's `hdf5/` folder (module docstring). With
+    `output.hdf5_test_jsonl` the test split only counts its rows: `finish` writes its records as JSONL."""
 
     def __init__(self, target: SplitTarget) -> None:
         self.target, self.split = target, target.rel.rsplit("/", 1)[-1]
-        self.dest = target.dir / HDF5_DIR
-        self.dest.mkdir(parents=True, exist_ok=True)
-        self.rel = f"{target.rel}/{HDF5_DIR}"
+        self.dest = target.dir.parent / HDF5_DIR
+        self.categories = category_map(target.spec)
+        self.names = DATASETS + ((CATEGORY_IDS,) if self.categories is not None else ())
         self.rows = 0
-        self.file: h5py.File | None = h5py.File(self.dest / _STAGING, "w", track_order=False)
-        _create(self.file, 0, target.row_len)
+        self.file: h5py.File | None = None
+        self.as_jsonl = self.split == "test" and target.spec is not None and target.spec.output.hdf5_test_jsonl
+        if not self.as_jsonl:
+            self.dest.mkdir(exist_ok=True)
+            self.file = h5py.File(self.dest / f".{self.split}{_STAGING}", "w", track_order=False)
+            _create(self.file, 0, target.row_len, self.names)
 
     def append(self, rows: PackedRows, example_ids: pa.Array) -> None:
-        assert self.file is not None
         n, L = rows.num_rows, rows.row_len
+        if self.as_jsonl:
+            self.rows += n
+            return
+        assert self.file is not None
         values = {
             "input_ids": rows.input_ids[: n * L].reshape(n, L).astype(np.int32, copy=False),
             "token_type_ids": gdp_token_types(
                 rows.token_type_ids[: n * L].reshape(n, L), rows.segment_ids[: n * L].reshape(n, L)
             ),
         }
+        if self.categories is not None:
+            values[CATEGORY_IDS] = row_categories(rows, self.target.domains, self.categories)
         for name, block in values.items():
             ds = self.file[name]
             ds.resize(self.rows + n, axis=0)
@@ -117,23 +171,22 @@ class Hdf5Rows:
         self.rows += n
 
     def close(self) -> dict[str, Any]:
+        n = max(1, math.ceil(self.rows / self.target.rows_per_file))
+        if self.as_jsonl:  # the number of files `finish` cuts the test records into, as many as Parquet parts
+            return {"dir": HDF5_DIR, "rows": self.rows, "test_jsonl_files": n, "files": []}
         if self.file is None:
             raise RuntimeError("hdf5 export closed twice")
         self.file.close()
         self.file = None
-        staging = self.dest / _STAGING
-        n = max(1, math.ceil(self.rows / self.target.rows_per_file))
+        staging = self.dest / f".{self.split}{_STAGING}"
         names, sizes = file_names(self.split, n), block_sizes(self.rows, n)
         if n == 1:
             os.replace(staging, self.dest / names[0])
         else:
             self._split_into(staging, names, sizes)
             staging.unlink()
-        files = [file_entry(self.dest / name, f"{self.rel}/{name}") for name in names]
-        meta = gdp_metadata(self.split, self.target.row_len, self.target.vocab_size, sizes)
-        (self.dest / METADATA).write_text(yaml.safe_dump(meta, sort_keys=False), encoding="utf-8")
-        files.append(file_entry(self.dest / METADATA, f"{self.rel}/{METADATA}"))
-        return {"dir": self.rel, "rows": self.rows, "rows_per_file": sizes, "files": files}
+        files = [file_entry(self.dest / name, f"{HDF5_DIR}/{name}") for name in names]
+        return {"dir": HDF5_DIR, "rows": self.rows, "rows_per_file": sizes, "files": files}
 
     def _split_into(self, staging: Path, names: list[str], sizes: list[int]) -> None:
         """Copy contiguous row blocks of the staging file into the files, a bounded block at a time."""
@@ -142,36 +195,116 @@ class Hdf5Rows:
         with h5py.File(staging, "r") as src:
             for name, size in zip(names, sizes, strict=True):
                 with h5py.File(self.dest / name, "w", track_order=False) as out:
-                    _create(out, size, self.target.row_len)
+                    _create(out, size, self.target.row_len, self.names)
                     for a in range(0, size, step):
                         b = min(a + step, size)
-                        for ds in DATASETS:
+                        for ds in self.names:
                             out[ds][a:b] = src[ds][lo + a : lo + b]
                 lo += size
 
 
-def gdp_metadata(split: str, row_len: int, vocab_size: int, sizes: list[int]) -> dict[str, Any]:
-    """gdp's metadata.yaml fields for a folder holding one split's files (the other splits: 0 files, no batch)."""
-    counts = {"train": 0, "validation": 0, "test": 0, split: len(sizes)}
-    smallest = min(sizes) if sizes else None
+def finish(target: PartitionTarget, entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The drop's gdp folder completed once every split is written: the test JSONL (when asked), the tokenizer
+    copy, category_to_id.json (with categories) and the one metadata.yaml; returns their manifest entry."""
+    dest = target.dir / HDF5_DIR
+    dest.mkdir(exist_ok=True)
+    output = target.spec.output
+    files: list[dict[str, Any]] = []
+    sizes = {s: e.get("rows_per_file", []) for s, e in entries.items()}
+    if output.hdf5_test_jsonl:
+        files += _write_test_jsonl(target, entries.get("test", {}).get("test_jsonl_files", 1))
+        sizes["test"] = [0] * len(files)
+    files += _copy_tokenizer(target.tokenizer_dir, dest / TOKENIZER_DIR)
+    if (ids := category_map(target.spec)) is not None:
+        (dest / CATEGORY_FILE).write_text(json.dumps(ids), encoding="utf-8")
+        files.append(file_entry(dest / CATEGORY_FILE, f"{HDF5_DIR}/{CATEGORY_FILE}"))
+    meta = gdp_metadata(target.row_len, target.vocab_size, sizes, output.hdf5_model_type or TOKENIZER_MODEL_TYPE)
+    (dest / METADATA).write_text(yaml.safe_dump(meta, sort_keys=False), encoding="utf-8")
+    files.append(file_entry(dest / METADATA, f"{HDF5_DIR}/{METADATA}"))
+    return {"dir": HDF5_DIR, "files": files}
+
+
+def _copy_tokenizer(src: Path, dest: Path) -> list[dict[str, Any]]:
+    """The pinned tokenizer's files copied beside the data (gdp saves its tokenizer in `tokenizer/`)."""
+    dest.mkdir()
+    out = []
+    for path in sorted(p for p in src.iterdir() if p.is_file() and is_tokenizer_file(p.name)):
+        shutil.copyfile(path, dest / path.name)
+        out.append(file_entry(dest / path.name, f"{HDF5_DIR}/{TOKENIZER_DIR}/{path.name}"))
+    return out
+
+
+def gdp_record(content: dict[str, Any], category: str | None) -> dict[str, Any] | list[dict[str, Any]]:
+    """A normalized record as a line of gdp's input JSONL: `{"prompt", "completion"}`, a list of them for a
+    dialogue (one gdp article), text as a completion with an empty prompt; `category` on each pair when given."""
+    pairs = [{"prompt": "", "completion": content["text"]}] if "text" in content else list(content["turns"])
+    if category is not None:
+        pairs = [{**p, "category": category} for p in pairs]
+    return pairs[0] if len(pairs) == 1 else pairs
+
+
+def _test_records(silver: Path) -> Iterator[tuple[str, str | None]]:
+    """The partition's test records in silver order: (content JSON, domain)."""
+    for batch in iter_batches(silver, batch_size=4096, columns=["content", "split", "domain"]):
+        sub = batch.filter(pc.equal(batch.column("split"), "test"))
+        yield from zip(sub.column("content").to_pylist(), sub.column("domain").to_pylist(), strict=True)
+
+
+def _write_test_jsonl(target: PartitionTarget, n: int) -> list[dict[str, Any]]:
+    """The test split's records as gdp keeps them, `test_files/test_<i>_of_<N>.jsonl`, N contiguous blocks."""
+    if target.silver_records is None:
+        raise DropError("hdf5: output.hdf5_test_jsonl needs the partition's silver records")
+    total = sum(1 for _ in _test_records(target.silver_records))
+    if total == 0:
+        return []
+    ids = category_map(target.spec)
+    dest = target.dir / HDF5_DIR / TEST_DIR
+    dest.mkdir()
+    names = file_names("test", min(max(1, n), total), "jsonl")
+    records = _test_records(target.silver_records)
+    for name, size in zip(names, block_sizes(total, len(names)), strict=True):
+        with open(dest / name, "w", encoding="utf-8", newline="\n") as f:
+            for _ in range(size):
+                content, domain = next(records)
+                if ids is not None:
+                    category_of(domain, ids)  # a domain missing from the list is an error, as in the rows
+                line = gdp_record(json.loads(content), domain if ids is not None else None)
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    return [file_entry(dest / name, f"{HDF5_DIR}/{TEST_DIR}/{name}") for name in names]
+
+
+def gdp_metadata(row_len: int, vocab_size: int, sizes: dict[str, list[int]], model_type: str) -> dict[str, Any]:
+    """gdp's metadata.yaml fields (its `DatasetMetadata`) over the folder's splits: `sizes` holds the rows per file
+    of each split. gdp types max_batch_size_train int (0 here when there is no training file, which SambaStudio
+    then refuses) and max_batch_size_dev optional (null without dev files)."""
+    train, dev = sizes.get("train", []), sizes.get("validation", [])
     return {
         "max_seq_length": int(row_len),
         "token_type_ids": True,
         "vocab_size": int(vocab_size),
-        "tokenizer_model_type": TOKENIZER_MODEL_TYPE,
-        "number_of_training_files": counts["train"],
-        "number_of_dev_files": counts["validation"],
-        "number_of_test_files": counts["test"],
-        "max_batch_size_train": smallest if split == "train" else None,
-        "max_batch_size_dev": smallest if split == "validation" else None,
+        "tokenizer_model_type": model_type,
+        "number_of_training_files": len(train),
+        "number_of_dev_files": len(dev),
+        "number_of_test_files": len(sizes.get("test", [])),
+        "max_batch_size_train": int(min(train, default=0)),
+        "max_batch_size_dev": int(min(dev)) if dev else None,
     }
 
 
 def refuses(spec: DatasetSpec) -> str | None:
-    """gdp's files hold independent sequences: no layout for a paired record type (a chosen/rejected pair)."""
-    if record_type(spec.input.type).paired:
+    """gdp's files hold independent sequences: no layout for a paired record type (a chosen/rejected pair); its
+    test JSONL holds prompt/completion lines; its categories are our domains."""
+    kind = record_type(spec.input.type)
+    if kind.paired:
         return (
             f"gdp's HDF5 layout has no chosen/rejected pair: input.type {spec.input.type} (preference pairs) "
             "cannot be written as hdf5"
         )
+    if spec.output.hdf5_test_jsonl and kind.shape not in _TEST_SHAPES:
+        return (
+            f"output.hdf5_test_jsonl writes gdp's prompt/completion JSONL: input.type {spec.input.type} records "
+            "have no such form (text and instruction do)"
+        )
+    if spec.output.categories is not None and spec.input.domain_key is None:
+        return "output.categories maps domains to gdp's category ids: set input.domain_key"
     return None

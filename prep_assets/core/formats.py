@@ -2,7 +2,8 @@
 
 Two kinds, chosen by what a trainer reads:
 - a *row format* receives the split's packed rows (fixed-length sequences) chunk by chunk, in order, and
-  returns its manifest entry when closed (`parquet`, always written: the gates check it; `npy`);
+  returns its manifest entry when closed (`parquet`, always written: the gates check it; `npy`); it may also
+  have a partition-level `finish`, called once after every split (`hdf5`: one folder and metadata per drop);
 - a *document format* receives the split's gold examples whole (token ids in consecutive chunks and the
   example offsets) and returns its manifest entry (`megatron`).
 
@@ -13,7 +14,7 @@ The shards layer writes every named format without knowing any of them, so a new
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -51,6 +52,20 @@ class SplitTarget:
     overlap: int = 0  # sequence.overlap: tokens a window repeats from the previous one
     eos_id: int | None = None  # the pinned tokenizer's EOS (a document format's end-of-document token)
     partition: str = ""  # the partition the split belongs to (names files that may share a folder)
+    spec: DatasetSpec | None = None  # the dataset spec (a format's own `output` options)
+    domains: Sequence[str | None] = ()  # the split's examples' domains in gold order (`PackedRows.example_order`)
+
+
+@dataclass(frozen=True)
+class PartitionTarget:
+    """What a format's partition-level step sees once every split is written (`RowFormat.finish`)."""
+
+    dir: Path  # the partition's staging directory (manifest paths are relative to it)
+    spec: DatasetSpec
+    tokenizer_dir: Path  # the pinned tokenizer
+    row_len: int
+    vocab_size: int
+    silver_records: Path | None = None  # the partition's silver records (normalized content, split, domain)
 
 
 class RowSink(Protocol):
@@ -64,6 +79,9 @@ class RowFormat:
     name: str
     open: Callable[[SplitTarget], RowSink]
     refuses: Callable[[DatasetSpec], str | None] = lambda spec: None  # why it cannot represent a dataset
+    # optional: called once after every split with the splits' entries (split -> the entry its sink returned);
+    # returns the partition-level entry (its `files` listed in the manifest's `exports` like a split's)
+    finish: Callable[[PartitionTarget, dict[str, dict[str, Any]]], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -226,6 +244,6 @@ register(DocumentFormat("megatron", _megatron, refuses=_documents_only))
 # this module's types only when type checking).
 from prep_assets.core import format_astrai, format_gpt_simple, format_hdf5  # noqa: E402
 
-register(RowFormat("hdf5", format_hdf5.Hdf5Rows, refuses=format_hdf5.refuses))
+register(RowFormat("hdf5", format_hdf5.Hdf5Rows, refuses=format_hdf5.refuses, finish=format_hdf5.finish))
 register(DocumentFormat("gpt_simple", format_gpt_simple.write, refuses=format_gpt_simple.refuses))
 register(DocumentFormat("astrai_bin", format_astrai.write, refuses=format_astrai.refuses))

@@ -68,6 +68,7 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
     exports: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     metrics: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     parts: dict[str, Any] = {}
+    partition_exports: list[dict[str, Any]] = []  # formats' partition-level files (a format's `finish`)
     fingerprints = set()
     tabular: dict[str, Any] | None = None
     domains: dict[str, dict[str, int]] = {}  # with input.domain_key: gold's counts per domain, summed over drops
@@ -89,17 +90,8 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
         for split, s in stats.splits.items():
             metrics[split].append(s)
             files[split] += [{**f, "path": f"{base}/{f['path']}", "partition": partition} for f in s["files"]]
-            for fmt, e in sorted(s.get("exports", {}).items()):
-                where = {k: f"{base}/{e[k]}" for k in ("dir", "prefix") if k in e}
-                exports[split].append(
-                    {
-                        **e,
-                        **where,
-                        "format": fmt,
-                        "partition": partition,
-                        "files": [{**f, "path": f"{base}/{f['path']}"} for f in e["files"]],
-                    }
-                )
+            exports[split] += [_located(fmt, e, partition) for fmt, e in sorted(s.get("exports", {}).items())]
+        partition_exports += [_located(fmt, e, partition) for fmt, e in sorted((stats.exports or {}).items())]
     L = spec.sequence.max_seq_len
     manifest = {
         "dataset": spec.name,
@@ -113,10 +105,23 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
         "partitions": parts,
         "splits": {s: {**totals(metrics[s], L), "files": files[s], "exports": exports[s]} for s in SPLITS},
         "schema": {f.name: str(f.type) for f in SHARD_SCHEMA},
+        **({"exports": partition_exports} if partition_exports else {}),
         **({"tabular": tabular} if tabular is not None else {}),
         **({"domains": dict(sorted(domains.items()))} if spec.input.domain_key is not None else {}),
     }
     return manifest
+
+
+def _located(fmt: str, entry: dict[str, Any], partition: str) -> dict[str, Any]:
+    """An export entry of a partition's stats with its paths made relative to the dataset root."""
+    base = f"shards/{partition}"
+    return {
+        **entry,
+        **{k: f"{base}/{entry[k]}" for k in ("dir", "prefix") if k in entry},
+        "format": fmt,
+        "partition": partition,
+        "files": [{**f, "path": f"{base}/{f['path']}"} for f in entry["files"]],
+    }
 
 
 def manifest_outcomes(spec: DatasetSpec, paths: DatasetPaths, manifest: dict[str, Any]) -> list[inv.Outcome]:
@@ -132,7 +137,7 @@ def manifest_file_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
         f
         for split in manifest["splits"].values()
         for f in [*split["files"], *(g for e in split["exports"] for g in e["files"])]
-    ]
+    ] + [f for e in manifest.get("exports", []) for f in e["files"]]
     problems = []
     for entry in entries:
         path = root / entry["path"]

@@ -15,10 +15,19 @@ import pyarrow.compute as pc
 
 from prep_assets.core.arrays import flat_values, offsets_from_lengths, percentiles, segment_sums
 from prep_assets.core.errors import DropError
-from prep_assets.core.formats import FORMATS, PARQUET, DocumentFormat, Documents, RowFormat, SplitTarget
+from prep_assets.core.formats import (
+    FORMATS,
+    PARQUET,
+    DocumentFormat,
+    Documents,
+    PartitionTarget,
+    RowFormat,
+    SplitTarget,
+)
 from prep_assets.core.gold import GoldStats
 from prep_assets.core.lake import (
     EXAMPLES,
+    RECORDS,
     STATS,
     DatasetPaths,
     read_json,
@@ -184,10 +193,17 @@ class ShardStats(LayerStats):
     totals: dict[str, Any] = figure()  # `totals` of the splits
     tabular: dict[str, Any] | None = figure(optional=True)
     domains: dict[str, dict[str, int]] | None = figure(optional=True)  # gold's, for the manifest
+    exports: dict[str, Any] | None = figure(optional=True)  # partition-level entries of formats (`finish`)
 
 
 def build_packed_shards(
-    spec: DatasetSpec, gold_dir: Path, tokenizer_dir: Path, out_dir: Path, *, batch_size: int = DEFAULT_BATCH
+    spec: DatasetSpec,
+    gold_dir: Path,
+    tokenizer_dir: Path,
+    out_dir: Path,
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    silver_records: Path | None = None,
 ) -> ShardStats:
     """Shards: fixed-length packed rows per split, in Parquet files of at most max_tokens_per_shard tokens,
     plus the optional memmap and Megatron exports. Streams: gold is read once in batches and spilled per split
@@ -207,6 +223,7 @@ def build_packed_shards(
     L = spec.sequence.max_seq_len
     rows_per_shard = max(1, spec.output.max_tokens_per_shard // L)
     split_stats: dict[str, Any] = {}
+    named = [FORMATS[name] for name in spec.output.formats]
     with staged_dir(out_dir) as stage:
         spilled = _spill_gold(gold_dir / EXAMPLES, stage / _SPILL, batch_size)
         try:
@@ -229,8 +246,9 @@ def build_packed_shards(
                     overlap=spec.sequence.overlap,
                     eos_id=info.eos_id,
                     partition=out_dir.name,
+                    spec=spec,
+                    domains=sg.domains,
                 )
-                named = [FORMATS[name] for name in spec.output.formats]
                 sinks = {
                     f.name: f.open(target)
                     for f in named
@@ -269,6 +287,12 @@ def build_packed_shards(
             for sg in spilled.values():
                 sg.spill.close()
         shutil.rmtree(stage / _SPILL)
+        whole = PartitionTarget(stage, spec, tokenizer_dir, L, info.vocab_size, silver_records)
+        finished: dict[str, Any] = {}
+        for f in named:  # formats' partition-level steps, given the entries their sinks returned per split
+            if isinstance(f, RowFormat) and f.finish is not None:
+                entries = {s: m["exports"][f.name] for s, m in split_stats.items() if f.name in m["exports"]}
+                finished[f.name] = f.finish(whole, entries)
         stats = ShardStats(
             tokenizer_fingerprint=info.fingerprint,
             max_seq_len=L,
@@ -280,6 +304,7 @@ def build_packed_shards(
             # what a generator needs beside the shards (the manifest collects it)
             tabular={k: gold.tabular[k] for k in TABULAR_MANIFEST_KEYS} if gold.tabular is not None else None,
             domains=gold.domains,
+            exports=finished or None,
         )
         write_json_atomic(stage / STATS, stats.as_json())
     return stats
@@ -288,7 +313,8 @@ def build_packed_shards(
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> ShardStats:
     """A drop's packed shards and exports, from its gold."""
     gold, out = paths.partition_dir("gold", partition), paths.partition_dir("shards", partition)
-    return build_packed_shards(spec, gold, paths.tokenizer_dir, out, batch_size=batch_size)
+    silver = paths.partition_dir("silver", partition) / RECORDS
+    return build_packed_shards(spec, gold, paths.tokenizer_dir, out, batch_size=batch_size, silver_records=silver)
 
 
 def _chunks(num_rows: int, rows_per_file: int) -> Iterator[tuple[int, int]]:

@@ -270,6 +270,16 @@ class OutputSpec(_Strict):
     formats: list[str] = ["parquet"]  # names registered in core/formats.py
     max_tokens_per_shard: int = Field(default=50_000_000, ge=8)
     compression: Literal["zstd", "snappy", "none"] = "zstd"
+    # hdf5 (SambaNova gdp): metadata.yaml's tokenizer_model_type (gdp writes str(type(model_config)))
+    hdf5_model_type: str | None = None
+    hdf5_test_jsonl: bool = False  # the test split as gdp's untokenized test_files/*.jsonl, not HDF5
+    categories: list[str] | None = None  # gdp's --categories_path list: domains -> category_ids, in this order
+
+    @model_validator(mode="after")
+    def _categories(self) -> OutputSpec:
+        if self.categories is not None and (not self.categories or len(set(self.categories)) < len(self.categories)):
+            raise ValueError("output.categories: a non-empty list of distinct domain names")
+        return self
 
 
 class ChecksSpec(_Strict):

@@ -71,12 +71,12 @@ class TokenizerInfo:
     add_eos: bool
 
 
-def _is_tokenizer_file(name: str) -> bool:
+def is_tokenizer_file(name: str) -> bool:
     return name in TOKENIZER_FILES or fnmatch.fnmatch(name, "chat_template*.jinja")
 
 
 def _copy_tokenizer_files(src: Path, dest: Path) -> None:
-    names = sorted(p.name for p in src.iterdir() if p.is_file() and _is_tokenizer_file(p.name))
+    names = sorted(p.name for p in src.iterdir() if p.is_file() and is_tokenizer_file(p.name))
     if not names:
         raise TokenizerError(f"{src}: no tokenizer files found (looked for {', '.join(TOKENIZER_FILES[:3])}, ...)")
     for name in names:
@@ -146,7 +146,7 @@ def source_digest(spec: TokenizerSpec, base: Path) -> str:
     elif spec.path is not None:
         src = resolve_path(spec.path, base)
         files = (
-            {p.name: sha256_file(p) for p in sorted(src.iterdir()) if p.is_file() and _is_tokenizer_file(p.name)}
+            {p.name: sha256_file(p) for p in sorted(src.iterdir()) if p.is_file() and is_tokenizer_file(p.name)}
             if src.is_dir()
             else {}
         )

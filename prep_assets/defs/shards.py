@@ -61,6 +61,7 @@ def _shards_metadata(spec: DatasetSpec, paths: DatasetPaths, partition: str, sta
         "files": MetadataValue.json([f["path"] for m in splits.values() for f in m["files"]]),
         "exports": MetadataValue.json(
             [f["path"] for m in splits.values() for e in m["exports"].values() for f in e["files"]]
+            + [f["path"] for e in (stats.exports or {}).values() for f in e["files"]]  # partition-level
         ),
     }
 

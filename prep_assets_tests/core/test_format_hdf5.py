@@ -1,10 +1,13 @@
 """The `hdf5` output format (SambaNova generative_data_prep / SambaStudio): real shards of the shipped sample data
-built in core, then the HDF5 files read back with h5py against the Parquet shard rows."""
+built in core, then each drop's gdp folder read back (h5py, yaml, tokenizers) against the Parquet shard rows."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -12,9 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from tokenizers import Tokenizer
 
-from prep_assets.core.errors import SpecError
+from prep_assets.core.errors import DropError, SpecError
+from prep_assets.core.format_hdf5 import category_of
 from prep_assets.core.lake import read_json
+from prep_assets.core.manifest import manifest_file_problems
 from prep_assets.core.spec import DatasetSpec
 from prep_assets_tests.conftest import SAMPLE_DATA, copy_sample_data
 from prep_assets_tests.core.helpers import run_core, sample_spec
@@ -22,12 +28,20 @@ from prep_assets_tests.core.helpers import run_core, sample_spec
 GDP_PREFIX = {"train": "train", "validation": "dev", "test": "test"}
 
 
-def _build(data_dir: Path, name: str, rows_per_file: int) -> tuple[DatasetSpec, list[dict], Path]:
-    """Every drop of the shipped dataset `name` built in core, with parquet and hdf5, files of `rows_per_file`."""
+def _build(
+    data_dir: Path, name: str, rows_per_file: int, records: list[dict] | None = None, **changes: Any
+) -> tuple[DatasetSpec, list[dict], Path]:
+    """Every drop of the shipped dataset `name` built in core, with parquet and hdf5, files of `rows_per_file`
+    (`records`: the one drop instead of the shipped ones; `changes`: spec sections updated, `output` keys added)."""
     copy_sample_data(data_dir)
+    if records is not None:
+        raw = data_dir / "raw" / name
+        shutil.rmtree(raw)
+        raw.mkdir()
+        (raw / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     L = yaml.safe_load((SAMPLE_DATA / "datasets" / f"{name}.yaml").read_text(encoding="utf-8"))["sequence"]
     output = {"formats": ["parquet", "hdf5"], "max_tokens_per_shard": L["max_seq_len"] * rows_per_file}
-    spec = sample_spec(data_dir, name, output=output)
+    spec = sample_spec(data_dir, name, **{**changes, "output": {**output, **changes.get("output", {})}})
     results = list(run_core(data_dir, spec).values())
     return spec, results, data_dir / "lake" / spec.name
 
@@ -59,22 +73,24 @@ def expected_gdp_types(types: np.ndarray, segments: np.ndarray) -> np.ndarray:
     return out
 
 
-def _hdf5_files(split_dir: Path, split: str) -> list[Path]:
-    files = sorted((split_dir / "hdf5").glob("*.hdf5"), key=lambda p: int(p.name.split("_")[-3]))
+def _hdf5_files(shards: Path, split: str) -> list[Path]:
+    files = sorted((shards / "hdf5").glob(f"{GDP_PREFIX[split]}_*.hdf5"), key=lambda p: int(p.name.split("_")[-3]))
     n = len(files)
     assert [p.name for p in files] == [f"{GDP_PREFIX[split]}_{i}_of_{n}.hdf5" for i in range(1, n + 1)]
     return files
 
 
-def _check_split(spec: DatasetSpec, shards: Path, split: str) -> tuple[np.ndarray, list[int]]:
+def _check_split(
+    spec: DatasetSpec, shards: Path, split: str, datasets: tuple[str, ...] = ("input_ids", "token_type_ids")
+) -> tuple[np.ndarray, list[int]]:
     """The split's HDF5 rows equal its Parquet rows (types mapped); returns gdp's token types and file sizes."""
     L = spec.sequence.max_seq_len
     ids, types = [], []
     sizes = []
-    for path in _hdf5_files(shards / split, split):
+    for path in _hdf5_files(shards, split):
         with h5py.File(path, "r") as f:
-            assert set(f.keys()) == {"input_ids", "token_type_ids"}
-            for name in ("input_ids", "token_type_ids"):
+            assert set(f.keys()) == set(datasets)
+            for name in datasets:
                 assert f[name].dtype == np.int32 and f[name].ndim == 2 and f[name].shape[1] == L
             assert f["input_ids"].shape == f["token_type_ids"].shape
             sizes.append(f["input_ids"].shape[0])
@@ -89,25 +105,38 @@ def _check_split(spec: DatasetSpec, shards: Path, split: str) -> tuple[np.ndarra
     return got_types, sizes
 
 
-def _check_metadata(spec: DatasetSpec, shards: Path, split: str, sizes: list[int], vocab_size: int) -> None:
-    meta = yaml.safe_load((shards / split / "hdf5" / "metadata.yaml").read_text(encoding="utf-8"))
-    counts = {"train": 0, "validation": 0, "test": 0, split: len(sizes)}
+def _gdp_sizes(shards: Path) -> dict[str, list[int]]:
+    """Rows per HDF5 file of each split in the drop's gdp folder."""
+    out = {}
+    for split in GDP_PREFIX:
+        out[split] = []
+        for path in _hdf5_files(shards, split):
+            with h5py.File(path, "r") as f:
+                out[split].append(f["input_ids"].shape[0])
+    return out
+
+
+def _check_metadata(spec: DatasetSpec, shards: Path, vocab_size: int, tests: int | None = None) -> dict:
+    """The folder's one metadata.yaml: gdp's fields over all splits, with gdp's types (its `DatasetMetadata`)."""
+    meta = yaml.safe_load((shards / "hdf5" / "metadata.yaml").read_text(encoding="utf-8"))
+    sizes = _gdp_sizes(shards)
     assert meta == {
         "max_seq_length": spec.sequence.max_seq_len,
         "token_type_ids": True,
         "vocab_size": vocab_size,
-        "tokenizer_model_type": meta["tokenizer_model_type"],
-        "number_of_training_files": counts["train"],
-        "number_of_dev_files": counts["validation"],
-        "number_of_test_files": counts["test"],
-        "max_batch_size_train": min(sizes) if split == "train" else None,
-        "max_batch_size_dev": min(sizes) if split == "validation" else None,
+        "tokenizer_model_type": spec.output.hdf5_model_type or "unknown",
+        "number_of_training_files": len(sizes["train"]),
+        "number_of_dev_files": len(sizes["validation"]),
+        "number_of_test_files": len(sizes["test"]) if tests is None else tests,
+        "max_batch_size_train": min(sizes["train"]),
+        "max_batch_size_dev": min(sizes["validation"]) if sizes["validation"] else None,
     }
-    for key in ("max_seq_length", "vocab_size", "number_of_training_files", "number_of_dev_files"):
-        assert type(meta[key]) is int, key
-    assert type(meta["token_type_ids"]) is bool and type(meta["tokenizer_model_type"]) is str
-    if split == "train":
-        assert type(meta["max_batch_size_train"]) is int and meta["max_batch_size_train"] >= 1
+    for key in meta:
+        if key != "max_batch_size_dev":
+            want = {"token_type_ids": bool, "tokenizer_model_type": str}.get(key, int)
+            assert type(meta[key]) is want, key
+    assert type(meta["max_batch_size_dev"]) in (int, type(None)) and meta["max_batch_size_train"] >= 1
+    return meta
 
 
 def test_text_hdf5_rows_types_metadata_and_balance(text_run):
@@ -116,33 +145,64 @@ def test_text_hdf5_rows_types_metadata_and_balance(text_run):
     seen, most_files = 0, 0
     for result in results:
         shards = result["dirs"][3]
+        assert not any((shards / split / "hdf5").exists() for split in GDP_PREFIX)  # one folder per drop
         for split, stats in result["shards"].splits.items():
             if not stats["sequences"]:
-                assert not (shards / split / "hdf5").exists()
+                assert not _hdf5_files(shards, split)
                 continue
             types, sizes = _check_split(spec, shards, split)
             assert sum(sizes) == stats["sequences"] and set(np.unique(types)) <= {0, 1, 2, 3}
             assert stats["exports"]["hdf5"]["rows_per_file"] == sizes
-            _check_metadata(spec, shards, split, sizes, vocab)
             seen, most_files = seen + 1, max(most_files, len(sizes))
+        _check_metadata(spec, shards, vocab)
+        assert sorted(p.name for p in (shards / "hdf5").iterdir() if not p.name.endswith(".hdf5")) == [
+            "metadata.yaml",
+            "tokenizer",
+        ]
     assert seen >= 2 and most_files > 1  # several files somewhere: the balancing is exercised
 
 
-def test_manifest_lists_every_hdf5_file_with_its_sha256(text_run):
+def test_the_tokenizer_copy_loads_and_is_the_pinned_one(text_run):
     _, results, lake = text_run
+    pinned = lake / "tokenizer" / "tokenizer.json"
+    for result in results:
+        copy = result["dirs"][3] / "hdf5" / "tokenizer"
+        assert (copy / "tokenizer.json").read_bytes() == pinned.read_bytes()
+        assert not (copy / "fingerprint.json").exists()
+        text = "Seven plus five is twelve."
+        assert Tokenizer.from_file(str(copy / "tokenizer.json")).encode(text).ids == (
+            Tokenizer.from_file(str(pinned)).encode(text).ids
+        )
+
+
+def _check_manifest(results: list[dict], lake: Path) -> int:
+    """Every file of every drop's gdp folder is in the manifest (split or partition-level exports) with its sha256
+    and size, and `manifest_file_problems` verifies them; returns how many."""
     manifest = read_json(lake / "manifest.json")
-    listed = 0
-    for split, s in manifest["splits"].items():
-        entries = [e for e in s["exports"] if e["format"] == "hdf5"]
-        on_disk = sorted(p for r in results for p in (r["dirs"][3] / split / "hdf5").glob("*"))
-        named = [f for e in entries for f in e["files"]]
-        assert sorted(lake / f["path"] for f in named) == on_disk
-        for f in named:
-            rel = f["path"]
-            data = (lake / rel).read_bytes()
-            assert f["sha256"] == hashlib.sha256(data).hexdigest() and f["bytes"] == len(data), rel
-            listed += 1
-    assert listed >= 4
+    named = [f for s in manifest["splits"].values() for e in s["exports"] if e["format"] == "hdf5" for f in e["files"]]
+    named += [f for e in manifest.get("exports", []) if e["format"] == "hdf5" for f in e["files"]]
+    on_disk = sorted(p for r in results for p in (r["dirs"][3] / "hdf5").rglob("*") if p.is_file())
+    assert sorted(lake / f["path"] for f in named) == on_disk
+    for f in named:
+        data = (lake / f["path"]).read_bytes()
+        assert f["sha256"] == hashlib.sha256(data).hexdigest() and f["bytes"] == len(data), f["path"]
+    assert manifest_file_problems(lake, manifest) == []
+    return len(named)
+
+
+def test_manifest_lists_every_hdf5_file_with_its_sha256(text_run, tmp_path):
+    _, results, lake = text_run
+    assert _check_manifest(results, lake) >= 6
+    manifest = read_json(lake / "manifest.json")
+    meta = next(f for e in manifest["exports"] for f in e["files"] if f["path"].endswith("metadata.yaml"))
+    copy = tmp_path / "lake"
+    copy.mkdir()
+    target = copy / meta["path"]
+    target.parent.mkdir(parents=True)
+    target.write_text("changed", encoding="utf-8")
+    assert manifest_file_problems(copy, {"splits": {}, "exports": [{"files": [meta]}]}) == [
+        f"{meta['path']}: 7 bytes, {meta['bytes']} recorded"
+    ]
 
 
 def test_dialogue_has_one_gdp_boundary_per_segment_on_its_last_eos(chat_run):
@@ -164,3 +224,94 @@ def test_preference_spec_with_hdf5_is_refused_at_load(tmp_path):
     copy_sample_data(tmp_path)
     with pytest.raises(SpecError, match=r"output\.formats hdf5: .*no chosen/rejected pair"):
         sample_spec(tmp_path, "sample_pref", output={"formats": ["parquet", "hdf5"]})
+
+
+SOURCES = ("wiki", "web", "news")
+CATEGORIES = ["news", "web", "wiki"]  # gdp's list order: ids 0, 1, 2
+
+
+@pytest.fixture(scope="module")
+def domain_run(tmp_path_factory: pytest.TempPathFactory):
+    """Instruction records with domains (one names none), categories, the test split as JSONL, a model type."""
+    lines = []
+    for i in range(90):
+        a, b = 10 + i, 3 + i % 7
+        record = {"prompt": f"What is {a} plus {b}?", "completion": f"{a} + {b} = {a + b}. The answer is {a + b}."}
+        lines.append({**record, **({"source": SOURCES[i % 3]} if i % 10 else {})})
+    output = {"categories": CATEGORIES, "hdf5_test_jsonl": True, "hdf5_model_type": "<class 'LlamaConfig'>"}
+    return _build(
+        tmp_path_factory.mktemp("categories"),
+        "sample_instruct",
+        rows_per_file=4,
+        records=lines,
+        input={"domain_key": "source"},
+        split={"validation_ratio": 0.15, "test_ratio": 0.15},
+        output=output,
+    )
+
+
+def test_category_ids_per_token_are_the_examples_domains(domain_run):
+    spec, results, lake = domain_run
+    ((result),) = results
+    shards = result["dirs"][3]
+    gold = pq.read_table(result["dirs"][2] / "examples.parquet", columns=["example_id", "domain"]).to_pylist()
+    domain_of = {g["example_id"]: g["domain"] for g in gold}
+    assert None in domain_of.values() and set(domain_of.values()) - {None} == set(SOURCES)
+    datasets = ("input_ids", "token_type_ids", "category_ids")
+    for split in ("train", "validation"):
+        _check_split(spec, shards, split, datasets)
+        got = []
+        for path in _hdf5_files(shards, split):
+            with h5py.File(path, "r") as f:
+                assert f["category_ids"].dtype == np.int32
+                got.append(f["category_ids"][:])
+        table = pa.concat_tables(pq.read_table(p) for p in sorted((shards / split).glob("part-*.parquet")))
+        for r, row in enumerate(table.select(["segment_ids", "example_ids"]).to_pylist()):
+            want = [-1 if s == 0 else _id(domain_of[row["example_ids"][s - 1]]) for s in row["segment_ids"]]
+            assert np.concatenate(got)[r].tolist() == want
+    assert json.loads((shards / "hdf5" / "category_to_id.json").read_text(encoding="utf-8")) == {
+        "news": 0,
+        "web": 1,
+        "wiki": 2,
+    }
+
+
+def _id(domain: str | None) -> int:
+    return -1 if domain is None else CATEGORIES.index(domain)
+
+
+def test_the_test_split_is_gdp_jsonl_and_the_metadata_counts_it(domain_run):
+    spec, results, lake = domain_run
+    ((result),) = results
+    shards = result["dirs"][3]
+    assert not _hdf5_files(shards, "test")
+    files = sorted((shards / "hdf5" / "test_files").iterdir(), key=lambda p: int(p.name.split("_")[1]))
+    n = len(files)
+    assert n >= 1 and [p.name for p in files] == [f"test_{i}_of_{n}.jsonl" for i in range(1, n + 1)]
+    got = [json.loads(line) for p in files for line in p.read_text(encoding="utf-8").splitlines()]
+    silver = pq.read_table(result["dirs"][1] / "records.parquet").to_pylist()
+    want = []
+    for r in silver:
+        if r["split"] == "test":
+            (turn,) = json.loads(r["content"])["turns"]
+            want.append({**turn, **({"category": r["domain"]} if r["domain"] is not None else {})})
+    assert got == want and len(want) >= 5
+    vocab = read_json(lake / "tokenizer" / "fingerprint.json")["info"]["vocab_size"]
+    meta = _check_metadata(spec, shards, vocab, tests=n)
+    assert meta["tokenizer_model_type"] == "<class 'LlamaConfig'>" and meta["number_of_dev_files"] >= 1
+    assert _check_manifest(results, lake) >= 8
+
+
+def test_a_domain_missing_from_the_categories_is_an_error():
+    ids = {name: i for i, name in enumerate(CATEGORIES)}
+    assert [category_of(d, ids) for d in ("wiki", None, "news")] == [2, -1, 0]
+    with pytest.raises(DropError, match=r"domain 'blog' is not in output\.categories"):
+        category_of("blog", ids)
+
+
+def test_categories_need_a_domain_key_and_test_jsonl_prompt_completion_records(tmp_path):
+    copy_sample_data(tmp_path)
+    with pytest.raises(SpecError, match=r"output\.categories maps domains .*set input\.domain_key"):
+        sample_spec(tmp_path, "sample_instruct", output={"formats": ["parquet", "hdf5"], "categories": ["a"]})
+    with pytest.raises(SpecError, match=r"hdf5_test_jsonl writes gdp's prompt/completion JSONL: input\.type chat"):
+        sample_spec(tmp_path, "sample_chat", output={"formats": ["parquet", "hdf5"], "hdf5_test_jsonl": True})
