@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from prep_assets.core.errors import SpecError
+from prep_assets.core.errors import ShardIntegrityError, SpecError
 from prep_assets.core.lake import read_json
 from prep_assets.core.mix import bucket_seed, load_mix, parse_mix, plan_mix, scan_mixes, write_mix
 from prep_assets.core.mix_gates import judge_mix
-from prep_assets.core.reading import order
+from prep_assets.core.reading import MixRows, PackedRows, order
 from prep_assets.core.spec import load_spec
 from prep_assets_tests.conftest import copy_sample_data
 from prep_assets_tests.core.helpers import run_core
@@ -164,3 +164,30 @@ def test_scan_keeps_the_valid_mixes_beside_a_broken_one(tmp_path: Path) -> None:
     )
     scan = scan_mixes(tmp_path, DATASETS)
     assert [m.name for m in scan.mixes] == ["a"] and "b.yaml: sources.x.dataset: unknown dataset" in scan.broken["b"]
+
+
+def test_the_loader_reads_a_mix_in_its_planned_order(lake_dir: Path) -> None:
+    spec = mix("loaded.yaml", phases=TWO_PHASES)
+    path = write_mix(spec, lake_dir / "lake", plan_mix(spec, lake_dir / "lake"))
+    plan = read_json(path)
+    rows = MixRows(path.parent)
+    sources = {b: PackedRows(lake_dir / "lake" / d / "manifest.json") for b, d in
+               (("instruct", "sample_instruct"), ("text", "sample_text"))}  # fmt: skip
+    expected = [(p["name"], ["instruct", "text"][b], r) for p in plan["phases"] for b, r in p["order"]]
+    assert len(rows) == len(expected) == 24
+    for i, (phase, bucket, r) in enumerate(expected):
+        row = rows[i]
+        assert (row["phase"], row["bucket"], row["row_index"]) == (phase, bucket, r)
+        assert (row["input_ids"] == sources[bucket][r]["input_ids"]).all()
+    assert len(MixRows(path, phases=["main"])) == 16
+    torch_mod = pytest.importorskip("prep_assets.torch")
+    assert torch_mod.MixDataset(path)[3]["mix_index"] == 3
+
+    corrupt = lake_dir / "lake" / plan["sources"]["text"]["files"][0]["path"]
+    saved = corrupt.read_bytes()
+    try:
+        corrupt.write_bytes(saved[:-1] + bytes([saved[-1] ^ 1]))
+        with pytest.raises(ShardIntegrityError):
+            MixRows(path)
+    finally:
+        corrupt.write_bytes(saved)
