@@ -21,6 +21,7 @@ from dagster import (
 from prep_assets.core.lake import sha256_file
 from prep_assets.core.mix import MIX_VERSION, MixSpec, mix_inputs_digest, plan_mix, write_mix
 from prep_assets.core.mix_gates import MIX_GATES, MixSubject
+from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.checks import outcome_result
 from prep_assets.defs.keys import DATASET_MANIFEST, mix_asset_key, mix_group
 from prep_assets.defs.metadata import md_table, user_errors
@@ -85,6 +86,7 @@ def mix_asset(spec: MixSpec) -> AssetsDefinition:
             "achieved, epochs used and the exact row order (docs/mixes.md)."
         ),
         tags={"layer": "mix"},
+        automation_condition=layer_condition(),  # a source manifest updated (a new drop): the mix is rebuilt
     )
     def training_mix(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
         root = lake.root / "lake"

@@ -29,7 +29,7 @@ def data(tmp_path: Path) -> Path:
     data = copy_sample_data(tmp_path / "data")
     for name in sorted(DATASETS):
         run_core(data, load_spec(data / "datasets" / f"{name}.yaml", data))
-    (data / "mixes").mkdir()
+    (data / "mixes").mkdir(exist_ok=True)  # the sample copy holds sample_mix.yaml
     return data
 
 
