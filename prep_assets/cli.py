@@ -65,17 +65,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     report = run_datasets(data_dir, dataset=args.dataset, rerun_all=args.all, log=print)
     print()
     print(format_summary(report["rows"]))
+    for m in report.get("mixes", []):
+        print(f"mix {m['mix']}: {m['phases']} phase(s), rows per bucket: {m['rows'] or 'none'}; checks {m['checks']}")
     failed = [r for r in report["runs"] if not r["success"]]
     for r in failed:
         print(f"FAILED {r['job']} {r.get('partition') or ''}: {r['error']}", file=sys.stderr)
     for name, error in sorted(report["errors"].items()):
         print(f"FAILED dataset {name}: {error}", file=sys.stderr)
+    for name, error in sorted(report.get("mix_errors", {}).items()):
+        print(f"FAILED mix {name}: {error}", file=sys.stderr)
     print(
         f"\n{len(report['runs'])} run(s), {len(failed)} failed, {len(report['errors'])} dataset(s) in error; "
         f"open the UI: DAGSTER_HOME={home} PREP_ASSETS_DATA_DIR={data_dir} "
         f"{Path(sys.executable).parent / 'dagster'} dev -w workspace.yaml -h 127.0.0.1 -p 3000"
     )
-    return 1 if failed or report["errors"] else 0
+    return 1 if failed or report["errors"] or report.get("mix_errors") else 0
 
 
 _SUMMARY_COLUMNS = (

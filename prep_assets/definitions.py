@@ -19,6 +19,7 @@ from dagster import (
     define_asset_job,
 )
 
+from prep_assets.core.mix import scan_mixes
 from prep_assets.core.spec import DatasetSpec, scan_specs
 from prep_assets.defs.automation import automation_sensor
 from prep_assets.defs.bronze import BRONZE
@@ -32,9 +33,12 @@ from prep_assets.defs.keys import (
     asset_key,
     drop_job_name,
     manifest_job_name,
+    mix_asset_key,
+    mix_job_name,
     tokenizer_job_name,
 )
 from prep_assets.defs.layers import layer_asset
+from prep_assets.defs.mix import mix_asset, mix_checks
 from prep_assets.defs.resources import LakeResource, default_batch_size, default_data_dir
 from prep_assets.defs.sensors import build_drop_sensor, build_manifest_sensor
 from prep_assets.defs.shards import SHARDS, manifest_asset
@@ -69,7 +73,7 @@ def dataset_assets(spec: DatasetSpec) -> list[AssetsDefinition]:
 SPEC_ERROR = "spec_error"
 
 
-def spec_error_asset(name: str, error: str) -> AssetsDefinition:
+def spec_error_asset(name: str, error: str, kind: str = "dataset") -> AssetsDefinition:
     """Stands in the graph for a dataset whose spec does not load: its description and every materialization
     show the error, while every other dataset loads and runs as usual."""
 
@@ -79,11 +83,11 @@ def spec_error_asset(name: str, error: str) -> AssetsDefinition:
         key=AssetKey([safe, SPEC_ERROR]),
         group_name=safe,
         kinds={"yaml"},
-        description=f"The spec of dataset {name!r} does not load, so none of its layers exist:\n\n{error}",
+        description=f"The spec of {kind} {name!r} does not load, so none of its assets exist:\n\n{error}",
         metadata={"error": MetadataValue.md(f"```\n{error}\n```")},
     )
     def _broken() -> None:
-        raise Failure(description=f"dataset {name!r}: its spec does not load:\n{error}")
+        raise Failure(description=f"{kind} {name!r}: its spec does not load:\n{error}")
 
     return _broken
 
@@ -101,6 +105,14 @@ def build_definitions(data_dir: Path | None = None, dataset: str | None = None) 
         assets += dataset_assets(spec)
         jobs += dataset_jobs(spec)
         sensors += [build_drop_sensor(spec), build_manifest_sensor(spec)]
+    if dataset is None:  # training mixes (data/mixes/*.yaml) over the datasets; a broken one is an error asset
+        mixes = scan_mixes(data_dir / "mixes", {s.name for s in scan.specs} | set(scan.broken))
+        assets += [spec_error_asset(f"mix_{name}", err, "mix") for name, err in mixes.broken.items()]
+        for mix in mixes.mixes:
+            assets += [mix_asset(mix), mix_checks(mix)]
+            jobs.append(
+                define_asset_job(mix_job_name(mix.name), selection=AssetSelection.assets(mix_asset_key(mix.name)))
+            )
     return Definitions(
         assets=[a for a in assets if not isinstance(a, AssetChecksDefinition)],
         asset_checks=[a for a in assets if isinstance(a, AssetChecksDefinition)],

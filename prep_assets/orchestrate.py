@@ -42,6 +42,7 @@ from prep_assets.core.lake import (
     sweep_stale_staging,
     verify_published,
 )
+from prep_assets.core.mix import MixSpec, mix_inputs_digest, mix_path, scan_mixes
 from prep_assets.core.shards import ShardStats
 from prep_assets.core.silver import SilverStats
 from prep_assets.core.spec import DatasetSpec, scan_specs
@@ -59,8 +60,11 @@ from prep_assets.defs.keys import (
     code_version,
     drop_job_name,
     manifest_job_name,
+    mix_asset_key,
+    mix_job_name,
     tokenizer_job_name,
 )
+from prep_assets.defs.mix import INPUTS_DIGEST
 from prep_assets.defs.partitions import drops_partitions
 
 _LAYER_OF = {RAW_RECORDS: "bronze", CLEAN_RECORDS: "silver", TOKENIZED_EXAMPLES: "gold", PACKED_SHARDS: "shards"}
@@ -235,7 +239,41 @@ def run_datasets(
                 report["errors"][spec.name] = str(exc)
             except (OSError, ValueError) as exc:  # an unreadable file or record of the lake: this dataset only
                 report["errors"][spec.name] = f"{type(exc).__name__}: {exc}"
+        if dataset is None:
+            _run_mixes(defs, instance, data_dir, {s.name for s in scan.specs} | set(scan.broken), rerun_all, report)
     return report
+
+
+def mix_up_to_date(instance: DagsterInstance, spec: MixSpec, lake: Path) -> bool:
+    """The mix's latest materialization was planned from today's spec, code and source manifests, and its
+    mix.json holds the bytes published then; a new drop in a source (a new manifest) makes it stale."""
+    latest = _latest(instance, mix_asset_key(spec.name), None)
+    folder = mix_path(lake, spec.name).parent
+    if latest is None or not folder.is_dir() or verify_published(folder):
+        return False
+    return latest["metadata"].get(INPUTS_DIGEST) == mix_inputs_digest(spec, lake)
+
+
+def _run_mixes(
+    defs: Definitions, instance: DagsterInstance, data_dir: Path, datasets: set[str], rerun_all: bool, report: dict
+) -> None:
+    """Every mix of `mixes/` after the datasets: materialized when missing or stale; one line each in `mixes`."""
+    scan = scan_mixes(data_dir / "mixes", datasets)
+    report["mix_errors"] = dict(scan.broken)
+    report["mixes"] = []
+    for spec in scan.mixes:
+        run = None
+        if rerun_all or not mix_up_to_date(instance, spec, data_dir / "lake"):
+            run = _launch(defs, instance, mix_job_name(spec.name))
+            report["runs"].append(run)
+        path = mix_path(data_dir / "lake", spec.name)
+        mix = read_json(path) if path.is_file() else {"buckets": {}, "phases": []}
+        rows = ", ".join(f"{b} {f['rows']}" for b, f in mix["buckets"].items())
+        checks = "up to date" if run is None else f"{run['checks_passed']}/{run['checks_run']}"
+        report["mixes"].append(
+            {"mix": spec.name, "phases": len(mix["phases"]), "rows": rows,
+             "checks": checks + ("" if run is None or run["success"] else " FAILED")}
+        )  # fmt: skip
 
 
 RUN_LOCK = ".run.lock"

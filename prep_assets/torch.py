@@ -20,7 +20,7 @@ except ImportError as e:  # the core install is torch-free
     raise ImportError("prep_assets.torch needs PyTorch: pip install 'prep_assets[torch]'") from e
 
 from prep_assets.core import reading
-from prep_assets.core.reading import PackedRows, Row
+from prep_assets.core.reading import MixRows, PackedRows, Row
 
 Manifests = str | Path | Sequence[str | Path]
 
@@ -31,6 +31,20 @@ class PackedDataset(Dataset):
 
     def __init__(self, manifests: Manifests, split: str = "train", *, verify: bool = True) -> None:
         self.rows = PackedRows(manifests, split, verify=verify)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Row:
+        return self.rows[index]
+
+
+class MixDataset(Dataset):
+    """Map-style over a training mix (`lake/_mixes/<name>/`): item i is the mix's i-th row in its planned order
+    (iterate with the default sequential sampler), with `bucket` and `phase`; verified when built."""
+
+    def __init__(self, mix: str | Path, *, phases: Sequence[str] | None = None, verify: bool = True) -> None:
+        self.rows = MixRows(mix, phases=phases, verify=verify)
 
     def __len__(self) -> int:
         return len(self.rows)

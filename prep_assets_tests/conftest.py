@@ -52,8 +52,8 @@ def write_dataset(data_dir: Path, name: str, spec: dict[str, Any], files: list[P
 
 
 def copy_sample_data(dest: Path) -> Path:
-    """The shipped sample data (specs, raw drops, tokenizer corpus), without any lake outputs."""
-    for sub in ("datasets", "raw", "corpus", "templates"):
+    """The shipped sample data (specs, mixes, raw drops, tokenizer corpus), without any lake outputs."""
+    for sub in ("datasets", "mixes", "raw", "corpus", "templates"):
         shutil.copytree(SAMPLE_DATA / sub, dest / sub)
     return dest
 

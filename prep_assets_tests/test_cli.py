@@ -34,6 +34,7 @@ def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
     first = _run(["run", "--data-dir", str(data)], home, PROJECT)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "18/18" in first.stdout and "20/20" in first.stdout and "0 failed" in first.stdout
+    assert "mix sample_mix: 2 phase(s), rows per bucket: instruct 10, text 14; checks 5/5" in first.stdout
     assert (home / "dagster.yaml").is_file() and (home / ".nux" / "nux.yaml").is_file()
     for ds in SAMPLE_DATASETS:
         manifest = json.loads((data / "lake" / ds / "manifest.json").read_text())
@@ -53,9 +54,9 @@ def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
     assert len(pairs) == 2 * len({r["pair_id"] for r in pairs}) == 238
     with DagsterInstance.from_config(str(home)) as instance:
         runs = instance.get_runs()
-        assert len(runs) == 16 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
+        assert len(runs) == 17 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
         jobs = {r.job_name for r in runs}
-        assert {"sample_text_drops", "sample_instruct_drops", "sample_text_manifest"} <= jobs
+        assert {"sample_text_drops", "sample_instruct_drops", "sample_text_manifest", "mix_sample_mix_job"} <= jobs
     again = _run(["run", "--data-dir", str(data), "--dataset", "sample_text"], home, PROJECT)
     assert again.returncode == 0 and again.stdout.count("up to date") == 2
     before = tree_digests(data / "lake")

@@ -239,6 +239,50 @@ class PackedRows:
         return {**self.__dict__, "_cache": OrderedDict()}
 
 
+class MixRows:
+    """The rows of a training mix (`lake/_mixes/<name>/mix.json`, or its folder) in its planned order: phase after
+    phase, each phase's `order` of [bucket, row]. Each bucket reads its source manifest's split, which must still
+    list the files (sha256 and rows) the mix was planned from; with `verify`, those files' bytes are checked too.
+    A row carries `bucket`, `phase` and `mix_index` besides the shard columns."""
+
+    def __init__(self, mix: str | Path, *, phases: Sequence[str] | None = None, verify: bool = True) -> None:
+        path = Path(mix) / "mix.json" if Path(mix).is_dir() else Path(mix)
+        if not path.is_file():
+            raise ReadError(f"{path}: no mix (give lake/_mixes/<name>/ or its mix.json)")
+        data = json.loads(path.read_text(encoding="utf-8"))
+        lake = path.parent / data["lake"]
+        self.buckets = list(data["sources"])
+        self.sources: list[PackedRows] = []
+        for bucket, src in data["sources"].items():
+            rows = PackedRows(lake / src["manifest"], data["split"], verify=False)
+            if [(f.sha256, f.rows) for f in rows.files] != [(f["sha256"], f["sequences"]) for f in src["files"]]:
+                raise ManifestMismatchError(
+                    f"{path}: bucket {bucket!r}: {src['manifest']} no longer lists the files the mix was planned "
+                    "from (a new drop or a rebuild): materialize the mix again"
+                )
+            if verify:
+                verify_files(rows.files)
+            self.sources.append(rows)
+        agree([m for r in self.sources for m in r.manifests])
+        chosen = [p for p in data["phases"] if phases is None or p["name"] in phases]
+        self.phase_names = [p["name"] for p in chosen]
+        self.order = np.array(
+            [(pi, b, r) for pi, p in enumerate(chosen) for b, r in p["order"]], dtype=np.int64
+        ).reshape(-1, 3)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, index: int) -> Row:
+        phase, bucket, row = (int(x) for x in self.order[index])
+        out = self.sources[bucket][row]
+        return {**out, "bucket": self.buckets[bucket], "phase": self.phase_names[phase], "mix_index": int(index)}
+
+    def __iter__(self) -> Iterator[Row]:
+        for i in range(len(self)):
+            yield self[i]
+
+
 # ---------------------------------------------------------------- what a batch of rows means to a model
 
 

@@ -42,3 +42,19 @@ def tokenizer_job_name(spec: DatasetSpec) -> str:
 
 def manifest_job_name(spec: DatasetSpec) -> str:
     return f"{spec.name}_manifest"
+
+
+TRAINING_MIX = "training_mix"
+
+
+def mix_group(name: str) -> str:
+    return f"mix_{name}"
+
+
+def mix_asset_key(name: str) -> AssetKey:
+    """A mix's asset: `mix_<name>/training_mix` (its own group; no dataset spec names an asset training_mix)."""
+    return AssetKey([mix_group(name), TRAINING_MIX])
+
+
+def mix_job_name(name: str) -> str:
+    return f"mix_{name}_job"

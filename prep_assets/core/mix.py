@@ -1,0 +1,340 @@
+"""Training mixes: `data/mixes/<name>.yaml` weighs the train rows of several datasets (buckets) over phases, and
+`plan_mix` turns it, with the sources' manifests, into `lake/_mixes/<name>/mix.json`.
+
+A token budget counts rows × `max_seq_len` (what a trainer consumes, padding included), so a demand is a whole
+number of rows: bucket b of phase p takes `ceil(share × duration_tokens / max_seq_len)` rows, share = its weight
+over the phase's weights. Each bucket is one stream of its split's rows, epoch after epoch in the order
+`reading.order(N, bucket seed, epoch)`; the phases take consecutive runs of it, at most N × `max_epochs` rows in
+all. Within a phase the buckets are interleaved by the closed form key (2k + 1) / (2 n_b) of a bucket's k-th row
+(ties by bucket order), so the order is reproducible from mix.json alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from prep_assets.core.errors import PrepAssetsError, SpecError
+from prep_assets.core.lake import read_json, sha256_file, staged_dir, write_json_atomic
+from prep_assets.core.reading import order
+from prep_assets.core.spec import _format_error
+from prep_assets.core.spec_sections import _Strict
+
+MIXES_DIR = "_mixes"  # lake/_mixes/<name>/: no dataset name starts with "_"
+MIX_FILE = "mix.json"
+MIX_VERSION = "1"  # bump when the plan or mix.json's layout changes
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+class MixError(PrepAssetsError):
+    """A mix cannot be planned from its sources (a source without a manifest or without rows in the split)."""
+
+
+class SourceSpec(_Strict):
+    dataset: str
+    max_epochs: int = Field(default=1, ge=1)  # a small source may repeat up to this many times (upsampling)
+
+
+class PhaseSpec(_Strict):
+    name: str
+    duration_tokens: int = Field(gt=0)
+    weights: dict[str, float]
+
+    @model_validator(mode="after")
+    def _weights(self) -> PhaseSpec:
+        if not self.weights or any(w < 0 for w in self.weights.values()) or sum(self.weights.values()) <= 0:
+            raise ValueError("weights: give each bucket a weight >= 0, at least one above 0")
+        return self
+
+
+class MixSpec(_Strict):
+    name: str
+    description: str = ""
+    sources: dict[str, SourceSpec]
+    phases: list[PhaseSpec]
+    total_tokens: int | None = Field(default=None, gt=0)  # when given, the phases' durations must add up to it
+    split: str = "train"
+    seed: int = Field(default=0, ge=0)
+    allow_bucket_exhaustion: bool = False
+    max_items: int | None = Field(default=None, ge=1)  # at most this many rows per bucket and phase (quick runs)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthands(cls, raw: Any) -> Any:
+        """`sources: {b: dataset}` for `{b: {dataset: ...}}`; top-level `weights` + `duration_tokens` for a
+        single phase named `main`."""
+        if not isinstance(raw, dict):
+            return raw
+        raw = dict(raw)
+        if isinstance(raw.get("sources"), dict):
+            raw["sources"] = {k: {"dataset": v} if isinstance(v, str) else v for k, v in raw["sources"].items()}
+        if "phases" not in raw and ("weights" in raw or "duration_tokens" in raw):
+            phase = {"name": "main", **{k: raw.pop(k) for k in ("weights", "duration_tokens") if k in raw}}
+            raw["phases"] = [phase]
+        return raw
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MixSpec:
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"name {self.name!r}: use lower-case letters, digits and _ (starting with a letter)")
+        if self.split != "train":
+            raise ValueError(
+                f"split {self.split!r}: a training mix draws from train only; validation and test rows never "
+                "enter a training mix"
+            )
+        if not self.sources:
+            raise ValueError("sources: name at least one bucket (bucket: dataset)")
+        bad = [b for b in self.sources if not _NAME_RE.match(b)]
+        if bad:
+            raise ValueError(f"sources: bucket names {bad}: use lower-case letters, digits and _")
+        if not self.phases:
+            raise ValueError("phases: give at least one phase (or top-level weights and duration_tokens)")
+        names = [p.name for p in self.phases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"phases: names must be unique, got {names}")
+        for i, p in enumerate(self.phases):
+            unknown = sorted(set(p.weights) - set(self.sources))
+            if unknown:
+                raise ValueError(f"phases.{i}.weights: unknown bucket(s) {unknown}; buckets: {sorted(self.sources)}")
+        return self
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def parse_mix(raw: Any, *, path: Path, default_name: str, datasets: set[str] | None = None) -> MixSpec:
+    """Validate a parsed mix document; errors name the file, the key and what is allowed. With `datasets`, a
+    source naming another dataset is an error."""
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: the mix must be a mapping of keys (got {type(raw).__name__})")
+    if raw.get("name", default_name) != default_name:
+        raise SpecError(f"{path}: name: {raw['name']!r} must equal the file name {default_name!r} (or leave it out)")
+    try:
+        spec = MixSpec.model_validate({**raw, "name": default_name})
+    except ValidationError as exc:
+        raise SpecError("\n".join(_format_error(path, e, MixSpec) for e in exc.errors())) from None
+    if datasets is not None:
+        unknown = [f"{path}: sources.{b}.dataset: unknown dataset {s.dataset!r}; datasets: {sorted(datasets)}"
+                   for b, s in spec.sources.items() if s.dataset not in datasets]  # fmt: skip
+        if unknown:
+            raise SpecError("\n".join(unknown))
+    return spec
+
+
+def load_mix(path: Path, datasets: set[str] | None = None) -> MixSpec:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    return parse_mix(raw, path=path, default_name=path.stem, datasets=datasets)
+
+
+@dataclass(frozen=True)
+class MixScan:
+    """The mixes of a data dir: the valid ones, and each broken one's error by mix name (its file stem)."""
+
+    mixes: list[MixSpec]
+    broken: dict[str, str]
+
+
+def scan_mixes(mixes_dir: Path, datasets: set[str]) -> MixScan:
+    """Every mix under `mixes/`, sources checked against the dataset names (one broken file never hides others)."""
+    mixes: list[MixSpec] = []
+    broken: dict[str, str] = {}
+    for path in sorted(mixes_dir.glob("*.yaml")) + sorted(mixes_dir.glob("*.yml")):
+        try:
+            mixes.append(load_mix(path, datasets))
+        except SpecError as exc:
+            broken[path.stem] = str(exc)
+    return MixScan(sorted(mixes, key=lambda m: m.name), broken)
+
+
+def mix_path(lake: Path, name: str) -> Path:
+    return lake / MIXES_DIR / name / MIX_FILE
+
+
+def bucket_seed(seed: int, bucket: str) -> int:
+    """The seed of a bucket's stream: the first 6 bytes of sha256("<mix seed>/<bucket>"), recorded in mix.json."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{bucket}".encode()).digest()[:6], "big")
+
+
+def demanded_rows(share: float, duration_tokens: int, max_seq_len: int) -> int:
+    return math.ceil(share * duration_tokens / max_seq_len - 1e-9)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def _source(lake: Path, bucket: str, src: SourceSpec, split: str, seed: int) -> dict[str, Any]:
+    manifest_file = lake / src.dataset / "manifest.json"
+    if not manifest_file.is_file():
+        raise MixError(f"source {bucket!r}: dataset {src.dataset!r} has no manifest yet ({manifest_file})")
+    manifest = read_json(manifest_file)
+    files = manifest["splits"].get(split, {}).get("files", [])
+    tokens: list[np.ndarray] = []
+    loss: list[np.ndarray] = []
+    for f in files:
+        table = pq.read_table(manifest_file.parent / f["path"], columns=["seq_lengths", "num_loss_tokens"])
+        lengths = table.column("seq_lengths").combine_chunks()
+        offsets = lengths.offsets.to_numpy()
+        cum = np.concatenate([[0], np.cumsum(lengths.values.to_numpy(zero_copy_only=False).astype(np.int64))])
+        sums = cum[offsets[1:]] - cum[offsets[:-1]]
+        tokens.append(sums)
+        loss.append(table.column("num_loss_tokens").to_numpy().astype(np.int64))
+    return {
+        "dataset": src.dataset,
+        "manifest": f"{src.dataset}/manifest.json",
+        "manifest_sha256": sha256_file(manifest_file),
+        "config_hash": manifest["config_hash"],
+        "tokenizer_fingerprint": manifest["tokenizer_fingerprint"],
+        "max_seq_len": manifest["max_seq_len"],
+        "max_epochs": src.max_epochs,
+        "seed": bucket_seed(seed, bucket),
+        "files": [
+            {"path": f"{src.dataset}/{f['path']}", "sha256": f["sha256"], "sequences": f["sequences"]} for f in files
+        ],
+        "rows": sum(f["sequences"] for f in files),
+        "_tokens": np.concatenate(tokens) if tokens else np.zeros(0, np.int64),
+        "_loss": np.concatenate(loss) if loss else np.zeros(0, np.int64),
+    }
+
+
+def _slices(rows: np.ndarray, files: list[dict[str, Any]]) -> list[list[int]]:
+    """The rows (sorted, repeats kept) as [file index, start, stop) runs within files."""
+    starts = np.cumsum([0] + [f["sequences"] for f in files])
+    out: list[list[int]] = []
+    for r in np.sort(rows).tolist():
+        fi = int(np.searchsorted(starts, r, side="right")) - 1
+        local = r - int(starts[fi])
+        if out and out[-1][0] == fi and out[-1][2] == local:
+            out[-1][2] += 1
+        else:
+            out.append([fi, local, local + 1])
+    return out
+
+
+def plan_mix(spec: MixSpec, lake: Path) -> dict[str, Any]:
+    """The mix over the sources' published manifests: per phase and bucket the demand and what the bucket gives
+    (rows as file slices and as a counter range of its seeded stream), tokens and loss tokens, epochs used,
+    shortfalls, and each phase's exact row order. Pure: the same manifests give the same dict."""
+    sources = {b: _source(lake, b, s, spec.split, spec.seed) for b, s in spec.sources.items()}
+    buckets = list(sources)
+    L = max(s["max_seq_len"] for s in sources.values())
+    consumed = dict.fromkeys(buckets, 0)
+    demanded = dict.fromkeys(buckets, 0)
+    epoch_orders: dict[tuple[str, int], np.ndarray] = {}
+    phases = []
+    for phase in spec.phases:
+        total_w = sum(phase.weights.values())
+        per_bucket: dict[str, Any] = {}
+        taken: dict[str, np.ndarray] = {}
+        for b in buckets:
+            src, w = sources[b], phase.weights.get(b, 0.0)
+            share = w / total_w
+            want = demanded_rows(share, phase.duration_tokens, L)
+            capped = min(want, spec.max_items) if spec.max_items is not None else want
+            demanded[b] += capped
+            n = src["rows"]
+            take = max(0, min(capped, n * src["max_epochs"] - consumed[b]))
+            pos = np.arange(consumed[b], consumed[b] + take, dtype=np.int64)
+            rows = np.zeros(take, np.int64)
+            for e in sorted({int(x) for x in (pos // n).tolist()}) if n else []:
+                if (b, e) not in epoch_orders:
+                    epoch_orders[(b, e)] = order(n, src["seed"], e)
+                sel = pos // n == e
+                rows[sel] = epoch_orders[(b, e)][pos[sel] % n]
+            taken[b] = rows
+            per_bucket[b] = {
+                "weight": w,
+                "share": share,
+                "demanded_tokens": round(share * phase.duration_tokens),
+                "demanded_rows": want,
+                "capped_rows": capped,
+                "rows": take,
+                "shortfall_rows": capped - take,
+                "row_tokens": take * L,
+                "tokens": int(src["_tokens"][rows].sum()) if take else 0,
+                "loss_tokens": int(src["_loss"][rows].sum()) if take else 0,
+                "stream": {"start": consumed[b], "stop": consumed[b] + take},
+                "epochs": sorted({int(x) for x in (pos // n).tolist()}) if n else [],
+                "slices": _slices(rows, src["files"]),
+            }
+            consumed[b] += take
+        phases.append(
+            {
+                "name": phase.name,
+                "duration_tokens": phase.duration_tokens,
+                "buckets": per_bucket,
+                "order": _interleave(taken, buckets),
+            }
+        )
+    return {
+        "version": MIX_VERSION,
+        "mix": spec.name,
+        "spec_hash": spec.fingerprint(),
+        "split": spec.split,
+        "seed": spec.seed,
+        "max_seq_len": L,
+        "allow_bucket_exhaustion": spec.allow_bucket_exhaustion,
+        "max_items": spec.max_items,
+        "total_tokens": spec.total_tokens,
+        "lake": "../..",  # file and manifest paths are relative to the lake (two levels above mix.json)
+        "order_scheme": "stream position s of bucket b: epoch s // rows, row reading.order(rows, seed, epoch)"
+        "[s % rows]; a phase's order lists [bucket index, row] with rows counted over the bucket's files in order",
+        "sources": {b: {k: v for k, v in s.items() if not k.startswith("_")} for b, s in sources.items()},
+        "buckets": {
+            b: {
+                "demanded_rows": demanded[b],
+                "rows": consumed[b],
+                "shortfall_rows": demanded[b] - consumed[b],
+                "available_rows": sources[b]["rows"] * sources[b]["max_epochs"],
+                "inventory_rows": sources[b]["rows"],
+                "inventory_tokens": int(sources[b]["_tokens"].sum()),
+                "inventory_loss_tokens": int(sources[b]["_loss"].sum()),
+                "epochs_used": math.ceil(consumed[b] / sources[b]["rows"]) if sources[b]["rows"] else 0,
+            }
+            for b in buckets
+        },
+        "phases": phases,
+    }
+
+
+def _interleave(taken: dict[str, np.ndarray], buckets: list[str]) -> list[list[int]]:
+    """A phase's rows in order: a bucket's k-th row of n at (2k + 1) / (2n), ties by bucket order."""
+    keys, idx, rows = [], [], []
+    for i, b in enumerate(buckets):
+        n = len(taken[b])
+        keys.append((2 * np.arange(n) + 1) / (2 * n) if n else np.zeros(0))
+        idx.append(np.full(n, i))
+        rows.append(taken[b])
+    key, bucket, row = (np.concatenate(x) for x in (keys, idx, rows))
+    perm = np.lexsort((bucket, key))
+    return [[int(bucket[j]), int(row[j])] for j in perm]
+
+
+def mix_inputs_digest(spec: MixSpec, lake: Path) -> str:
+    """What a mix is built from: its spec, the plan's code and each source manifest's bytes (missing = "")."""
+    parts = [MIX_VERSION, spec.fingerprint()]
+    for b, s in sorted(spec.sources.items()):
+        m = lake / s.dataset / "manifest.json"
+        parts.append(f"{b}={sha256_file(m) if m.is_file() else ''}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def write_mix(spec: MixSpec, lake: Path, mix: dict[str, Any]) -> Path:
+    """Publish `lake/_mixes/<name>/` whole (staged, then exchanged): the same plan gives the same bytes."""
+    final = mix_path(lake, spec.name).parent
+    with staged_dir(final) as staging:
+        write_json_atomic(staging / MIX_FILE, mix)
+    return final / MIX_FILE

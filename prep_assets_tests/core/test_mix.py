@@ -1,0 +1,193 @@
+"""Training mixes in core: specs, the plan against a closed form, the gates, byte-identical reruns."""
+
+from __future__ import annotations
+
+import copy
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from prep_assets.core.errors import ShardIntegrityError, SpecError
+from prep_assets.core.lake import read_json
+from prep_assets.core.mix import bucket_seed, load_mix, parse_mix, plan_mix, scan_mixes, write_mix
+from prep_assets.core.mix_gates import judge_mix
+from prep_assets.core.reading import MixRows, PackedRows, order
+from prep_assets.core.spec import load_spec
+from prep_assets_tests.conftest import copy_sample_data
+from prep_assets_tests.core.helpers import run_core
+
+DATASETS = {"sample_instruct", "sample_text", "sample_chat"}
+
+
+@pytest.fixture(scope="module")
+def lake_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample's instruct, text and chat datasets built in core (chat: another tokenizer and max_seq_len)."""
+    data = copy_sample_data(tmp_path_factory.mktemp("mixdata"))
+    for name in sorted(DATASETS):
+        run_core(data, load_spec(data / "datasets" / f"{name}.yaml", data))
+    return data
+
+
+def mix(path: str = "m.yaml", **raw: Any):
+    doc = {"sources": {"instruct": "sample_instruct", "text": "sample_text"}, **raw}
+    return parse_mix(doc, path=Path(path), default_name=Path(path).stem, datasets=DATASETS)
+
+
+TWO_PHASES = [
+    {"name": "warmup", "duration_tokens": 2048, "weights": {"text": 3, "instruct": 1}},
+    {"name": "main", "duration_tokens": 4096, "weights": {"text": 1, "instruct": 1}},
+]
+
+
+def failed(outcomes) -> dict[str, str]:
+    return {o.name: o.description for o in outcomes if not o.passed}
+
+
+def test_two_phases_match_the_closed_form(lake_dir: Path) -> None:
+    spec = mix(phases=TWO_PHASES, seed=7)
+    plan = plan_mix(spec, lake_dir / "lake")
+    L = 256
+    manifests = {b: read_json(lake_dir / "lake" / d / "manifest.json") for b, d in
+                 (("instruct", "sample_instruct"), ("text", "sample_text"))}  # fmt: skip
+    start = {"instruct": 0, "text": 0}
+    for phase, declared in zip(plan["phases"], TWO_PHASES):
+        weights = declared["weights"]
+        for b in ("instruct", "text"):
+            want = math.ceil(weights[b] / sum(weights.values()) * declared["duration_tokens"] / L)
+            got = phase["buckets"][b]
+            assert (got["demanded_rows"], got["rows"], got["row_tokens"]) == (want, want, want * L)
+            n = manifests[b]["splits"]["train"]["sequences"]
+            assert plan["sources"][b]["rows"] == n
+            # the rows are the next run of the bucket's seeded stream (epoch 0 here)
+            expected = order(n, bucket_seed(7, b), 0)[start[b] : start[b] + want].tolist()
+            assert [r for i, r in phase["order"] if i == ["instruct", "text"].index(b)] == expected
+            assert got["stream"] == {"start": start[b], "stop": start[b] + want}
+            assert sum(stop - s for _, s, stop in got["slices"]) == want
+            start[b] += want
+        assert len(phase["order"]) == sum(x["rows"] for x in phase["buckets"].values())
+    assert {b: plan["buckets"][b]["rows"] for b in start} == start == {"instruct": 2 + 8, "text": 6 + 8}
+    assert failed(judge_mix(spec, lake_dir / "lake", plan)) == {}
+
+
+def test_the_shipped_sample_mix_is_valid(lake_dir: Path) -> None:
+    spec = load_mix(Path(__file__).resolve().parents[2] / "data" / "mixes" / "sample_mix.yaml", DATASETS)
+    plan = plan_mix(spec, lake_dir / "lake")
+    assert failed(judge_mix(spec, lake_dir / "lake", plan)) == {}
+    assert [p["name"] for p in plan["phases"]] == ["warmup", "main"]
+
+
+def test_a_shortfall_fails_the_gate_naming_bucket_demand_inventory_and_remedy(lake_dir: Path) -> None:
+    phases = [{"name": "p", "duration_tokens": 40 * 256, "weights": {"text": 1}}]
+    spec = mix(phases=phases)
+    plan = plan_mix(spec, lake_dir / "lake")
+    problems = failed(judge_mix(spec, lake_dir / "lake", plan))
+    assert list(problems) == ["training_mix_inventory"]
+    message = problems["training_mix_inventory"]
+    assert "Mix demands 10.2K (10,240 tokens, 40 rows) from bucket 'text' but only 6.1K available" in message
+    assert "(24 rows × 256 tokens × max_epochs 1)" in message and "allow_bucket_exhaustion: true" in message
+    assert plan["buckets"]["text"]["rows"] == 24 and plan["buckets"]["text"]["shortfall_rows"] == 16
+
+    allowed = mix(phases=phases, allow_bucket_exhaustion=True)
+    outcomes = judge_mix(allowed, lake_dir / "lake", plan_mix(allowed, lake_dir / "lake"))
+    assert failed(outcomes) == {}
+    (inventory,) = [o for o in outcomes if o.name == "training_mix_inventory"]
+    assert "bucket 'text'" in inventory.facts["warnings"][0] and inventory.description.startswith("WARNING")
+
+    upsampled = mix(phases=phases, sources={"text": {"dataset": "sample_text", "max_epochs": 2}})
+    plan = plan_mix(upsampled, lake_dir / "lake")
+    assert failed(judge_mix(upsampled, lake_dir / "lake", plan)) == {}
+    assert plan["buckets"]["text"]["epochs_used"] == 2 and plan["phases"][0]["buckets"]["text"]["epochs"] == [0, 1]
+
+
+def test_mixed_tokenizers_are_refused_naming_the_sources(lake_dir: Path) -> None:
+    spec = parse_mix(
+        {"sources": {"instruct": "sample_instruct", "chat": "sample_chat"}, "weights": {"chat": 1, "instruct": 1},
+         "duration_tokens": 2048},
+        path=Path("m.yaml"), default_name="m", datasets=DATASETS,
+    )  # fmt: skip
+    problems = failed(judge_mix(spec, lake_dir / "lake", plan_mix(spec, lake_dir / "lake")))
+    message = problems["training_mix_one_tokenizer"]
+    assert "tokenizer_fingerprint and max_seq_len" in message
+    assert "instruct (sample_instruct)" in message and "chat (sample_chat)" in message
+
+
+def test_a_rerun_is_byte_identical_and_max_items_caps(lake_dir: Path) -> None:
+    spec = mix("again.yaml", phases=TWO_PHASES, max_items=3)
+    first = write_mix(spec, lake_dir / "lake", plan_mix(spec, lake_dir / "lake")).read_bytes()
+    path = write_mix(spec, lake_dir / "lake", plan_mix(spec, lake_dir / "lake"))
+    assert path == lake_dir / "lake" / "_mixes" / "again" / "mix.json" and path.read_bytes() == first
+    assert all(b["rows"] <= 3 for p in read_json(path)["phases"] for b in p["buckets"].values())
+    assert failed(judge_mix(spec, lake_dir / "lake")) == {}  # the published one
+
+
+def test_tampered_mixes_fail_their_gates(lake_dir: Path) -> None:
+    spec = mix(phases=TWO_PHASES, total_tokens=5000)
+    plan = plan_mix(spec, lake_dir / "lake")
+    assert "add up to 6,144" in failed(judge_mix(spec, lake_dir / "lake", plan))["training_mix_budgets"]
+    bad = copy.deepcopy(plan)
+    manifest = read_json(lake_dir / "lake" / "sample_text" / "manifest.json")
+    bad["sources"]["text"]["files"][0]["path"] = "sample_text/" + manifest["splits"]["validation"]["files"][0]["path"]
+    bad["sources"]["instruct"]["files"][0]["sha256"] = "0" * 64
+    problems = failed(judge_mix(spec, lake_dir / "lake", bad))
+    assert "training_mix_train_only" in problems and "training_mix_rows_in_manifest" in problems
+
+
+WEB = {"weights": {"web": 1}, "duration_tokens": 256}
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"phases": TWO_PHASES, "colour": 1}, "m.yaml: colour: unknown key"),
+        ({"phases": TWO_PHASES, "seed": "x"}, "m.yaml: seed:"),
+        ({"phases": TWO_PHASES, "split": "validation"}, "validation and test rows never enter a training mix"),
+        ({"weights": {"code": 1}, "duration_tokens": 10}, "phases.0.weights: unknown bucket(s) ['code']"),
+        ({"phases": [{"name": "p", "duration_tokens": 0, "weights": {"text": 1}}]}, "phases.0.duration_tokens"),
+        ({**WEB, "sources": {"web": {"dataset": "nope"}}}, "m.yaml: sources.web.dataset: unknown dataset 'nope'"),
+        ({**WEB, "sources": {"web": {"dataset": "sample_text", "epochs": 2}}}, "m.yaml: sources.web.epochs: unknown"),
+    ],
+)
+def test_spec_errors_name_the_file_and_key(raw: dict, needle: str) -> None:
+    with pytest.raises(SpecError) as err:
+        mix(**raw)
+    assert needle in str(err.value)
+
+
+def test_scan_keeps_the_valid_mixes_beside_a_broken_one(tmp_path: Path) -> None:
+    shutil.copyfile(Path(__file__).resolve().parents[2] / "data" / "mixes" / "sample_mix.yaml", tmp_path / "a.yaml")
+    (tmp_path / "b.yaml").write_text(
+        yaml.safe_dump({"sources": {"x": "nope"}, "weights": {"x": 1}, "duration_tokens": 9})
+    )
+    scan = scan_mixes(tmp_path, DATASETS)
+    assert [m.name for m in scan.mixes] == ["a"] and "b.yaml: sources.x.dataset: unknown dataset" in scan.broken["b"]
+
+
+def test_the_loader_reads_a_mix_in_its_planned_order(lake_dir: Path) -> None:
+    spec = mix("loaded.yaml", phases=TWO_PHASES)
+    path = write_mix(spec, lake_dir / "lake", plan_mix(spec, lake_dir / "lake"))
+    plan = read_json(path)
+    rows = MixRows(path.parent)
+    sources = {b: PackedRows(lake_dir / "lake" / d / "manifest.json") for b, d in
+               (("instruct", "sample_instruct"), ("text", "sample_text"))}  # fmt: skip
+    expected = [(p["name"], ["instruct", "text"][b], r) for p in plan["phases"] for b, r in p["order"]]
+    assert len(rows) == len(expected) == 24
+    for i, (phase, bucket, r) in enumerate(expected):
+        row = rows[i]
+        assert (row["phase"], row["bucket"], row["row_index"]) == (phase, bucket, r)
+        assert (row["input_ids"] == sources[bucket][r]["input_ids"]).all()
+    assert len(MixRows(path, phases=["main"])) == 16
+    torch_mod = pytest.importorskip("prep_assets.torch")
+    assert torch_mod.MixDataset(path)[3]["mix_index"] == 3
+
+    corrupt = lake_dir / "lake" / plan["sources"]["text"]["files"][0]["path"]
+    saved = corrupt.read_bytes()
+    try:
+        corrupt.write_bytes(saved[:-1] + bytes([saved[-1] ^ 1]))
+        with pytest.raises(ShardIntegrityError):
+            MixRows(path)
+    finally:
+        corrupt.write_bytes(saved)
