@@ -22,7 +22,7 @@ layer with `dedup: exact` and with `dedup: near` (MB/s, records/s, what was remo
 corpus; rows repeated with a variant marker on the prompt beyond one pass, so repeats stay distinct), then
 measures on this machine: (a) two anchors on the same prompt and completion texts, right before and right
 after each run of (b): the bare HF tokenizer (`encode_batch_fast`, both threads) and the bare fast engine
-(tiktoken's `encode_ordinary_batch`, both threads; only for tokenizers `core.fast_bpe` accepts, else it says
+(tiktoken, both threads, as gold runs it: only for tokenizers `core.fast_bpe` accepts, else it says
 why not), a run's ratio against each using the mean of the two timings around it, (b) bronze -> shards of
 the drop through Dagster (`materialize` with every blocking check, in a child process, on a fresh lake),
 (c) each layer's time (its step and its checks), (d) the child's peak RSS; it prints end-to-end / each
