@@ -23,8 +23,9 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import tiktoken
 from tokenizers import Tokenizer
 
@@ -36,6 +37,13 @@ SPOT_TEXTS = 3  # random texts of each batch re-encoded with HF (and the batch's
 THREADS = 2
 # the split regex of the ByteLevel pre-tokenizer with use_regex (tokenizers' byte_level.rs), as tiktoken writes it
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+class Encoded(NamedTuple):
+    """A text's ids and each token's character span (what chat masks read off an HF Encoding)."""
+
+    ids: list[int]
+    offsets: list[tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,15 @@ def engine_setting() -> str:
     return value
 
 
+def _trims_offsets(node: Any) -> bool:
+    """Does a post-processor trim tokens' spans (ByteLevel `trim_offsets`), which tiktoken-derived spans do not?"""
+    if not isinstance(node, dict):
+        return False
+    if node.get("type") == "Sequence":
+        return any(_trims_offsets(n) for n in node.get("processors", []))
+    return node.get("type") == "ByteLevel" and bool(node.get("trim_offsets"))
+
+
 def encode_parallel(encoding: tiktoken.Encoding, texts: list[str], pool: ThreadPoolExecutor) -> list[list[int]]:
     """The texts' ids, THREADS interleaved stripes in parallel (tiktoken releases the GIL): 20-35% faster than its
     `encode_ordinary_batch`, which hands each text on its own to a new pool's threads."""
@@ -187,6 +204,7 @@ class FastEncoder:
     def __init__(self, encoding: tiktoken.Encoding, hf: Tokenizer, seed: int = 0) -> None:
         self.encoding, self.hf, self.seed = encoding, hf, seed
         self._batches = itertools.count()
+        self.spans_as_hf = not _trims_offsets(json.loads(hf.to_str()).get("post_processor"))
 
     @classmethod
     def of(cls, decision: dict[str, Any] | None, hf: Tokenizer) -> FastEncoder | None:
@@ -199,13 +217,49 @@ class FastEncoder:
     def _pool(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(THREADS, thread_name_prefix="tiktoken")
 
+    @cached_property
+    def _token_bytes(self) -> np.ndarray:
+        """Each id's length in bytes (0 for ids tiktoken does not know: added tokens, never produced here)."""
+        out = np.zeros(self.encoding.max_token_value + 1, dtype=np.int64)
+        for rank in range(len(out)):
+            try:
+                out[rank] = len(self.encoding.decode_single_token_bytes(rank))
+            except KeyError:
+                pass
+        return out
+
     def encode(self, texts: list[str]) -> list[list[int]]:
         ids = encode_parallel(self.encoding, texts, self._pool)
         self.spot_check(texts, ids)
         return ids
 
-    def spot_check(self, texts: list[str], ids: list[list[int]]) -> None:
-        """Re-encode SPOT_TEXTS seeded texts and the longest with HF; a difference fails the drop."""
+    def encode_offsets(self, texts: list[str]) -> list[Encoded] | None:
+        """Ids with each token's character span as HF gives it (from the character holding its first byte to the one
+        holding its last: a character split across tokens is each one's span), spot-checked against HF with
+        the ids; None if a text is not valid UTF-8 (lone surrogates) or HF trims spans: the caller encodes with HF."""
+        if not self.spans_as_hf:
+            return None
+        try:
+            raw = [t.encode("utf-8") for t in texts]
+        except UnicodeEncodeError:
+            return None
+        ids = encode_parallel(self.encoding, texts, self._pool)
+        out = []
+        for data, tokens in zip(raw, ids, strict=True):
+            buf = np.frombuffer(data, dtype=np.uint8)
+            char_of = np.cumsum((buf & 0xC0) != 0x80) - 1  # each byte's character
+            ends = np.cumsum(self._token_bytes[np.asarray(tokens, dtype=np.int64)])
+            starts = ends - self._token_bytes[np.asarray(tokens, dtype=np.int64)]
+            spans = np.stack([char_of[starts], char_of[ends - 1] + 1], axis=1) if tokens else np.zeros((0, 2), int)
+            out.append(Encoded(tokens, [(a, b) for a, b in spans.tolist()]))
+        self.spot_check(texts, ids, [e.offsets for e in out])
+        return out
+
+    def spot_check(
+        self, texts: list[str], ids: list[list[int]], offsets: list[list[tuple[int, int]]] | None = None
+    ) -> None:
+        """Re-encode SPOT_TEXTS seeded texts and the longest with HF; a difference (ids, or offsets when given) fails
+        the drop."""
         if not texts:
             return
         rng = random.Random(self.seed * 1_000_003 + next(self._batches))
@@ -215,13 +269,13 @@ class FastEncoder:
                 max(range(len(texts)), key=lambda i: len(texts[i])),
             }
         )
-        for i, e in zip(
-            picks, self.hf.encode_batch_fast([texts[i] for i in picks], add_special_tokens=False), strict=True
-        ):
-            if list(ids[i]) != e.ids:
-                at = next((k for k, (a, b) in enumerate(zip(ids[i], e.ids)) if a != b), min(len(ids[i]), len(e.ids)))
+        encode = self.hf.encode_batch_fast if offsets is None else self.hf.encode_batch  # only the latter has spans
+        for i, e in zip(picks, encode([texts[i] for i in picks], add_special_tokens=False), strict=True):
+            ours, theirs = (ids[i], e.ids) if offsets is None or ids[i] != e.ids else (offsets[i], e.offsets)
+            if list(ours) != theirs:
+                at = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
                 raise DropError(
                     f"the fast BPE engine (tiktoken) and HF tokenizers encode a text differently (from token {at}: "
-                    f"{list(ids[i][at : at + 5])} vs {e.ids[at : at + 5]}; text starts {texts[i][:60]!r}); no ids "
+                    f"{list(ours[at : at + 5])} vs {theirs[at : at + 5]}; text starts {texts[i][:60]!r}); no ids "
                     f"were written: report it, and set {ENGINE_ENV}=hf to encode with HF only"
                 )

@@ -415,8 +415,9 @@ class PinnedTokenizer:
         return [e.ids for e in encoder.encode_batch_fast(texts, add_special_tokens=False)]
 
     def encode_offsets(self, encoder: Tokenizer, texts: list[str]) -> list[Any]:
-        """HF Encodings with character offsets (chat masks need them; tiktoken gives none): always HF."""
-        return encoder.encode_batch(texts, add_special_tokens=False)
+        """Encodings with `ids` and character `offsets` (chat masks): tiktoken's if chosen (HF's spans), else HF's."""
+        fast = self.fast.encode_offsets(texts) if self.fast is not None else None
+        return fast if fast is not None else encoder.encode_batch(texts, add_special_tokens=False)
 
     def encode_batch(self, texts: list[str], *, continuation: bool = False) -> list[list[int]]:
         """`encode_texts` as lists."""

@@ -17,9 +17,10 @@ import pytest
 from prep_assets.core import fast_bpe
 from prep_assets.core.errors import DropError, TokenizerError
 from prep_assets.core.fast_bpe import ENGINE_ENV, GPT2_PATTERN, build_encoding, decide
+from prep_assets.core.spec import load_spec
 from prep_assets.core.spec_sections import TokenizerSpec, TrainTokenizerSpec
 from prep_assets.core.tokenizer import FINGERPRINT_FILE, LONG_TEXT_CHARS, PinnedTokenizer, load_pinned, pin_tokenizer
-from prep_assets_tests.conftest import SAMPLE_DATA, make_spec, shared_path, tree_digests, write_head
+from prep_assets_tests.conftest import SAMPLE_DATA, copy_sample_data, make_spec, shared_path, tree_digests, write_head
 from prep_assets_tests.core.helpers import run_core
 
 LLAMA3_PATTERN = (
@@ -151,6 +152,20 @@ def test_fast_ids_equal_hf_ids_on_edge_cases(gpt2: PinnedTokenizer):
     assert gpt2.encode_batch(["a <|endoftext|> b"]) == _hf_ids(gpt2, ["a <|endoftext|> b"])
 
 
+def _offsets_mismatches(pt: PinnedTokenizer, texts: list[str]) -> int:
+    assert pt.fast is not None
+    fast = pt.fast.encode_offsets(texts)
+    assert fast is not None
+    hf = pt.encoder.encode_batch(texts, add_special_tokens=False)
+    return sum((f.ids, f.offsets) != (h.ids, h.offsets) for f, h in zip(fast, hf, strict=True))
+
+
+@pytest.mark.parametrize("name", ["fastchat_dummy_conversation.json", "glaive_toolcall_en_demo.json", "edge cases"])
+def test_chat_spans_from_fast_ids_equal_hf_offsets(gpt2: PinnedTokenizer, name: str):
+    texts = EDGE_TEXTS if name == "edge cases" else dataset_texts(shared_path(f"datasets/chat/{name}"))
+    assert _offsets_mismatches(gpt2, texts + [t * 2 for t in EDGE_TEXTS]) == 0
+
+
 def test_long_texts_pieces_are_the_whole_texts_ids(gpt2: PinnedTokenizer):
     rng = random.Random(0)
     words = [w for w in EDGE_TEXTS[6:] if w.strip()] + ["alpha", "beta", "gamma", "\n\n", "  "]
@@ -180,6 +195,16 @@ def test_the_decision_is_recorded_beside_the_fingerprint_which_it_does_not_chang
     assert "engine.json" not in record["files"] and FINGERPRINT_FILE not in record["files"]
     pinned(tmp_path / "b", "gpt2")  # deterministic
     assert (tmp_path / "b" / FINGERPRINT_FILE).read_text() == (tmp_path / "a" / FINGERPRINT_FILE).read_text()
+
+
+def build_tokenizer_dir(spec: Any, data: Path) -> Path:
+    """The spec's tokenizer pinned into the lake as gold's asset pins it (run_core pins it again, identically)."""
+    from prep_assets.core.gold import build_tokenizer
+    from prep_assets.core.lake import dataset_paths
+
+    paths = dataset_paths(data, spec.name)
+    build_tokenizer(spec, paths, data)
+    return paths.tokenizer_dir
 
 
 def _gpt2_json() -> dict[str, Any]:
@@ -231,7 +256,7 @@ def test_the_sample_data_trained_tokenizer_takes_tiktoken_and_gives_hf_ids(tmp_p
     assert record["engine"]["engine"] == "tiktoken", record["engine"]
     pt = load_pinned(dest)
     texts = EDGE_TEXTS + (SAMPLE_DATA / "corpus" / "sample_corpus.txt").read_text().splitlines()
-    assert _mismatches(pt, texts)[0] == 0
+    assert _mismatches(pt, texts)[0] == 0 and _offsets_mismatches(pt, texts) == 0
 
 
 def test_the_environment_forces_hf_and_refuses_unknown_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -269,6 +294,21 @@ def test_gold_with_the_fast_path_is_byte_identical_to_gold_with_hf_only(
     assert not calls
     assert any("/gold/" in k for k in fast) and any("/shards/" in k for k in fast)
     assert fast == hf
+
+
+def test_the_sample_chat_lake_split_at_template_specials_is_byte_identical_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    digests = {}
+    for engine in ("auto", "hf"):
+        monkeypatch.setenv(ENGINE_ENV, engine)
+        data = copy_sample_data(tmp_path / engine)
+        spec = load_spec(data / "datasets" / "sample_chat.yaml", data)
+        pt = load_pinned(build_tokenizer_dir(spec, data))
+        assert (pt.fast is not None and pt.fast.spans_as_hf) == (engine == "auto")
+        run_core(data, spec)
+        digests[engine] = tree_digests(data / "lake", skip_hidden_names=True)
+    assert any("/gold/" in k for k in digests["hf"]) and digests["auto"] == digests["hf"]
 
 
 def test_a_mismatch_at_run_time_fails_the_drop_with_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
