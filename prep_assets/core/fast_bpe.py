@@ -1,8 +1,9 @@
 """A faster BPE engine (tiktoken) for byte-level BPE tokenizers shown, at pin time, to encode as HF `tokenizers` does.
 
-`decide` inspects the pinned `tokenizer.json` and returns which engine gold may use and why; the decision is
-recorded in fingerprint.json (key "engine", outside the hashed files: the fingerprint does not change). Only the
-ids are taken from the engine, never anything else, so output bytes do not depend on it. Equivalence rests on:
+`decide` inspects the pinned tokenizer (as transformers loads it) and returns which engine gold may use and why;
+the decision is recorded in fingerprint.json (key "engine", outside the hashed files: the fingerprint does not
+change). Only the ids are taken from the engine (and chat's token spans derived from their bytes), so output bytes
+do not depend on it. Equivalence rests on:
 - the structure: a BPE model over GPT-2's byte-to-unicode alphabet, one split regex (ByteLevel's own GPT-2 pattern,
   or a `Split` regex before a regex-free ByteLevel, Llama-3/Qwen style), no normalizer, no prefix space, no
   dropout/unknown/byte-fallback/affixes, only *special* added tokens (the pinned encoder encodes those as plain
