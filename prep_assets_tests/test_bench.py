@@ -60,7 +60,7 @@ def test_dedup_benchmark_prints_throughput_for_exact_and_near(tmp_path: Path, ca
     assert "near_duplicate" in out  # the corpus holds near copies and they are found
 
 
-def test_e2e_benchmark_prints_ratio_layers_and_peak_rss_of_each_run_and_the_median(
+def test_e2e_benchmark_prints_both_anchors_ratios_layers_and_peak_rss_of_each_run_and_the_median(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     import json
@@ -77,8 +77,9 @@ def test_e2e_benchmark_prints_ratio_layers_and_peak_rss_of_each_run_and_the_medi
     assert out.count("run 1/2: end to end") == out.count("run 2/2: end to end") == 1 and "median" in out
     assert figures["checks_passed"] == figures["checks"] == 18
     assert set(figures["layers_s"]) == {"raw_records", "clean_records", "tokenized_examples", "packed_shards"}
-    assert figures["bare_tokens_per_s"] > 0 and 0 < figures["ratio"] and figures["peak_rss_mib"] > 0
-    assert "end-to-end / bare tokenizer" in out
+    assert set(figures["anchors_tokens_per_s"]) == {"bare HF encode_batch_fast", "bare tiktoken"}
+    assert 0 < figures["ratio"] and 0 < figures["ratio_fast"] and figures["peak_rss_mib"] > 0
+    assert "end-to-end / bare HF encode_batch_fast" in out and "end-to-end / bare tiktoken" in out
 
 
 def test_e2e_benchmark_refuses_fewer_than_one_run(capsys: pytest.CaptureFixture[str]):

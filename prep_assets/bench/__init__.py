@@ -20,13 +20,14 @@ layer with `dedup: exact` and with `dedup: near` (MB/s, records/s, what was remo
 
 `e2e` builds a prompt/completion drop of about --mb MB from --source (by default the shared benchmark
 corpus; rows repeated with a variant marker on the prompt beyond one pass, so repeats stay distinct), then
-measures on this machine: (a) the bare Rust tokenizer (`encode_batch_fast`, both threads) on the same
-prompt and completion texts, right before and right after each run of (b) (a run's ratio uses the mean of the
-two timings around it), (b) bronze -> shards of the drop through Dagster (`materialize` with every blocking
-check, in a child process, on a fresh lake), (c) each layer's time (its step and its checks), (d) the child's
-peak RSS; it prints end-to-end / bare tokenizer and the figures as JSON. With --repeat N, (b) runs N times and
-the JSON gives the median run's figures (the lower middle for an even N), every run's ratio, and the
-highest peak RSS of all runs.
+measures on this machine: (a) two anchors on the same prompt and completion texts, right before and right
+after each run of (b): the bare HF tokenizer (`encode_batch_fast`, both threads) and the bare fast engine
+(tiktoken, both threads, as gold runs it: only for tokenizers `core.fast_bpe` accepts, else it says
+why not), a run's ratio against each using the mean of the two timings around it, (b) bronze -> shards of
+the drop through Dagster (`materialize` with every blocking check, in a child process, on a fresh lake),
+(c) each layer's time (its step and its checks), (d) the child's peak RSS; it prints end-to-end / each
+anchor and the figures as JSON. With --repeat N, (b) runs N times and the JSON gives the median run's figures
+(the lower middle for an even N), every run's ratio, and the highest peak RSS of all runs.
 
 `near` prints near-dedup precision and recall on the labelled set of `prep_assets.near_eval`.
 

@@ -107,21 +107,46 @@ def pc_corpus(source: Path, target_mb: float, out: Path, max_rows: int | None = 
     return rows
 
 
+def _corpus_texts(corpus: Path) -> list[str]:
+    texts = []
+    with corpus.open(encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            texts += [row.get("prompt") or "", row.get("completion") or ""]
+    return texts
+
+
 def bare_tokenizer(corpus: Path, tokenizer: Path, batch: int = 4096) -> tuple[int, float]:
     """(tokens, seconds) of the Rust tokenizer's `encode_batch_fast` over the corpus' prompts and completions
     (read and parsed beforehand: only encoding is timed)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
-    texts = []
-    with corpus.open(encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            texts += [row.get("prompt") or "", row.get("completion") or ""]
+    texts = _corpus_texts(corpus)
     tokens, start = 0, time.perf_counter()
     for lo in range(0, len(texts), batch):
         tokens += sum(len(e.ids) for e in tok.encode_batch_fast(texts[lo : lo + batch], add_special_tokens=False))
     return tokens, time.perf_counter() - start
+
+
+def bare_fast(corpus: Path, tokenizer: Path, batch: int = 4096) -> tuple[int, float] | str:
+    """(tokens, seconds) of the bare fast engine (tiktoken in two interleaved stripes, as gold runs it) over the same
+    texts, or why `fast_bpe.decide` refuses this tokenizer (then gold encodes with HF)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prep_assets.core.fast_bpe import THREADS, build_encoding, decide, encode_parallel
+
+    tj = json.loads((tokenizer / "tokenizer.json").read_text(encoding="utf-8"))
+    decision = decide(tj)
+    if decision.pattern is None:
+        return decision.reason
+    enc = build_encoding(tj, decision.pattern)
+    texts = _corpus_texts(corpus)
+    with ThreadPoolExecutor(THREADS) as pool:
+        tokens, start = 0, time.perf_counter()
+        for lo in range(0, len(texts), batch):
+            tokens += sum(map(len, encode_parallel(enc, texts[lo : lo + batch], pool)))
+        return tokens, time.perf_counter() - start
 
 
 class RssSampler:

@@ -14,6 +14,7 @@ from typing import Any
 from prep_assets.bench.common import (
     _missing,
     _spec,
+    bare_fast,
     bare_tokenizer,
     pc_corpus,
     run_drop,
@@ -49,6 +50,23 @@ def _e2e_run(work: Path, tokenizer: Path, max_seq_len: int) -> dict[str, Any] | 
     return dict(json.loads(child.stdout.strip().splitlines()[-1]))
 
 
+HF_ANCHOR, FAST_ANCHOR = "bare HF encode_batch_fast", "bare tiktoken"
+
+
+def _anchors(corpus: Path, tokenizer: Path) -> dict[str, tuple[int, float]]:
+    """Each anchor's (tokens, seconds) over the corpus' prompts and completions, timed now, and printed (the fast
+    engine's only if `fast_bpe.decide` accepts the tokenizer, else why not)."""
+    out = {HF_ANCHOR: bare_tokenizer(corpus, tokenizer)}
+    timed = bare_fast(corpus, tokenizer)
+    if isinstance(timed, str):
+        print(f"{FAST_ANCHOR}: not used for this tokenizer ({timed}); gold encodes with HF")
+    else:
+        out[FAST_ANCHOR] = timed
+    for name, (tokens, sec) in out.items():
+        print(f"{name}: {tokens:,} tokens in {sec:.2f} s = {tokens / sec / 1e6:.3f} M tokens/s", flush=True)
+    return out
+
+
 def bench_e2e(args: argparse.Namespace) -> int:
     source, tokenizer = Path(args.source), Path(args.tokenizer)
     if _missing(source, tokenizer):
@@ -61,53 +79,42 @@ def bench_e2e(args: argparse.Namespace) -> int:
     rows = pc_corpus(source, args.rows and 1e6 or args.mb, corpus, max_rows=args.rows)
     mb = corpus.stat().st_size / 1e6
     print(f"corpus: {rows:,} prompt/completion rows, {mb:.1f} MB (from {source.name})", flush=True)
-    # This machine's speed drifts by +-10% within minutes, so the bare tokenizer is timed before the first run,
-    # between runs and after the last, and each run is held against the mean of the two timings around it.
-    bare_tokens, bare_s = bare_tokenizer(corpus, tokenizer)
-    print(
-        f"bare tokenizer (encode_batch_fast): {bare_tokens:,} tokens in {bare_s:.2f} s = "
-        f"{bare_tokens / bare_s / 1e6:.3f} M tokens/s",
-        flush=True,
-    )
+    # This machine's speed drifts by +-10% within minutes, so each anchor (the bare HF tokenizer, the bare fast
+    # engine) is timed before the first run, between runs and after the last, and each run is held against the mean
+    # of the two timings around it.
+    anchors = _anchors(corpus, tokenizer)
     results = []
     for k in range(args.repeat):
         run = _e2e_run(work, tokenizer, args.max_seq_len)
         if run is None:
             return 1
-        before_s, (_, bare_s) = bare_s, bare_tokenizer(corpus, tokenizer)
-        mean_s = (before_s + bare_s) / 2
+        before, anchors = anchors, _anchors(corpus, tokenizer)
         e2e = run["tokens"] / run["wall_s"]
-        ratio = e2e * mean_s / bare_tokens
-        results.append(
-            {**run, "e2e": e2e, "bare": bare_tokens / mean_s, "ratio": ratio, "before_s": before_s, "after_s": bare_s}
-        )
+        ratios = {name: e2e * (before[name][1] + anchors[name][1]) / 2 / anchors[name][0] for name in anchors}
+        results.append({**run, "e2e": e2e, "ratio": ratios[HF_ANCHOR], "ratios": ratios})
         print(
             f"run {k + 1}/{args.repeat}: end to end through Dagster (bronze -> shards, {run['checks_passed']}/"
             f"{run['checks']} checks passed): {run['tokens']:,} tokens in {run['wall_s']:.2f} s = "
             f"{e2e / 1e6:.3f} M tokens/s"
-        )
-        print(
-            f"  bare tokenizer after it: {bare_s:.2f} s = {bare_tokens / bare_s / 1e6:.3f} M tokens/s; the mean "
-            f"around the run {mean_s:.2f} s = {bare_tokens / mean_s / 1e6:.3f} M tokens/s"
         )
         for layer, sec in run["layers_s"].items():
             print(f"  {layer:<20} {sec:8.2f} s")
         print("  steps (time; the process' RSS when the step started -> its peak during the step):")
         for step, st in run["steps"].items():
             print(f"    {step:<58} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
-        print(
-            f"  end-to-end / bare tokenizer: {ratio:.3f} (against the timing before alone: "
-            f"{e2e * before_s / bare_tokens:.3f}, after alone: {e2e * bare_s / bare_tokens:.3f})",
-            flush=True,
-        )
+        for name, ratio in ratios.items():
+            print(
+                f"  end-to-end / {name}: {ratio:.3f} (the anchor before the run {before[name][1]:.2f} s, "
+                f"after it {anchors[name][1]:.2f} s)",
+                flush=True,
+            )
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    ratios = sorted(r["ratio"] for r in results)
     mid = sorted(results, key=lambda r: r["ratio"])[(len(results) - 1) // 2]  # the median run (the lower middle)
-    if len(results) > 1:
+    for name in anchors:
+        ratios = sorted(r["ratios"][name] for r in results)
         print(
-            f"end-to-end / bare tokenizer over {len(results)} runs: median {mid['ratio']:.3f}, "
-            f"min {ratios[0]:.3f}, max {ratios[-1]:.3f} "
-            f"({', '.join(f'{r:.3f}' for r in (x['ratio'] for x in results))})"
+            f"end-to-end / {name} over {len(results)} runs: median {ratios[(len(ratios) - 1) // 2]:.3f}, "
+            f"min {ratios[0]:.3f}, max {ratios[-1]:.3f}"
         )
     print(f"peak RSS of the pipeline process: {peak:,.0f} MiB")
     print(
@@ -120,9 +127,8 @@ def bench_e2e(args: argparse.Namespace) -> int:
                 "runs": len(results),
                 "ratio": round(mid["ratio"], 3),
                 "ratios": [round(r["ratio"], 3) for r in results],
-                "bare_tokens_per_s": round(mid["bare"]),
-                "bare_tokens_per_s_before": round(bare_tokens / mid["before_s"]),
-                "bare_tokens_per_s_after": round(bare_tokens / mid["after_s"]),
+                "ratio_fast": round(mid["ratios"][FAST_ANCHOR], 3) if FAST_ANCHOR in mid["ratios"] else None,
+                "anchors_tokens_per_s": {name: round(t / sec) for name, (t, sec) in anchors.items()},
                 "e2e_tokens_per_s": round(mid["e2e"]),
                 "wall_s": round(mid["wall_s"], 2),
                 "layers_s": {k: round(v, 2) for k, v in mid["layers_s"].items()},

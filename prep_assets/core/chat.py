@@ -352,7 +352,7 @@ class ChatTemplate:
         encodings: list[Any] = [None] * len(jobs)
         for group, encoder in groups:
             texts = [rendered[jobs[i][0]].text[jobs[i][1] : jobs[i][2]] for i in group]
-            for i, enc in zip(group, encoder.encode_batch(texts, add_special_tokens=False), strict=True):
+            for i, enc in zip(group, self.pt.encode_offsets(encoder, texts), strict=True):
                 encodings[i] = enc
         per_record: list[list[tuple[int, int, int]]] = [list(s) for s in specials]
         for (r, start, _), enc in zip(jobs[:n_pieces], encodings[:n_pieces], strict=True):

@@ -31,6 +31,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase  # noqa: E402
 
 from prep_assets.core.errors import TokenizerError  # noqa: E402
+from prep_assets.core.fast_bpe import FastEncoder, decide  # noqa: E402
 from prep_assets.core.lake import canonical_json, read_json, sha256_file, write_json_atomic  # noqa: E402
 from prep_assets.core.spec_sections import TokenizerSpec, TrainTokenizerSpec  # noqa: E402
 
@@ -202,6 +203,8 @@ def pin_tokenizer(spec: TokenizerSpec, *, base: Path, dest: Path) -> dict[str, A
         "source": source,
         "info": asdict(info),
         "source_digest": source_digest(spec, base),
+        # which engine gold encodes with, and why (outside the hashed files: it never changes the ids)
+        "engine": decide(json.loads(tok.backend_tokenizer.to_str())).to_json(),
     }
     write_json_atomic(dest / FINGERPRINT_FILE, record)
     return record
@@ -379,6 +382,7 @@ class PinnedTokenizer:
     encoder: Tokenizer  # a private copy that encodes special-token strings as plain text
     continuation: Tokenizer  # the same, for text that follows other text of the example
     hf: PreTrainedTokenizerBase
+    fast: FastEncoder | None = None  # tiktoken, when pinning found it equivalent (`fast_bpe`); then no continuation
 
     @cached_property
     def cutter(self) -> PieceCutter | None:
@@ -395,17 +399,25 @@ class PinnedTokenizer:
         comes back as an int32 array, encoded in pieces (`PieceCutter`) with the same ids as encoding it whole."""
         encoder = self.continuation if continuation else self.encoder
         if max(map(len, texts), default=0) <= LONG_TEXT_CHARS:
-            return [e.ids for e in encoder.encode_batch_fast(texts, add_special_tokens=False)]
+            return list(self._ids(encoder, texts))
         long = [i for i, t in enumerate(texts) if len(t) > LONG_TEXT_CHARS]
-        out: list[list[int] | np.ndarray] = [
-            e.ids
-            for e in encoder.encode_batch_fast(
-                ["" if len(t) > LONG_TEXT_CHARS else t for t in texts], add_special_tokens=False
-            )
-        ]
+        out: list[list[int] | np.ndarray] = list(
+            self._ids(encoder, ["" if len(t) > LONG_TEXT_CHARS else t for t in texts])
+        )
         for i, ids in zip(long, self._encode_long([texts[i] for i in long], continuation), strict=True):
             out[i] = ids
         return out
+
+    def _ids(self, encoder: Tokenizer, texts: list[str]) -> list[list[int]]:
+        """The one place that chooses the engine: tiktoken if pinning chose it (then `encoder` is the only one)."""
+        if self.fast is not None:
+            return self.fast.encode(texts)
+        return [e.ids for e in encoder.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def encode_offsets(self, encoder: Tokenizer, texts: list[str]) -> list[Any]:
+        """Encodings with `ids` and character `offsets` (chat masks): tiktoken's if chosen (HF's spans), else HF's."""
+        fast = self.fast.encode_offsets(texts) if self.fast is not None else None
+        return fast if fast is not None else encoder.encode_batch(texts, add_special_tokens=False)
 
     def encode_batch(self, texts: list[str], *, continuation: bool = False) -> list[list[int]]:
         """`encode_texts` as lists."""
@@ -432,9 +444,10 @@ class PinnedTokenizer:
         for encoder, jobs in ((self.encoder, firsts), (self.continuation, rests)):  # firsts first: parts in order
             for k in range(0, len(jobs), PIECES_PER_CALL):
                 chunk = jobs[k : k + PIECES_PER_CALL]
-                encodings = encoder.encode_batch_fast([texts[t][a:b] for t, a, b in chunk], add_special_tokens=False)
-                for (t, _, _), e in zip(chunk, encodings, strict=True):
-                    parts[t].append(np.array(e.ids, dtype=np.int32))
+                for (t, _, _), ids in zip(
+                    chunk, self._ids(encoder, [texts[t][a:b] for t, a, b in chunk]), strict=True
+                ):
+                    parts[t].append(np.array(ids, dtype=np.int32))
         return [np.concatenate(p) for p in parts]
 
 
@@ -449,9 +462,12 @@ def load_pinned_info(tokenizer_dir: Path) -> TokenizerInfo:
 def load_pinned(tokenizer_dir: Path) -> PinnedTokenizer:
     """Load the lake's pinned tokenizer with the info recorded when it was pinned."""
     info = load_pinned_info(tokenizer_dir)
+    engine = read_json(tokenizer_dir / FINGERPRINT_FILE).get("engine")
     hf = load_tokenizer(tokenizer_dir)
     encoder = Tokenizer.from_str(hf.backend_tokenizer.to_str())
     encoder.no_padding()
     encoder.no_truncation()
     encoder.encode_special_tokens = True
-    return PinnedTokenizer(info=info, encoder=encoder, continuation=continuation_encoder(encoder), hf=hf)
+    continuation = continuation_encoder(encoder)
+    fast = FastEncoder.of(engine, encoder) if continuation is encoder else None
+    return PinnedTokenizer(info=info, encoder=encoder, continuation=continuation, hf=hf, fast=fast)
