@@ -92,13 +92,19 @@ def test_lineage_metadata_checks_and_a_materialization_from_the_ui(tmp_path: Pat
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.set_default_timeout(60_000)
 
-        # the lineage from the raw drop to the shards, grouped by layer
+        # the global graph: one group per dataset, named after it
+        page.goto(f"{server.url}/asset-groups")
+        page.get_by_text(DS, exact=True).first.wait_for()
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(ARTIFACTS / "global_graph.png"))
+
+        # the lineage from the raw drop to the shards, in the dataset's group, each layer a kind
         page.goto(f"{server.url}/assets/{DS}/packed_shards?view=lineage&lineageScope=upstream&lineageDepth=3")
         graph = page.locator("body")
         for node in ("raw_records", "clean_records", "tokenized_examples", "packed_shards", "tokenizer"):
             graph.get_by_text(node, exact=True).first.wait_for()
-        for group in ("bronze", "silver", "gold"):
-            assert graph.get_by_text(group, exact=True).count() >= 1, group
+        for kind in ("bronze", "silver", "gold"):  # the kind tags on the nodes
+            assert graph.get_by_text(kind, exact=True).count() >= 1, kind
         page.wait_for_timeout(1500)  # let the graph finish laying out before the picture
         page.screenshot(path=str(ARTIFACTS / "lineage.png"))
 

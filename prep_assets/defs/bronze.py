@@ -7,7 +7,6 @@ from prep_assets.defs.layers import LayerAsset
 BRONZE = LayerAsset(
     layer="bronze",
     schema=BRONZE_SCHEMA,
-    group="bronze",
     description=lambda spec: (
         f"Every parseable record of a drop in raw/{spec.name}/, as written, with provenance (source_file, "
         "source_line, byte_offset, drop, record_sha256) and its training content extracted per `input` "

@@ -68,7 +68,6 @@ def _shards_metadata(spec: DatasetSpec, paths: DatasetPaths, partition: str, sta
 SHARDS = LayerAsset(
     layer="shards",
     schema=SHARD_SCHEMA,
-    group="gold",
     upstream=(TOKENIZED_EXAMPLES, TOKENIZER),
     automation=lambda spec: layer_condition(),
     description=lambda spec: (
@@ -90,8 +89,8 @@ def manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
             AssetDep(asset_key(spec, PACKED_SHARDS), partition_mapping=AllPartitionMapping()),
             asset_key(spec, TOKENIZER),
         ],
-        group_name="gold",
-        kinds={"json"},
+        group_name=spec.name,
+        kinds={"json", "gold"},
         code_version=code_version(spec, "shards"),
         description=(
             f"lake/{spec.name}/manifest.json: the shards of every drop whose gates all passed on its latest "
@@ -99,7 +98,7 @@ def manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
             "paths relative to the manifest, sha256, sequences, tokens, loss tokens, max_batch_size, the tokenizer "
             "fingerprint, max_seq_len and the config hash. What a trainer points at."
         ),
-        tags={"layer": "gold"},
+        tags={"layer": "shards"},
     )
     def dataset_manifest(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
         paths = lake.paths(spec.name)

@@ -3,23 +3,26 @@ from dagster import AssetKey
 from prep_assets.definitions import build_definitions
 from prep_assets_tests.conftest import SAMPLE_DATA
 
+# asset -> (its `layer` tag, its Dagster kinds)
 LAYERS = {
-    "raw_records": "bronze",
-    "clean_records": "silver",
-    "tokenizer": "tokenizer",
-    "tokenized_examples": "gold",
-    "packed_shards": "gold",
-    "dataset_manifest": "gold",
+    "raw_records": ("bronze", {"parquet", "bronze"}),
+    "clean_records": ("silver", {"parquet", "silver"}),
+    "tokenizer": ("gold", {"huggingface", "gold"}),
+    "tokenized_examples": ("gold", {"parquet", "gold"}),
+    "packed_shards": ("shards", {"parquet", "gold"}),
+    "dataset_manifest": ("shards", {"json", "gold"}),
 }
 
 
-def test_definitions_have_every_layer_per_dataset_with_groups_and_lineage():
+def test_definitions_have_every_layer_per_dataset_in_the_datasets_group_with_lineage():
     defs = build_definitions(SAMPLE_DATA)
     graph = defs.resolve_asset_graph()
-    for ds in ("sample_text", "sample_instruct", "sample_chat", "sample_pref"):
-        for name, group in LAYERS.items():
+    datasets = ("sample_text", "sample_instruct", "sample_chat", "sample_pref", "sample_sensors")
+    for ds in datasets:
+        for name, (layer, kinds) in LAYERS.items():
             node = graph.get(AssetKey([ds, name]))
-            assert node.group_name == group, (ds, name)
+            assert node.group_name == ds, (ds, name)  # one group per dataset, the layer a tag and a kind
+            assert node.tags["layer"] == layer and node.kinds == kinds, (ds, name)
             assert node.description
         parents = {k: {p.path[-1] for p in graph.get(AssetKey([ds, k])).parent_keys} for k in LAYERS}
         assert parents["clean_records"] == {"raw_records"}
@@ -28,6 +31,8 @@ def test_definitions_have_every_layer_per_dataset_with_groups_and_lineage():
         assert parents["dataset_manifest"] == {"packed_shards", "tokenizer"}
         assert graph.get(AssetKey([ds, "raw_records"])).partitions_def.name == f"{ds}_drops"
         assert graph.get(AssetKey([ds, "tokenizer"])).partitions_def is None
+    groups = {graph.get(k).group_name for k in graph.get_all_asset_keys()}
+    assert groups == set(datasets)  # no group per layer left
 
 
 def test_every_partitioned_layer_has_blocking_gates():
