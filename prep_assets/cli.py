@@ -24,9 +24,12 @@ DEFAULT_HOME = ".dagster_home"
 _DEFAULT_INSTANCE_YAML = """\
 telemetry:
   enabled: false
-concurrency:
-  runs:
+run_coordinator:
+  module: dagster.core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
     max_concurrent_runs: 1
+    dequeue_interval_seconds: 1
 """
 
 
