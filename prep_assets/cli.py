@@ -3,6 +3,9 @@
 prep-assets run [--dataset NAME] [--data-dir DIR] [--all]
     register new drops as partitions and materialize every layer that is missing or out of date,
     as Dagster runs recorded in the instance under $DAGSTER_HOME (visible in the UI afterwards).
+prep-assets retire DATASET DROP [--reason TEXT] [--data-dir DIR]
+    take a bad drop (partition key or file name) out of the partition set and the manifest; its outputs and raw
+    file move under lake/DATASET/retired/<partition>/ with retired.json; the same bytes never come back.
 prep-assets decode SHARD [--row N] [--format text|json]
     print a packed row as text with masked spans, segments and padding marked.
 """
@@ -107,6 +110,21 @@ def format_summary(rows: list[dict[str, Any]]) -> str:
     return "\n".join([*lines, f"({_SUMMARY_LEGEND})"])
 
 
+def cmd_retire(args: argparse.Namespace) -> int:
+    data_dir = _resolve_data_dir(args.data_dir)
+    ensure_dagster_home()
+    from prep_assets.orchestrate import retire
+
+    record = retire(data_dir, args.dataset, args.drop, reason=args.reason or "", log=print)
+    folder = data_dir / "lake" / args.dataset / "retired" / record["partition"]
+    print(
+        f"retired {record['partition']} ({record['file']}, sha256 {record['sha256'][:12]}) by {record['retired_by']} "
+        f"at {record['retired_at']} in run {record['run_id']}: out of the partitions and the manifest; "
+        f"its outputs and raw file are in {folder}"
+    )
+    return 0
+
+
 def cmd_decode(args: argparse.Namespace) -> int:
     from prep_assets.core.decode import decode_row, render_text
 
@@ -125,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help=f"folder with datasets/ and raw/ (default: ${DATA_DIR_ENV} or ./data)")
     run.add_argument("--all", action="store_true", help="rematerialize every partition, even up-to-date ones")
     run.set_defaults(fn=cmd_run)
+    ret = sub.add_parser("retire", help="take a bad drop out of the partitions and the manifest, kept for inspection")
+    ret.add_argument("dataset")
+    ret.add_argument("drop", help="its partition key, or its file name in raw/<dataset>/")
+    ret.add_argument("--reason", help="why (kept in retired.json)")
+    ret.add_argument("--data-dir", help=f"folder with datasets/ and raw/ (default: ${DATA_DIR_ENV} or ./data)")
+    ret.set_defaults(fn=cmd_retire)
     dec = sub.add_parser("decode", help="print a packed row with masks, segments and padding marked")
     dec.add_argument("shard", help="a shard Parquet file (lake/<dataset>/shards/<drop>/<split>/part-*.parquet)")
     dec.add_argument("--row", type=int, default=0)

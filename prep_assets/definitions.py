@@ -36,6 +36,7 @@ from prep_assets.defs.keys import (
 )
 from prep_assets.defs.layers import layer_asset
 from prep_assets.defs.resources import LakeResource, default_batch_size, default_data_dir
+from prep_assets.defs.retire import retire_job
 from prep_assets.defs.sensors import build_drop_sensor, build_manifest_sensor
 from prep_assets.defs.shards import SHARDS, manifest_asset
 from prep_assets.defs.silver import SILVER
@@ -60,6 +61,7 @@ def dataset_jobs(spec: DatasetSpec) -> list:
             selection=AssetSelection.assets(asset_key(spec, DATASET_MANIFEST)),
             executor_def=executor,
         ),
+        retire_job(spec),
     ]
 
 

@@ -198,15 +198,11 @@ def _two_drops(tmp_path: Path, instance):
     from prep_assets.core.drops import register_drops
     from prep_assets.defs.sensors import build_manifest_sensor
     from prep_assets_tests.conftest import copy_sample_data
-    from prep_assets_tests.defs.helpers import dataset_defs
+    from prep_assets_tests.defs.helpers import dataset_defs, split_sample_instruct
 
     ds = "sample_instruct"
     data = copy_sample_data(tmp_path / "data")
-    raw = data / "raw" / ds
-    lines = (raw / "arithmetic_2026-11-01.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
-    (raw / "arithmetic_2026-11-01.jsonl").unlink()
-    (raw / "a.jsonl").write_text("".join(lines[:40]), encoding="utf-8")
-    (raw / "b.jsonl").write_text("".join(lines[40:80]), encoding="utf-8")
+    split_sample_instruct(data, ds)
     new, _ = register_drops(dataset_paths(data, ds))
     a, b = (d.partition for d in sorted(new, key=lambda d: d.file))
     instance.add_dynamic_partitions(f"{ds}_drops", [a, b])
