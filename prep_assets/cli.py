@@ -37,13 +37,15 @@ run_coordinator:
 
 
 def ensure_dagster_home() -> Path:
-    """$DAGSTER_HOME, else ./.dagster_home; with the project's dagster.yaml and the UI's first-visit note."""
+    """$DAGSTER_HOME, else ./.dagster_home; with the project's instance config (./.dagster_home/dagster.yaml, the
+    default home's own, so `dagster dev` finds no dagster.yaml in the project folder to warn about) and the UI's
+    first-visit note."""
     home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_HOME).resolve()
     home.mkdir(parents=True, exist_ok=True)
     os.environ["DAGSTER_HOME"] = str(home)
     target = home / "dagster.yaml"
     if not target.exists():  # written whole (a process starting beside this one never reads half of it)
-        local = Path("dagster.yaml")
+        local = Path(DEFAULT_HOME) / "dagster.yaml"
         text = local.read_text(encoding="utf-8") if local.is_file() and local.resolve() != target else None
         tmp = target.with_name(f".dagster.yaml.tmp-{os.getpid()}")
         tmp.write_text(text if text is not None else _DEFAULT_INSTANCE_YAML, encoding="utf-8")
@@ -76,10 +78,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"FAILED {r['job']} {r.get('partition') or ''}: {r['error']}", file=sys.stderr)
     for name, error in sorted(report["errors"].items()):
         print(f"FAILED dataset {name}: {error}", file=sys.stderr)
+    env = f"DAGSTER_HOME={home} PREP_ASSETS_DATA_DIR={data_dir} {Path(sys.executable).parent / 'dagster'}"
     print(
         f"\n{len(report['runs'])} run(s), {len(failed)} failed, {len(report['errors'])} dataset(s) in error; "
-        f"open the UI: DAGSTER_HOME={home} PREP_ASSETS_DATA_DIR={data_dir} "
-        f"{Path(sys.executable).parent / 'dagster'} dev -w workspace.yaml -h 127.0.0.1 -p 3000"
+        f"open the UI: {env} dev -w workspace.yaml -h 127.0.0.1 -p 3000\n"
+        f"rebuild drops while it runs: {env} job backfill -j <dataset>_drops --partitions KEY1,KEY2 --noprompt "
+        "-w workspace.yaml (it returns once submitted: its runs are queued, and the daemon runs them one at a time)"
     )
     return 1 if failed or report["errors"] else 0
 
@@ -87,6 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 _SUMMARY_COLUMNS = (
     "dataset",
     "partition",
+    "unit",
     "bronze",
     "silver",
     "gold",
@@ -97,7 +102,11 @@ _SUMMARY_COLUMNS = (
     "utilization",
     "checks",
 )
-_SUMMARY_LEGEND = "bronze, silver, gold: records in/kept/rejected at that layer"
+_SUMMARY_LEGEND = (
+    "bronze: units parsed (`unit`: JSONL/TXT lines, JSON array elements, table rows; blank lines not counted)"
+    "/records kept/rejected; "
+    "silver, gold: records in/kept/rejected"
+)
 
 
 def format_summary(rows: list[dict[str, Any]]) -> str:

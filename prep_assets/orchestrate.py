@@ -195,6 +195,7 @@ def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dic
     return {
         "dataset": spec.name,
         "partition": partition,
+        "unit": b.unit if b else "",  # what bronze read: lines, JSON array elements or table rows
         "bronze": flow(b.records + b.rejects, b.records, b.rejects) if b else "",
         "silver": flow(s.records_in, s.records, s.rejects) if s else "",
         # silver's stats may be gone after a failure

@@ -15,4 +15,6 @@ BRONZE = LayerAsset(
     ),
     preview=(RECORDS, ["record_id", "source_line", "content"]),
     data_version=lambda stats: stats.sha256,
+    # what was read: lines (JSONL, TXT), the elements of a JSON array or table rows (CSV, Parquet)
+    relabel=lambda stats: {} if stats.unit == "line" else {"lines_in": f"{stats.unit}s_in"},
 )

@@ -45,6 +45,7 @@ class LayerAsset:
     preview: tuple[str, list[str]] | None = None  # (file in the partition dir, columns) shown as a table
     extra: Extra = _no_extra  # metadata beyond the stats' figures
     data_version: Callable[[Any], str] | None = None  # from the stats; none: Dagster derives it
+    relabel: Callable[[Any], dict[str, str]] = lambda stats: {}  # metadata label -> the one shown, from the stats
 
 
 def layer_asset(spec: DatasetSpec, declared: LayerAsset) -> AssetsDefinition:
@@ -67,6 +68,8 @@ def layer_asset(spec: DatasetSpec, declared: LayerAsset) -> AssetsDefinition:
         with user_errors():
             stats = BUILDS[declared.layer](spec, paths, partition, batch_size=lake.batch_size)
         shown = {"worker": worker(), **stats_metadata(stats), **declared.extra(spec, paths, partition, stats)}
+        labels = declared.relabel(stats)
+        shown = {labels.get(k, k): v for k, v in shown.items()}
         if declared.preview is not None:
             file, columns = declared.preview
             shown["preview"] = preview(out / file, columns)
