@@ -58,7 +58,7 @@ def layer_asset(spec: DatasetSpec, declared: LayerAsset) -> AssetsDefinition:
         kinds={"parquet", LAYER_KIND[declared.layer]},
         code_version=code_version(spec, declared.layer),
         description=declared.description(spec),
-        metadata={"dagster/column_schema": column_schema(declared.schema)},
+        metadata={"dagster/column_schema": column_schema(declared.schema, declared.layer, spec.input.type)},
         tags={"layer": declared.layer},
     )
     def _layer(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:

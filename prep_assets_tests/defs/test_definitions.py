@@ -118,3 +118,21 @@ def test_a_broken_spec_whose_file_name_dagster_would_refuse_still_loads_as_an_er
     graph = build_definitions(data).resolve_asset_graph()
     broken = graph.get(AssetKey(["en_wiki_v2", SPEC_ERROR]))
     assert "en-wiki.v2.yaml" in broken.description and broken.group_name == "en_wiki_v2"
+
+
+def test_column_schemas_describe_every_column_and_list_only_the_ones_the_type_fills():
+    graph = build_definitions(SAMPLE_DATA).resolve_asset_graph()
+
+    def columns(ds: str, name: str) -> dict[str, str]:
+        schema = graph.get(AssetKey([ds, name])).metadata["dagster/column_schema"]
+        return {c.name: c.description for c in schema.columns}
+
+    for ds in ("sample_text", "sample_instruct", "sample_chat", "sample_pref", "sample_sensors"):
+        for name in ("raw_records", "clean_records", "tokenized_examples", "packed_shards"):
+            assert all(columns(ds, name).values()), (ds, name)
+    preference, tabular = {"pair_id", "branch", "shared_prefix_tokens"}, {"record_ids", "group_keys"}
+    assert not (preference | tabular) & set(columns("sample_instruct", "tokenized_examples"))
+    assert preference <= set(columns("sample_pref", "tokenized_examples"))
+    assert tabular <= set(columns("sample_sensors", "tokenized_examples"))
+    assert not preference & set(columns("sample_sensors", "tokenized_examples"))
+    assert "normalize" in columns("sample_text", "clean_records")["content"]  # silver says content differently
