@@ -41,6 +41,9 @@ from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
 POLL_SECONDS = 5  # a drop is registered after two ticks with the same size and mtime: 5-10 s after its write
+# the sensor daemon loops every 5 s and evaluates a sensor whose last tick is at least this old: below 5, every
+# loop ticks (at exactly 5, a loop that came a little early skipped the sensor, and ticks were 10 s apart)
+MIN_INTERVAL_SECONDS = 3
 UNFINISHED = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
@@ -59,7 +62,7 @@ def build_drop_sensor(spec: DatasetSpec) -> SensorDefinition:
 
     @sensor(
         name=sensor_name(spec),
-        minimum_interval_seconds=POLL_SECONDS,
+        minimum_interval_seconds=MIN_INTERVAL_SECONDS,
         default_status=DefaultSensorStatus.RUNNING,
         job_name=drop_job_name(spec),
         description=(
@@ -137,7 +140,7 @@ def build_manifest_sensor(spec: DatasetSpec) -> SensorDefinition:
 
     @sensor(
         name=manifest_sensor_name(spec),
-        minimum_interval_seconds=POLL_SECONDS,
+        minimum_interval_seconds=MIN_INTERVAL_SECONDS,
         default_status=DefaultSensorStatus.RUNNING,
         job_name=manifest_job_name(spec),
         description=(
