@@ -3,6 +3,9 @@
 prep-assets run [--dataset NAME] [--data-dir DIR] [--all]
     register new drops as partitions and materialize every layer that is missing or out of date,
     as Dagster runs recorded in the instance under $DAGSTER_HOME (visible in the UI afterwards).
+prep-assets retire DATASET DROP [--reason TEXT] [--data-dir DIR]
+    take a bad drop (partition key or file name) out of the partition set and the manifest; its outputs and raw
+    file move under lake/DATASET/retired/<partition>/ with retired.json; the same bytes never come back.
 prep-assets decode SHARD [--row N] [--format text|json]
     print a packed row as text with masked spans, segments and padding marked.
 """
@@ -24,20 +27,25 @@ DEFAULT_HOME = ".dagster_home"
 _DEFAULT_INSTANCE_YAML = """\
 telemetry:
   enabled: false
-concurrency:
-  runs:
+run_coordinator:
+  module: dagster.core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
     max_concurrent_runs: 1
+    dequeue_interval_seconds: 1
 """
 
 
 def ensure_dagster_home() -> Path:
-    """$DAGSTER_HOME, else ./.dagster_home; with the project's dagster.yaml and the UI's first-visit note."""
+    """$DAGSTER_HOME, else ./.dagster_home; with the project's instance config (./.dagster_home/dagster.yaml, the
+    default home's own, so `dagster dev` finds no dagster.yaml in the project folder to warn about) and the UI's
+    first-visit note."""
     home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_HOME).resolve()
     home.mkdir(parents=True, exist_ok=True)
     os.environ["DAGSTER_HOME"] = str(home)
     target = home / "dagster.yaml"
     if not target.exists():  # written whole (a process starting beside this one never reads half of it)
-        local = Path("dagster.yaml")
+        local = Path(DEFAULT_HOME) / "dagster.yaml"
         text = local.read_text(encoding="utf-8") if local.is_file() and local.resolve() != target else None
         tmp = target.with_name(f".dagster.yaml.tmp-{os.getpid()}")
         tmp.write_text(text if text is not None else _DEFAULT_INSTANCE_YAML, encoding="utf-8")
@@ -74,10 +82,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"FAILED dataset {name}: {error}", file=sys.stderr)
     for name, error in sorted(report.get("mix_errors", {}).items()):
         print(f"FAILED mix {name}: {error}", file=sys.stderr)
+    env = f"DAGSTER_HOME={home} PREP_ASSETS_DATA_DIR={data_dir} {Path(sys.executable).parent / 'dagster'}"
     print(
         f"\n{len(report['runs'])} run(s), {len(failed)} failed, {len(report['errors'])} dataset(s) in error; "
-        f"open the UI: DAGSTER_HOME={home} PREP_ASSETS_DATA_DIR={data_dir} "
-        f"{Path(sys.executable).parent / 'dagster'} dev -w workspace.yaml -h 127.0.0.1 -p 3000"
+        f"open the UI: {env} dev -w workspace.yaml -h 127.0.0.1 -p 3000\n"
+        f"rebuild drops while it runs: {env} job backfill -j <dataset>_drops --partitions KEY1,KEY2 --noprompt "
+        "-w workspace.yaml (it returns once submitted: its runs are queued, and the daemon runs them one at a time)"
     )
     return 1 if failed or report["errors"] or report.get("mix_errors") else 0
 
@@ -85,6 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 _SUMMARY_COLUMNS = (
     "dataset",
     "partition",
+    "unit",
     "bronze",
     "silver",
     "gold",
@@ -95,7 +106,11 @@ _SUMMARY_COLUMNS = (
     "utilization",
     "checks",
 )
-_SUMMARY_LEGEND = "bronze, silver, gold: records in/kept/rejected at that layer"
+_SUMMARY_LEGEND = (
+    "bronze: units parsed (`unit`: JSONL/TXT lines, JSON array elements, table rows; blank lines not counted)"
+    "/records kept/rejected; "
+    "silver, gold: records in/kept/rejected"
+)
 
 
 def format_summary(rows: list[dict[str, Any]]) -> str:
@@ -106,6 +121,21 @@ def format_summary(rows: list[dict[str, Any]]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join([*lines, f"({_SUMMARY_LEGEND})"])
+
+
+def cmd_retire(args: argparse.Namespace) -> int:
+    data_dir = _resolve_data_dir(args.data_dir)
+    ensure_dagster_home()
+    from prep_assets.orchestrate import retire
+
+    record = retire(data_dir, args.dataset, args.drop, reason=args.reason or "", log=print)
+    folder = data_dir / "lake" / args.dataset / "retired" / record["partition"]
+    print(
+        f"retired {record['partition']} ({record['file']}, sha256 {record['sha256'][:12]}) by {record['retired_by']} "
+        f"at {record['retired_at']} in run {record['run_id']}: out of the partitions and the manifest; "
+        f"its outputs and raw file are in {folder}"
+    )
+    return 0
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -126,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help=f"folder with datasets/ and raw/ (default: ${DATA_DIR_ENV} or ./data)")
     run.add_argument("--all", action="store_true", help="rematerialize every partition, even up-to-date ones")
     run.set_defaults(fn=cmd_run)
+    ret = sub.add_parser("retire", help="take a bad drop out of the partitions and the manifest, kept for inspection")
+    ret.add_argument("dataset")
+    ret.add_argument("drop", help="its partition key, or its file name in raw/<dataset>/")
+    ret.add_argument("--reason", help="why (kept in retired.json)")
+    ret.add_argument("--data-dir", help=f"folder with datasets/ and raw/ (default: ${DATA_DIR_ENV} or ./data)")
+    ret.set_defaults(fn=cmd_retire)
     dec = sub.add_parser("decode", help="print a packed row with masks, segments and padding marked")
     dec.add_argument("shard", help="a shard Parquet file (lake/<dataset>/shards/<drop>/<split>/part-*.parquet)")
     dec.add_argument("--row", type=int, default=0)

@@ -24,7 +24,7 @@ from prep_assets.core.spec import DatasetSpec, scan_specs
 from prep_assets.defs.automation import automation_sensor
 from prep_assets.defs.bronze import BRONZE
 from prep_assets.defs.checks import gate_checks
-from prep_assets.defs.executors import executor_from_env
+from prep_assets.defs.executors import dataset_job_executor, executor_from_env
 from prep_assets.defs.gold import GOLD, tokenizer_asset
 from prep_assets.defs.keys import (
     DATASET_MANIFEST,
@@ -40,20 +40,32 @@ from prep_assets.defs.keys import (
 from prep_assets.defs.layers import layer_asset
 from prep_assets.defs.mix import mix_asset, mix_checks
 from prep_assets.defs.resources import LakeResource, default_batch_size, default_data_dir
+from prep_assets.defs.retire import retire_job
 from prep_assets.defs.sensors import build_drop_sensor, build_manifest_sensor
 from prep_assets.defs.shards import SHARDS, manifest_asset
 from prep_assets.defs.silver import SILVER
 
 
 def dataset_jobs(spec: DatasetSpec) -> list:
+    executor = dataset_job_executor()
     return [
-        define_asset_job(tokenizer_job_name(spec), selection=AssetSelection.assets(asset_key(spec, TOKENIZER))),
+        define_asset_job(
+            tokenizer_job_name(spec),
+            selection=AssetSelection.assets(asset_key(spec, TOKENIZER)),
+            executor_def=executor,
+        ),
         define_asset_job(
             drop_job_name(spec),
             selection=AssetSelection.assets(*(asset_key(spec, n) for n in PARTITIONED)),
             description=f"All layers of one {spec.name} drop: bronze -> silver -> gold -> packed shards, with gates.",
+            executor_def=executor,
         ),
-        define_asset_job(manifest_job_name(spec), selection=AssetSelection.assets(asset_key(spec, DATASET_MANIFEST))),
+        define_asset_job(
+            manifest_job_name(spec),
+            selection=AssetSelection.assets(asset_key(spec, DATASET_MANIFEST)),
+            executor_def=executor,
+        ),
+        retire_job(spec),
     ]
 
 

@@ -199,6 +199,7 @@ def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dic
     return {
         "dataset": spec.name,
         "partition": partition,
+        "unit": b.unit if b else "",  # what bronze read: lines, JSON array elements or table rows
         "bronze": flow(b.records + b.rejects, b.records, b.rejects) if b else "",
         "silver": flow(s.records_in, s.records, s.rejects) if s else "",
         # silver's stats may be gone after a failure
@@ -343,3 +344,27 @@ def _run_dataset(
             runs.append(run)
         rows.append(summary_row(spec, paths, key, run))
     runs.append(_launch(defs, instance, manifest_job_name(spec)))
+
+
+def retire(data_dir: Path, dataset: str, drop: str, reason: str = "", log: Callable[[str], None] = print) -> dict:
+    """Run the dataset's retire job in process (a Dagster run in the instance, as the UI's would be): the drop
+    leaves the partition set and the manifest, its outputs and raw file go under `lake/<dataset>/retired/`."""
+    from prep_assets.core.retire import RECORD
+    from prep_assets.defs.retire import retire_job_name, retire_op_name
+
+    spec = next((s for s in scan_specs(data_dir / "datasets").specs if s.name == dataset), None)
+    if spec is None:
+        raise PrepAssetsError(f"no dataset {dataset!r} with a spec that loads in {data_dir / 'datasets'}")
+    defs = build_definitions(data_dir, dataset)
+    config = {"ops": {retire_op_name(spec): {"config": {"drop": drop, "reason": reason}}}}
+    with exclusive(data_dir / "lake" / RUN_LOCK, lambda: log("waiting for another prep-assets run on this data dir")):
+        result = defs.resolve_job_def(retire_job_name(spec)).execute_in_process(
+            instance=_instance(),
+            run_config={**_QUIET, **config},
+            raise_on_error=False,
+            tags={PROCESS_TAG: process_tag()},
+        )
+    if not result.success:
+        raise PrepAssetsError(_failure(result))
+    records = sorted(dataset_paths(data_dir, dataset).retired_dir.glob(f"*/{RECORD}"), key=lambda p: p.stat().st_mtime)
+    return {"run_id": result.run_id, **read_json(records[-1])}

@@ -19,6 +19,7 @@ import pytest
 from prep_assets_tests.conftest import PROJECT
 
 DAGSTER = Path(sys.executable).parent / "dagster"
+INSTANCE_YAML = PROJECT / ".dagster_home" / "dagster.yaml"  # the project's instance config
 
 
 def free_port() -> int:
@@ -62,7 +63,7 @@ def dagster_dev(home: Path, data: Path, log: Path) -> Iterator[DagsterDev]:
     it has none) and the data dir `data`; yields once the webserver answers; stops the whole process group."""
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():
-        (home / "dagster.yaml").write_bytes((PROJECT / "dagster.yaml").read_bytes())
+        (home / "dagster.yaml").write_bytes(INSTANCE_YAML.read_bytes())
     env = {**os.environ, "DAGSTER_HOME": str(home), "PREP_ASSETS_DATA_DIR": str(data)}
     server = DagsterDev(free_port(), env, log)
     with log.open("wb") as out:

@@ -1,7 +1,8 @@
 """The UI as a user sees it, in a real browser (headless Chromium driven by Playwright) against `dagster dev` on
-127.0.0.1: the bronze -> silver -> gold -> shards lineage, a gold asset's metadata and check results, one
-partition materialized from the UI and waited for through the page. Screenshots are kept as test artifacts
-(`$PREP_ASSETS_ARTIFACTS`, default `.artifacts/browser/` in the project)."""
+127.0.0.1: the dataset's asset group (its assets and their layer kinds), the bronze -> silver -> gold -> shards
+lineage, a gold asset's metadata and check results, one partition materialized from the UI and waited for through
+the page, then that drop retired from the UI (the retire job's Launchpad) and gone from the manifest. Screenshots
+are kept as test artifacts (`$PREP_ASSETS_ARTIFACTS`, default `.artifacts/browser/` in the project)."""
 
 from __future__ import annotations
 
@@ -92,13 +93,20 @@ def test_lineage_metadata_checks_and_a_materialization_from_the_ui(tmp_path: Pat
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.set_default_timeout(60_000)
 
-        # the lineage from the raw drop to the shards, grouped by layer
+        # the dataset's asset group, named after it: its six assets, each with its layer's kind
+        page.goto(f"{server.url}/locations/prep_assets/asset-groups/{DS}")
+        assets = ["raw_records", "clean_records", "tokenizer", "tokenized_examples", "packed_shards"]
+        assets.append("dataset_manifest")
+        text = _body_text_with(page, ["Asset Group in", *assets, "Bronze", "Silver", "Gold"])
+        assert all(a in text for a in assets) and {"Bronze", "Silver", "Gold"} <= set(text.split("\n")), text[:2000]
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(ARTIFACTS / "dataset_group.png"))
+
+        # the lineage from the raw drop to the shards
         page.goto(f"{server.url}/assets/{DS}/packed_shards?view=lineage&lineageScope=upstream&lineageDepth=3")
         graph = page.locator("body")
         for node in ("raw_records", "clean_records", "tokenized_examples", "packed_shards", "tokenizer"):
             graph.get_by_text(node, exact=True).first.wait_for()
-        for group in ("bronze", "silver", "gold"):
-            assert graph.get_by_text(group, exact=True).count() >= 1, group
         page.wait_for_timeout(1500)  # let the graph finish laying out before the picture
         page.screenshot(path=str(ARTIFACTS / "lineage.png"))
 
@@ -160,7 +168,24 @@ def test_lineage_metadata_checks_and_a_materialization_from_the_ui(tmp_path: Pat
         text = decoded.inner_text()
         assert "trained" in text and "«" in text and "<|endoftext|>" in text  # masked prompts in «…», as `decode`
         page.screenshot(path=str(ARTIFACTS / "decoded_row.png"))
-        page.close()
 
-    runs = json.loads((lake / "shards" / partition / "stats.json").read_text())
+        # retire the drop from the UI: the <dataset>_retire job's Launchpad with the partition key as config
+        page.goto(f"{server.url}/locations/prep_assets/jobs/{DS}_retire/playground")
+        page.locator(".CodeMirror").first.wait_for()
+        config = f"ops:\n  {DS}__retire_drop:\n    config:\n      drop: {partition}\n"
+        config += "      reason: retired from the UI\n"
+        page.evaluate("(text) => document.querySelector('.CodeMirror').CodeMirror.setValue(text)", config)
+        page.screenshot(path=str(ARTIFACTS / "retire_launchpad.png"))
+        page.get_by_role("button", name="Launch Run").click()
+        page.wait_for_url(re.compile(r"/runs/[0-9a-f-]{8,}"))
+        server.wait("the retire run launched from the UI", lambda: run_status() != "", 300)
+        body = page.locator("body").inner_text()
+        assert "Success" in body and "Failure" not in body, body[:2000]
+        page.close()
+    assert partition not in json.loads((lake / "manifest.json").read_text())["partitions"]
+    retired = json.loads((lake / "retired" / partition / "retired.json").read_text())
+    assert retired["reason"] == "retired from the UI" and retired["via"].startswith("run ")
+    partition_dir = lake / "retired" / partition / "shards"  # the outputs kept for inspection
+
+    runs = json.loads((partition_dir / "stats.json").read_text())
     assert runs["totals"]["sequences"] > 0

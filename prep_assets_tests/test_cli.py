@@ -1,5 +1,6 @@
 """`prep-assets run` as a newcomer runs it: a subprocess, a fresh DAGSTER_HOME, the shipped sample data."""
 
+import hashlib
 import json
 import os
 import re
@@ -285,3 +286,48 @@ def test_a_run_left_started_by_a_killed_process_is_marked_failed_on_the_next_run
     with DagsterInstance.get() as instance:
         assert instance.get_run_by_id("deadrun").status == DagsterRunStatus.FAILURE
         assert instance.get_run_by_id("liverun").status == DagsterRunStatus.STARTED  # its process is alive
+
+
+def test_retire_takes_a_drop_out_for_good_unless_its_bytes_change(
+    in_process: Path, capsys: pytest.CaptureFixture[str]
+):
+    data, ds = in_process, "sample_text"
+    assert main(["run", "--data-dir", str(data), "--dataset", ds]) == 0
+    out = capsys.readouterr().out
+    venv_dagster = Path(sys.executable).parent / "dagster"
+    assert f"PREP_ASSETS_DATA_DIR={data} {venv_dagster} dev -w workspace.yaml" in out  # the UI hint, as run
+    assert "its runs are queued" in out and "\nunit " not in out and "line " in out  # the summary's unit column
+    lake, raw = data / "lake" / ds, data / "raw" / ds
+    bad = raw / "field_notes_2026-11-02.txt"
+    content = bad.read_bytes()
+    (key,) = [p.stem for p in (lake / "drops").glob("field_notes_2026-11-02_txt-*.json")]
+    assert len(json.loads((lake / "manifest.json").read_text())["partitions"]) == 2
+    capsys.readouterr()
+    assert main(["retire", ds, bad.name, "--data-dir", str(data), "--reason", "garbled OCR"]) == 0
+    assert f"retired {key}" in capsys.readouterr().out
+    manifest = json.loads((lake / "manifest.json").read_text())
+    assert key not in manifest["partitions"] and len(manifest["partitions"]) == 1
+    folder = lake / "retired" / key
+    record = json.loads((folder / "retired.json").read_text())
+    assert record["reason"] == "garbled OCR" and record["retired_by"] and record["retired_at"].endswith("+00:00")
+    assert record["sha256"] == hashlib.sha256(content).hexdigest() and record["file"] == bad.name
+    for layer in ("bronze", "silver", "gold", "shards"):
+        assert any((folder / layer).iterdir()) and not (lake / layer / key).exists(), layer
+    assert (folder / "raw" / bad.name).read_bytes() == content and not bad.exists()
+    with DagsterInstance.get() as instance:
+        assert key not in instance.get_dynamic_partitions(f"{ds}_drops")
+    assert main(["retire", ds, key, "--data-dir", str(data)]) == 2  # once only
+    assert "already retired" in capsys.readouterr().err
+
+    bad.write_bytes(content)  # the same bytes dropped again: refused, the manifest unchanged
+    assert main(["run", "--data-dir", str(data), "--dataset", ds]) == 0
+    assert f"same bytes as retired drop {key}" in capsys.readouterr().out
+    assert not (lake / "drops" / f"{key}.json").exists()
+    assert json.loads((lake / "manifest.json").read_text())["partitions"].keys() == manifest["partitions"].keys()
+
+    bad.write_bytes(
+        content + b"\nOne more note: the river was high again after the rain.\n"
+    )  # corrected bytes under the same name: a new drop
+    assert main(["run", "--data-dir", str(data), "--dataset", ds]) == 0
+    parts = json.loads((lake / "manifest.json").read_text())["partitions"]
+    assert len(parts) == 2 and any(k.startswith("field_notes_2026-11-02_txt-") and k != key for k in parts)

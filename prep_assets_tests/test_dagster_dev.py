@@ -1,9 +1,11 @@
 """End to end under `dagster dev` (webserver + daemon) on 127.0.0.1: two files dropped into the raw folder
-reach the manifest by the sensor and automation alone; a spec change is rebuilt by a CLI backfill."""
+reach the manifest by the sensors and automation alone; a spec change is rebuilt by a CLI backfill; the time from
+a small drop's write to its manifest entry is measured."""
 
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,37 @@ def test_drops_reach_the_manifest_unattended_and_a_backfill_rebuilds_a_changed_s
         old = {f["path"]: f["sha256"] for s in before["splits"].values() for f in s["files"]}
         new = {f["path"]: f["sha256"] for s in after["splits"].values() for f in s["files"]}
         assert old.keys() == new.keys() and old != new  # the same shards, rows reshuffled by the new seed
+
+
+LATENCY_TARGET_S = 30.0
+
+
+def test_a_small_drop_reaches_the_manifest_in_seconds(tmp_path: Path):
+    """Issue 34's latency: the drop sensor requests one run of every layer and gate (the drop job), the manifest
+    sensor refreshes after it. Measures the time from writing a small drop to its manifest entry and prints it;
+    the 30 s target is reported, the assertion is loose (2 shared cores, other jobs beside)."""
+    data, home = tmp_path / "data", tmp_path / "home"
+    for sub in ("corpus", "templates"):
+        shutil.copytree(SAMPLE_DATA / sub, data / sub)
+    (data / "datasets").mkdir(parents=True)
+    shutil.copyfile(SAMPLE_DATA / "datasets" / f"{DS}.yaml", data / "datasets" / f"{DS}.yaml")
+    raw = data / "raw" / DS
+    raw.mkdir(parents=True)
+    with dagster_dev(home, data, tmp_path / "dagster_dev.log") as server:
+        # the tokenizer first (automation pins it when missing), then a few sensor ticks: a steady state
+        server.wait("the tokenizer", lambda: (data / "lake" / DS / "tokenizer").is_dir(), 300)
+        time.sleep(10)
+        lines = (SAMPLE_DATA / "raw" / DS / "arithmetic_2026-11-01.jsonl").read_text().splitlines(keepends=True)
+        started = time.monotonic()
+        (raw / "small.jsonl").write_text("".join(lines[:40]))
+        deadline = started + 300
+        while not _manifest(data).get("partitions") and time.monotonic() < deadline:
+            time.sleep(0.25)
+        latency = time.monotonic() - started
+        assert _manifest(data).get("partitions"), f"no manifest entry after {latency:.0f}s"
+        print(f"\ndrop-to-manifest latency: {latency:.1f}s (target {LATENCY_TARGET_S:.0f}s)")
+        assert latency < 4 * LATENCY_TARGET_S, f"drop-to-manifest latency {latency:.1f}s"
+        (key,) = _manifest(data)["partitions"]
+        assert key.startswith("small_jsonl-")
+    # the instance config is DAGSTER_HOME's own: no dagster.yaml in the project folder for dagster dev to warn about
+    assert "will not be used" not in (tmp_path / "dagster_dev.log").read_text()

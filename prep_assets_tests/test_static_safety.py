@@ -115,7 +115,7 @@ def test_sql_never_names_a_file_inline():
 
 
 def test_no_open_host_by_default():
-    files = [*SOURCES, PROJECT / "workspace.yaml", PROJECT / "dagster.yaml", PROJECT / ".ci" / "run"]
+    files = [*SOURCES, PROJECT / "workspace.yaml", PROJECT / ".dagster_home" / "dagster.yaml", PROJECT / ".ci" / "run"]
     offenders = [str(p.relative_to(PROJECT)) for p in files if "0.0.0.0" in _text(p)]
     assert not offenders, offenders
     readme = (PROJECT / "README.md").read_text(encoding="utf-8")

@@ -19,6 +19,7 @@ from prep_assets.core.spec_sections import FORMAT_SUFFIXES
 
 SLUG_MAX = 48
 HASH_LEN = 10
+RETIRED_REGISTRATION = "drop.json"  # a retired drop's registration, under retired/<key>/
 _IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".crdownload")
 
 
@@ -109,6 +110,14 @@ def registered_drops(paths: DatasetPaths) -> dict[str, Drop]:
     return drops
 
 
+def retired_drops(paths: DatasetPaths) -> dict[str, Drop]:
+    """Drops retired by `prep-assets retire` (`retired/<key>/drop.json`), by partition: never registered again."""
+    if not paths.retired_dir.is_dir():
+        return {}
+    entries = sorted(paths.retired_dir.glob(f"*/{RETIRED_REGISTRATION}"))
+    return {d.partition: d for d in (Drop(**read_json(e)) for e in entries)}
+
+
 def register_drops(paths: DatasetPaths) -> tuple[list[Drop], list[str]]:
     """Register every new file of the raw folder; returns (new drops, notes on files skipped)."""
     registry = _Registry(paths)
@@ -128,10 +137,15 @@ class _Registry:
         self.paths = paths
         drops = registered_drops(paths).values()
         self.by_hash = {d.sha256: d for d in drops}
-        self.next_seq = max((d.seq for d in drops), default=0) + 1
+        self.retired = {d.sha256: d for d in retired_drops(paths).values()}
+        self.next_seq = max((d.seq for d in [*drops, *self.retired.values()]), default=0) + 1
 
     def register(self, path: Path, notes: list[str]) -> Drop | None:
         digest = sha256_file(path)
+        gone = self.retired.get(digest)
+        if gone is not None:
+            notes.append(f"{path.name!r}: same bytes as retired drop {gone.partition}; not registered again")
+            return None
         twin = self.by_hash.get(digest)
         if twin is not None:
             if twin.file != path.name:

@@ -58,6 +58,10 @@ class DatasetPaths:
         return self.root / "drops"
 
     @property
+    def retired_dir(self) -> Path:
+        return self.root / "retired"
+
+    @property
     def tokenizer_dir(self) -> Path:
         return self.root / "tokenizer"
 

@@ -4,7 +4,8 @@
   upstream's blocking gates passed (a failed gate stops the drop where the data is bad); gold also waits for
   the pinned tokenizer (never racing its first materialization);
 - the tokenizer: built when missing (and not after a failed attempt: fix the spec and materialize it);
-Bronze runs are requested by the drop sensor (run key = partition key), manifest refreshes by the manifest
+A new drop's run of every layer is requested by the drop sensor (the drop job, run key = partition key), so
+automation rebuilds what goes stale afterwards; manifest refreshes come from the manifest
 sensor (`defs/sensors.py`: it compares event-log ids, so no shards update is ever lost between ticks). Evaluated
 by one automation sensor, on by default, so `dagster dev` runs it out of the box.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from dagster import ExecutorDefinition
+from dagster import ExecutorDefinition, in_process_executor
 
 from prep_assets.core.errors import PrepAssetsError
 
@@ -50,3 +50,11 @@ def executor_from_env() -> ExecutorDefinition | None:
         },
         name="celery",
     )
+
+
+def dataset_job_executor() -> ExecutorDefinition:
+    """The executor of a dataset's jobs (drop, tokenizer, manifest): on one machine the in-process executor, since
+    a drop's steps form one chain and a subprocess per step (8 of them) costs seconds each on a loaded machine (a
+    small drop's run: about 60 s multiprocess, a few seconds in process, as `prep-assets run` executes it);
+    with Celery, the Celery executor (steps go to the workers)."""
+    return executor_from_env() or in_process_executor

@@ -21,8 +21,8 @@ def tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
     @asset(
         key=asset_key(spec, TOKENIZER),
         automation_condition=tokenizer_condition(),
-        group_name="tokenizer",
-        kinds={"huggingface"},
+        group_name=spec.name,
+        kinds={"huggingface", "gold"},
         code_version=code_version(spec, "tokenizer"),
         description=(
             f"The pinned tokenizer ({source}), from `tokenizer`: copied from a local path or the local hub cache, "
@@ -58,7 +58,6 @@ def tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
 GOLD = LayerAsset(
     layer="gold",
     schema=GOLD_SCHEMA,
-    group="gold",
     upstream=(CLEAN_RECORDS, TOKENIZER),
     automation=lambda spec: gold_condition(asset_key(spec, TOKENIZER)),
     description=lambda spec: (

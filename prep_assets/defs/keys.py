@@ -23,6 +23,9 @@ LAYER_ASSET: dict[str, str] = {
     "manifest": DATASET_MANIFEST,
 }
 
+# the Dagster kind (an icon in the UI) of each layer's asset; packed shards are gold-level data
+LAYER_KIND: dict[str, str] = {"bronze": "bronze", "silver": "silver", "gold": "gold", "shards": "gold"}
+
 
 def asset_key(spec: DatasetSpec, name: str) -> AssetKey:
     return AssetKey([spec.name, name])

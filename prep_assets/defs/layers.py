@@ -21,7 +21,7 @@ from prep_assets.core.build import BUILDS
 from prep_assets.core.lake import DatasetPaths
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spec_sections import Layer
-from prep_assets.defs.keys import LAYER_ASSET, asset_key, code_version
+from prep_assets.defs.keys import LAYER_ASSET, LAYER_KIND, asset_key, code_version
 from prep_assets.defs.metadata import column_schema, preview, stats_metadata, user_errors, worker
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
@@ -41,11 +41,11 @@ class LayerAsset:
     schema: pa.Schema  # the rows it publishes (the UI's column schema)
     description: Callable[[DatasetSpec], str]
     upstream: tuple[str, ...] = ()  # asset names it depends on
-    group: str
     automation: Callable[[DatasetSpec], AutomationCondition] | None = None
     preview: tuple[str, list[str]] | None = None  # (file in the partition dir, columns) shown as a table
     extra: Extra = _no_extra  # metadata beyond the stats' figures
     data_version: Callable[[Any], str] | None = None  # from the stats; none: Dagster derives it
+    relabel: Callable[[Any], dict[str, str]] = lambda stats: {}  # metadata label -> the one shown, from the stats
 
 
 def layer_asset(spec: DatasetSpec, declared: LayerAsset) -> AssetsDefinition:
@@ -54,12 +54,16 @@ def layer_asset(spec: DatasetSpec, declared: LayerAsset) -> AssetsDefinition:
         automation_condition=declared.automation(spec) if declared.automation else None,
         deps=[asset_key(spec, up) for up in declared.upstream],
         partitions_def=drops_partitions(spec.name),
-        group_name=declared.group,
-        kinds={"parquet"},
+        group_name=spec.name,  # one group per dataset: the global graph shows each dataset's lineage under its name
+        kinds={"parquet", LAYER_KIND[declared.layer]},
         code_version=code_version(spec, declared.layer),
         description=declared.description(spec),
-        metadata={"dagster/column_schema": column_schema(declared.schema)},
-        tags={"layer": "gold" if declared.layer == "shards" else declared.layer},
+        metadata={
+            "dagster/column_schema": column_schema(
+                declared.schema, declared.layer, spec.input.type, spec.input.domain_key is not None
+            )
+        },
+        tags={"layer": declared.layer},
     )
     def _layer(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
         paths = lake.paths(spec.name)
@@ -68,6 +72,8 @@ def layer_asset(spec: DatasetSpec, declared: LayerAsset) -> AssetsDefinition:
         with user_errors():
             stats = BUILDS[declared.layer](spec, paths, partition, batch_size=lake.batch_size)
         shown = {"worker": worker(), **stats_metadata(stats), **declared.extra(spec, paths, partition, stats)}
+        labels = declared.relabel(stats)
+        shown = {labels.get(k, k): v for k, v in shown.items()}
         if declared.preview is not None:
             file, columns = declared.preview
             shown["preview"] = preview(out / file, columns)

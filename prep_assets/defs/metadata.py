@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dagster import Failure, MetadataValue, TableColumn, TableRecord, TableSchema
 
+from prep_assets.core.columns import describe, shown_columns
 from prep_assets.core.decode import decode_row, render_text
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.stats import LayerStats
@@ -33,8 +34,17 @@ def user_errors() -> Iterator[None]:
         raise Failure(description=str(exc)) from None
 
 
-def column_schema(schema: pa.Schema) -> TableSchema:
-    return TableSchema(columns=[TableColumn(name=f.name, type=str(f.type)) for f in schema])
+def column_schema(
+    schema: pa.Schema, layer: str | None = None, input_type: str | None = None, domains: bool = False
+) -> TableSchema:
+    """The UI's column schema: each column's type and description (`core.columns`), without the columns a
+    dataset of `input_type` (and without `domains`: the domain column) never fills."""
+    names = shown_columns(schema.names, input_type, domains) if input_type else schema.names
+    return TableSchema(
+        columns=[
+            TableColumn(name=n, type=str(schema.field(n).type), description=describe(n, layer) or None) for n in names
+        ]
+    )
 
 
 def counts_table(counts: dict[str, int], key: str = "reason") -> MetadataValue:

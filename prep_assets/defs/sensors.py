@@ -1,16 +1,18 @@
-"""One sensor per dataset: complete new files in `raw/<dataset>/` become partitions, and their bronze runs.
+"""One sensor per dataset: complete new files in `raw/<dataset>/` become partitions, and their drop runs.
 
 Thin over `core.drops.poll_drops` (what is complete, what is a new drop). The sensor adds every registered
 drop the instance does not know yet (so a tick that failed after registering loses nothing) and requests the
-bronze run of each with the partition key as run key (Dagster never launches two runs with one run key of a
-sensor); the layers below follow by declarative automation. With `clean.dedup_scope: dataset` it also requests
-silver again for drops whose earlier drops changed (a file replaced), run key = partition + that set's hash.
+whole drop job of each (`<dataset>_drops`: bronze -> silver -> gold -> shards and their gates in one run) with
+the partition key as run key (Dagster never launches two runs with one run key of a sensor): one run instead of
+one per layer and automation tick, so a small drop reaches the manifest in seconds. Automation still rebuilds
+what goes stale. Until the tokenizer is pinned (automation builds it), new drops wait: their gold would fail.
+With `clean.dedup_scope: dataset` it also requests silver again for drops whose earlier drops changed (a file
+replaced), run key = partition + that set's hash.
 """
 
 import hashlib
 
 from dagster import (
-    AssetSelection,
     DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
@@ -30,7 +32,7 @@ from prep_assets.defs.keys import (
     CLEAN_RECORDS,
     DATASET_MANIFEST,
     PACKED_SHARDS,
-    RAW_RECORDS,
+    TOKENIZER,
     asset_key,
     drop_job_name,
     manifest_job_name,
@@ -38,7 +40,10 @@ from prep_assets.defs.keys import (
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
-POLL_SECONDS = 15
+POLL_SECONDS = 5  # a drop is registered after two ticks with the same size and mtime: 5-10 s after its write
+# the sensor daemon loops every 5 s and evaluates a sensor whose last tick is at least this old: below 5, every
+# loop ticks (at exactly 5, a loop that came a little early skipped the sensor, and ticks were 10 s apart)
+MIN_INTERVAL_SECONDS = 3
 UNFINISHED = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
@@ -57,14 +62,14 @@ def build_drop_sensor(spec: DatasetSpec) -> SensorDefinition:
 
     @sensor(
         name=sensor_name(spec),
-        minimum_interval_seconds=POLL_SECONDS,
+        minimum_interval_seconds=MIN_INTERVAL_SECONDS,
         default_status=DefaultSensorStatus.RUNNING,
-        asset_selection=AssetSelection.assets(asset_key(spec, RAW_RECORDS), asset_key(spec, CLEAN_RECORDS)),
+        job_name=drop_job_name(spec),
         description=(
             f"Polls raw/{spec.name}/ every {POLL_SECONDS}s. A file becomes a drop once its size and mtime "
             "are unchanged across two ticks (hidden, `_`, .tmp/.part names ignored; symlinks and names no "
-            "reader takes refused, and reported). Adds the partition and requests its bronze run (run key = "
-            "partition key); automation carries it on."
+            f"reader takes refused, and reported). Adds the partition and requests the {drop_job_name(spec)} "
+            "run of all its layers and gates (run key = partition key), once the tokenizer is pinned."
         ),
     )
     def _sensor(context: SensorEvaluationContext, lake: LakeResource) -> SensorResult | SkipReason:
@@ -73,17 +78,16 @@ def build_drop_sensor(spec: DatasetSpec) -> SensorDefinition:
         known = set(context.instance.get_dynamic_partitions(partitions.name or ""))
         gone = superseded_drops(paths)
         missing = sorted(k for k in registered_drops(paths) if k not in known and k not in gone)
+        if missing and latest_event_id(context.instance, asset_key(spec, TOKENIZER)) is None:
+            # registered in the lake, added and requested on the first tick after the tokenizer is pinned
+            context.log.info(f"{len(missing)} new drop(s) wait for the tokenizer (automation builds it)")
+            missing = []
         for note in poll.notes:
             context.log.info(note)
         if poll.waiting:
             context.log.info(f"waiting for {len(poll.waiting)} file(s) to stop changing: {poll.waiting[:10]}")
         requests = [
-            RunRequest(
-                run_key=k,
-                partition_key=k,
-                asset_selection=[asset_key(spec, RAW_RECORDS)],
-                tags={"prep_assets/drop": k},
-            )
+            RunRequest(run_key=k, partition_key=k, tags={"prep_assets/drop": k})  # the whole drop job
             for k in missing
         ]
         for k, earlier in stale_silver(spec, paths).items():
@@ -136,9 +140,9 @@ def build_manifest_sensor(spec: DatasetSpec) -> SensorDefinition:
 
     @sensor(
         name=manifest_sensor_name(spec),
-        minimum_interval_seconds=POLL_SECONDS,
+        minimum_interval_seconds=MIN_INTERVAL_SECONDS,
         default_status=DefaultSensorStatus.RUNNING,
-        asset_selection=AssetSelection.assets(manifest),
+        job_name=manifest_job_name(spec),
         description=(
             f"Every {POLL_SECONDS}s: refreshes {spec.name}/dataset_manifest once a packed_shards partition "
             "was materialized after it and no shards or manifest run is queued or running (the refresh "
@@ -160,7 +164,7 @@ def build_manifest_sensor(spec: DatasetSpec) -> SensorDefinition:
         if busy:
             return SkipReason(f"waiting for {len(busy)} run(s) building shards or the manifest: {busy[:3]}")
         return SensorResult(
-            run_requests=[RunRequest(run_key=f"manifest-after-{shards_id}", asset_selection=[manifest])]
+            run_requests=[RunRequest(run_key=f"manifest-after-{shards_id}")]  # the manifest job
         )
 
     return _sensor

@@ -7,6 +7,7 @@ from dagster import (
     AssetDep,
     AssetExecutionContext,
     AssetsDefinition,
+    DagsterInstance,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -69,7 +70,6 @@ def _shards_metadata(spec: DatasetSpec, paths: DatasetPaths, partition: str, sta
 SHARDS = LayerAsset(
     layer="shards",
     schema=SHARD_SCHEMA,
-    group="gold",
     upstream=(TOKENIZED_EXAMPLES, TOKENIZER),
     automation=lambda spec: layer_condition(),
     description=lambda spec: (
@@ -91,8 +91,8 @@ def manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
             AssetDep(asset_key(spec, PACKED_SHARDS), partition_mapping=AllPartitionMapping()),
             asset_key(spec, TOKENIZER),
         ],
-        group_name="gold",
-        kinds={"json"},
+        group_name=spec.name,
+        kinds={"json", "gold"},
         code_version=code_version(spec, "shards"),
         description=(
             f"lake/{spec.name}/manifest.json: the shards of every drop whose gates all passed on its latest "
@@ -100,42 +100,45 @@ def manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
             "paths relative to the manifest, sha256, sequences, tokens, loss tokens, max_batch_size, the tokenizer "
             "fingerprint, max_seq_len and the config hash. What a trainer points at."
         ),
-        tags={"layer": "gold"},
+        tags={"layer": "shards"},
     )
     def dataset_manifest(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
-        paths = lake.paths(spec.name)
-        # taken first: shards landing while this runs make the manifest sensor ask for another refresh
-        shards_event_id = latest_event_id(context.instance, asset_key(spec, PACKED_SHARDS))
-        registered = sorted(context.instance.get_dynamic_partitions(drops_partitions(spec.name).name))
-        unpassed = unpassed_gates(context.instance, spec, registered)
-        superseded = superseded_drops(paths)
-        included, excluded = manifest_partitions(registered, superseded, unpassed)
-        for partition in (p for p in excluded if p not in superseded):
-            pending = latest_event_id(context.instance, asset_key(spec, PACKED_SHARDS), partition)
-            if gates_pending(unpassed.get(partition, [])) and pending is not None and shards_event_id is not None:
-                # its gates may still be running (runs go side by side in production): count the manifest
-                # as built before those shards, so the manifest sensor asks again once they are done
-                shards_event_id = min(shards_event_id, pending - 1)
-        with user_errors():
-            manifest = build_manifest(spec, paths, included)
-        per_split = [
-            {"split": s, "files": len(m["files"]), "exports": len(m["exports"]), **{c: m[c] for c in _SPLIT_COLUMNS}}
-            for s, m in manifest["splits"].items()
-        ]
-        return MaterializeResult(
-            metadata={
-                "worker": worker(),
-                "num_partitions": len(manifest["partitions"]),
-                SHARDS_EVENT_ID: shards_event_id if shards_event_id is not None else -1,
-                "num_sequences": sum(m["sequences"] for m in manifest["splits"].values()),
-                "num_tokens": sum(m["output_tokens"] for m in manifest["splits"].values()),
-                "splits": md_table(per_split),
-                "num_partitions_excluded": len(excluded),
-                "excluded_partitions": md_table([{"partition": k, "why": v} for k, v in sorted(excluded.items())]),
-                "config_hash": manifest["config_hash"],
-                "tokenizer_fingerprint": manifest["tokenizer_fingerprint"],
-                "path": MetadataValue.path(str(paths.manifest_path)),
-            }
-        )
+        return MaterializeResult(metadata=refresh_manifest(context.instance, spec, lake.paths(spec.name)))
 
     return dataset_manifest
+
+
+def refresh_manifest(instance: DagsterInstance, spec: DatasetSpec, paths: DatasetPaths) -> dict[str, Any]:
+    """Publish the manifest over the instance's partitions whose gates passed; returns its UI metadata (the
+    manifest asset's, and the retire job's materialization of it)."""
+    # taken first: shards landing while this runs make the manifest sensor ask for another refresh
+    shards_event_id = latest_event_id(instance, asset_key(spec, PACKED_SHARDS))
+    registered = sorted(instance.get_dynamic_partitions(drops_partitions(spec.name).name))
+    unpassed = unpassed_gates(instance, spec, registered)
+    superseded = superseded_drops(paths)
+    included, excluded = manifest_partitions(registered, superseded, unpassed)
+    for partition in (p for p in excluded if p not in superseded):
+        pending = latest_event_id(instance, asset_key(spec, PACKED_SHARDS), partition)
+        if gates_pending(unpassed.get(partition, [])) and pending is not None and shards_event_id is not None:
+            # its gates may still be running (runs go side by side in production): count the manifest
+            # as built before those shards, so the manifest sensor asks again once they are done
+            shards_event_id = min(shards_event_id, pending - 1)
+    with user_errors():
+        manifest = build_manifest(spec, paths, included)
+    per_split = [
+        {"split": s, "files": len(m["files"]), "exports": len(m["exports"]), **{c: m[c] for c in _SPLIT_COLUMNS}}
+        for s, m in manifest["splits"].items()
+    ]
+    return {
+        "worker": worker(),
+        "num_partitions": len(manifest["partitions"]),
+        SHARDS_EVENT_ID: shards_event_id if shards_event_id is not None else -1,
+        "num_sequences": sum(m["sequences"] for m in manifest["splits"].values()),
+        "num_tokens": sum(m["output_tokens"] for m in manifest["splits"].values()),
+        "splits": md_table(per_split),
+        "num_partitions_excluded": len(excluded),
+        "excluded_partitions": md_table([{"partition": k, "why": v} for k, v in sorted(excluded.items())]),
+        "config_hash": manifest["config_hash"],
+        "tokenizer_fingerprint": manifest["tokenizer_fingerprint"],
+        "path": MetadataValue.path(str(paths.manifest_path)),
+    }

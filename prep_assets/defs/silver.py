@@ -9,7 +9,6 @@ from prep_assets.defs.layers import LayerAsset
 SILVER = LayerAsset(
     layer="silver",
     schema=SILVER_SCHEMA,
-    group="silver",
     upstream=(RAW_RECORDS,),
     automation=lambda spec: layer_condition(),
     description=lambda spec: (

@@ -55,3 +55,12 @@ def materialize_manifest(data_dir: Path, name: str, instance: DagsterInstance) -
         instance=instance,
         resources={"lake": LakeResource(data_dir=str(data_dir))},
     )
+
+
+def split_sample_instruct(data: Path, ds: str = "sample_instruct") -> None:
+    """sample_instruct's one drop cut into a.jsonl (its first 40 records) and b.jsonl (the next 40)."""
+    raw = data / "raw" / ds
+    lines = (raw / "arithmetic_2026-11-01.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    (raw / "arithmetic_2026-11-01.jsonl").unlink()
+    (raw / "a.jsonl").write_text("".join(lines[:40]), encoding="utf-8")
+    (raw / "b.jsonl").write_text("".join(lines[40:80]), encoding="utf-8")

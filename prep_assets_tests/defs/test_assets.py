@@ -67,6 +67,8 @@ def test_alpaca_json_array_with_joined_prompt_keys(tmp_path: Path, gpt2_dir: Pat
     assert result.success, [c.check_name for c in result.get_asset_check_evaluations() if not c.passed]
     acct = read_json(data / "lake" / "alpaca" / "bronze" / key / "accounting.json")
     assert acct["unit"] == "element" and acct["records"] == acct["lines_in"] > 500
+    shown = metadata(result, "alpaca", "raw_records")  # the UI names what was read: a JSON array's elements
+    assert shown["elements_in"] == acct["lines_in"] and "lines_in" not in shown
     rec = pq.read_table(data / "lake" / "alpaca" / "bronze" / key / "records.parquet").slice(0, 1).to_pylist()[0]
     assert rec["source_line"] == 2 and rec["byte_offset"] > 0  # the first element starts on line 2
 

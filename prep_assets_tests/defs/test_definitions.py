@@ -3,23 +3,26 @@ from dagster import AssetKey
 from prep_assets.definitions import build_definitions
 from prep_assets_tests.conftest import SAMPLE_DATA
 
+# asset -> (its `layer` tag, its Dagster kinds)
 LAYERS = {
-    "raw_records": "bronze",
-    "clean_records": "silver",
-    "tokenizer": "tokenizer",
-    "tokenized_examples": "gold",
-    "packed_shards": "gold",
-    "dataset_manifest": "gold",
+    "raw_records": ("bronze", {"parquet", "bronze"}),
+    "clean_records": ("silver", {"parquet", "silver"}),
+    "tokenizer": ("gold", {"huggingface", "gold"}),
+    "tokenized_examples": ("gold", {"parquet", "gold"}),
+    "packed_shards": ("shards", {"parquet", "gold"}),
+    "dataset_manifest": ("shards", {"json", "gold"}),
 }
 
 
-def test_definitions_have_every_layer_per_dataset_with_groups_and_lineage():
+def test_definitions_have_every_layer_per_dataset_in_the_datasets_group_with_lineage():
     defs = build_definitions(SAMPLE_DATA)
     graph = defs.resolve_asset_graph()
-    for ds in ("sample_text", "sample_instruct", "sample_chat", "sample_pref"):
-        for name, group in LAYERS.items():
+    datasets = ("sample_text", "sample_instruct", "sample_chat", "sample_pref", "sample_sensors")
+    for ds in datasets:
+        for name, (layer, kinds) in LAYERS.items():
             node = graph.get(AssetKey([ds, name]))
-            assert node.group_name == group, (ds, name)
+            assert node.group_name == ds, (ds, name)  # one group per dataset, the layer a tag and a kind
+            assert node.tags["layer"] == layer and node.kinds == kinds, (ds, name)
             assert node.description
         parents = {k: {p.path[-1] for p in graph.get(AssetKey([ds, k])).parent_keys} for k in LAYERS}
         assert parents["clean_records"] == {"raw_records"}
@@ -28,6 +31,8 @@ def test_definitions_have_every_layer_per_dataset_with_groups_and_lineage():
         assert parents["dataset_manifest"] == {"packed_shards", "tokenizer"}
         assert graph.get(AssetKey([ds, "raw_records"])).partitions_def.name == f"{ds}_drops"
         assert graph.get(AssetKey([ds, "tokenizer"])).partitions_def is None
+    groups = {graph.get(k).group_name for k in graph.get_all_asset_keys()}
+    assert groups == {*datasets, "mix_sample_mix"}  # no group per layer left; a mix is a group of its own
 
 
 def test_every_partitioned_layer_has_blocking_gates():
@@ -78,16 +83,11 @@ def test_a_running_drop_and_manifest_sensor_per_dataset():
         | {"prep_assets_automation"}
     )
     assert all(s.default_status == DefaultSensorStatus.RUNNING for s in sensors.values())
-    assert sensors["sample_text_manifest_sensor"].asset_selection.resolve(defs.resolve_asset_graph()) == {
-        AssetKey(["sample_text", "dataset_manifest"])
-    }
+    assert sensors["sample_text_manifest_sensor"].job_name == "sample_text_manifest"
     text = sensors["sample_text_drops_sensor"]
     assert text.default_status == DefaultSensorStatus.RUNNING
-    # bronze of new drops; silver only to rebuild it when earlier drops changed (sample_text: dedup_scope dataset)
-    assert text.asset_selection.resolve(defs.resolve_asset_graph()) == {
-        AssetKey(["sample_text", "raw_records"]),
-        AssetKey(["sample_text", "clean_records"]),
-    }
+    # the whole drop job of new drops; silver alone to rebuild it when earlier drops changed (dedup_scope dataset)
+    assert text.job_name == "sample_text_drops"
 
 
 def test_a_broken_spec_becomes_its_own_error_asset_and_every_other_dataset_loads(tmp_path):
@@ -119,3 +119,21 @@ def test_a_broken_spec_whose_file_name_dagster_would_refuse_still_loads_as_an_er
     graph = build_definitions(data).resolve_asset_graph()
     broken = graph.get(AssetKey(["en_wiki_v2", SPEC_ERROR]))
     assert "en-wiki.v2.yaml" in broken.description and broken.group_name == "en_wiki_v2"
+
+
+def test_column_schemas_describe_every_column_and_list_only_the_ones_the_type_fills():
+    graph = build_definitions(SAMPLE_DATA).resolve_asset_graph()
+
+    def columns(ds: str, name: str) -> dict[str, str]:
+        schema = graph.get(AssetKey([ds, name])).metadata["dagster/column_schema"]
+        return {c.name: c.description for c in schema.columns}
+
+    for ds in ("sample_text", "sample_instruct", "sample_chat", "sample_pref", "sample_sensors"):
+        for name in ("raw_records", "clean_records", "tokenized_examples", "packed_shards"):
+            assert all(columns(ds, name).values()), (ds, name)
+    preference, tabular = {"pair_id", "branch", "shared_prefix_tokens"}, {"record_ids", "group_keys"}
+    assert not (preference | tabular) & set(columns("sample_instruct", "tokenized_examples"))
+    assert preference <= set(columns("sample_pref", "tokenized_examples"))
+    assert tabular <= set(columns("sample_sensors", "tokenized_examples"))
+    assert not preference & set(columns("sample_sensors", "tokenized_examples"))
+    assert "normalize" in columns("sample_text", "clean_records")["content"]  # silver says content differently

@@ -5,25 +5,28 @@ import os
 import re
 from pathlib import Path
 
-from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, SensorResult, build_sensor_context
 
 from prep_assets.core.drops import registered_drops
 from prep_assets.core.lake import dataset_paths
 from prep_assets.core.spec import load_spec
 from prep_assets.defs.resources import LakeResource
 from prep_assets.defs.sensors import build_drop_sensor
-from prep_assets_tests.conftest import write_dataset
+from prep_assets_tests.conftest import SAMPLE_DATA, write_dataset
 
 SPEC = {"input": {"type": "text"}, "tokenizer": {"path": "."}}  # never built here; specs need a path that exists
+SAMPLE_DATASETS = SAMPLE_DATA / "datasets"
 KEY = re.compile(r"^[a-z0-9_-]{1,64}$")
 
 
 class Ticks:
     """Evaluates the sensor as the daemon would: the stored cursor carried over, add-requests applied."""
 
-    def __init__(self, data: Path, instance: DagsterInstance) -> None:
+    def __init__(self, data: Path, instance: DagsterInstance, pinned: bool = True) -> None:
         self.data, self.instance, self.cursor = data, instance, None
         self.sensor = build_drop_sensor(load_spec(data / "datasets" / "notes.yaml"))
+        if pinned:  # drop runs wait for the tokenizer: record one materialization of it
+            pin_tokenizer(instance)
 
     def tick(self, apply: bool = True) -> SensorResult:
         ctx = build_sensor_context(
@@ -36,6 +39,10 @@ class Ticks:
             for req in result.dynamic_partitions_requests or []:
                 self.instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         return result
+
+
+def pin_tokenizer(instance: DagsterInstance) -> None:
+    instance.report_runless_asset_event(AssetMaterialization(AssetKey(["notes", "tokenizer"])))
 
 
 def _keys(result: SensorResult) -> list[str]:
@@ -53,10 +60,24 @@ def test_a_new_file_becomes_a_drop_once_unchanged_across_two_ticks(tmp_path: Pat
     assert _keys(first) == [] and "still changing" in first.skip_reason.skip_message
     second = t.tick()
     (key,) = _keys(second)
-    assert second.run_requests[0].run_key == key and KEY.match(key) and key.startswith("a_jsonl-")
+    request = second.run_requests[0]
+    assert request.run_key == key and KEY.match(key) and key.startswith("a_jsonl-")
+    # the whole drop job (every layer and its gates in one run), not bronze alone
+    assert t.sensor.job_name == "notes_drops" and request.asset_selection is None and request.job_name is None
     assert [list(r.partition_keys) for r in second.dynamic_partitions_requests] == [[key]]
     assert instance.get_dynamic_partitions("notes_drops") == [key]
     assert _keys(t.tick()) == []  # nothing new: no request, the file is not hashed again
+
+
+def test_new_drops_wait_for_the_tokenizer_then_are_added_and_requested(tmp_path: Path, instance):
+    data = write_dataset(tmp_path / "data", "notes", SPEC, {"a.jsonl": b'{"text": "one"}\n'})
+    t = Ticks(data, instance, pinned=False)
+    t.tick()
+    waiting = t.tick()
+    assert _keys(waiting) == [] and instance.get_dynamic_partitions("notes_drops") == []
+    (key,) = registered_drops(dataset_paths(data, "notes"))  # registered in the lake all the same
+    pin_tokenizer(instance)
+    assert _keys(t.tick()) == [key] and instance.get_dynamic_partitions("notes_drops") == [key]
 
 
 def test_a_growing_file_waits_until_it_stops_changing(tmp_path: Path, instance):
@@ -157,9 +178,11 @@ def test_dataset_scope_a_replaced_file_requests_silver_again_for_later_drops(tmp
     (data / "raw" / "notes" / "a.jsonl").write_bytes(b'{"text": "X"}\n{"text": "W"}\n')  # corrected in place
     t.tick()
     result = t.tick()
-    requests = {(r.partition_key, tuple(k.path[-1] for k in r.asset_selection)) for r in result.run_requests}
+    requests = {(r.partition_key, tuple(k.path[-1] for k in r.asset_selection or ())) for r in result.run_requests}
     (a2,) = {k for k, _ in requests} - {b}
-    assert requests == {(a2, ("raw_records",)), (b, ("clean_records",))}  # b's only earlier drop was replaced
+    # a2: its whole drop job; b: silver again (its only earlier drop was replaced)
+    requests = {(k, names or None) for k, names in requests}
+    assert requests == {(a2, None), (b, ("clean_records",))}
     silver(a2)
     dirs = [paths.partition_dir("silver", k) for k in (a2, b)]
     assert not duplicates_resolve_to_kept(dirs).passed  # before the rebuild, X is lost
@@ -175,15 +198,11 @@ def _two_drops(tmp_path: Path, instance):
     from prep_assets.core.drops import register_drops
     from prep_assets.defs.sensors import build_manifest_sensor
     from prep_assets_tests.conftest import copy_sample_data
-    from prep_assets_tests.defs.helpers import dataset_defs
+    from prep_assets_tests.defs.helpers import dataset_defs, split_sample_instruct
 
     ds = "sample_instruct"
     data = copy_sample_data(tmp_path / "data")
-    raw = data / "raw" / ds
-    lines = (raw / "arithmetic_2026-11-01.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
-    (raw / "arithmetic_2026-11-01.jsonl").unlink()
-    (raw / "a.jsonl").write_text("".join(lines[:40]), encoding="utf-8")
-    (raw / "b.jsonl").write_text("".join(lines[40:80]), encoding="utf-8")
+    split_sample_instruct(data, ds)
     new, _ = register_drops(dataset_paths(data, ds))
     a, b = (d.partition for d in sorted(new, key=lambda d: d.file))
     instance.add_dynamic_partitions(f"{ds}_drops", [a, b])
@@ -207,6 +226,12 @@ def _two_drops(tmp_path: Path, instance):
     return ds, a, b, tick, build
 
 
+def build_manifest_sensor_job(ds: str) -> str | None:
+    from prep_assets.defs.sensors import build_manifest_sensor
+
+    return build_manifest_sensor(load_spec(SAMPLE_DATASETS / f"{ds}.yaml")).job_name
+
+
 LAYERS = ["raw_records", "clean_records", "tokenized_examples", "packed_shards"]
 
 
@@ -220,7 +245,8 @@ def test_manifest_sensor_refreshes_after_every_shards_update_even_one_landing_wi
     build(["tokenizer"], None)
     build(LAYERS, a)
     first = tick()
-    assert [r.asset_selection for r in first.run_requests] == [[AssetKey([ds, "dataset_manifest"])]]
+    assert [r.asset_selection for r in first.run_requests] == [None]  # the manifest job
+    assert build_manifest_sensor_job(ds) == f"{ds}_manifest"
     build(["dataset_manifest"], None)
     assert isinstance(tick(), SkipReason)  # up to date: nothing requested twice
     # b's shards land right after a refresh (the lost case): the manifest is behind, a new run key
