@@ -48,26 +48,19 @@ def _owner_tag() -> str:
     return f"{os.getpid()}-{_HOST}-{uuid.uuid4().hex[:8]}"
 
 
+def _in_root(name: str) -> property:
+    return property(lambda paths: paths.root / name, doc=f"<dataset lake>/{name}")
+
+
 @dataclass(frozen=True)
 class DatasetPaths:
     root: Path  # <data-dir>/lake/<dataset>
     raw_dir: Path  # <data-dir>/raw/<dataset>
 
-    @property
-    def drops_dir(self) -> Path:
-        return self.root / "drops"
-
-    @property
-    def retired_dir(self) -> Path:
-        return self.root / "retired"
-
-    @property
-    def tokenizer_dir(self) -> Path:
-        return self.root / "tokenizer"
-
-    @property
-    def manifest_path(self) -> Path:
-        return self.root / "manifest.json"
+    drops_dir = _in_root("drops")  # registrations: <partition>.json
+    retired_dir = _in_root("retired")
+    tokenizer_dir = _in_root("tokenizer")
+    manifest_path = _in_root("manifest.json")
 
     def layer_dir(self, layer: str) -> Path:
         return self.root / layer

@@ -9,7 +9,7 @@ from prep_assets.core.lake import EXAMPLES
 from prep_assets.core.records import GOLD_SCHEMA
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import gold_condition, tokenizer_condition
-from prep_assets.defs.keys import CLEAN_RECORDS, TOKENIZER, asset_key, code_version
+from prep_assets.defs.keys import CLEAN_RECORDS, TOKENIZER, asset_key, dataset_asset
 from prep_assets.defs.layers import LayerAsset
 from prep_assets.defs.metadata import md_table, user_errors, worker
 from prep_assets.defs.resources import LakeResource
@@ -18,18 +18,17 @@ from prep_assets.defs.resources import LakeResource
 def tokenizer_asset(spec: DatasetSpec) -> AssetsDefinition:
     source = spec.tokenizer.train and "trained byte-level BPE" or spec.tokenizer.path or spec.tokenizer.hub_id
 
+    description = (
+        f"The pinned tokenizer ({source}), from `tokenizer`: copied from a local path or the local hub cache, "
+        "or trained (byte-level BPE, deterministic) from `tokenizer.train.files`; saved in the lake with the "
+        "sha256 of each file. Its fingerprint is its data version: a new tokenizer makes gold stale."
+    )
+
     @asset(
-        key=asset_key(spec, TOKENIZER),
-        automation_condition=tokenizer_condition(),
-        group_name=spec.name,
-        kinds={"huggingface", "gold"},
-        code_version=code_version(spec, "tokenizer"),
-        description=(
-            f"The pinned tokenizer ({source}), from `tokenizer`: copied from a local path or the local hub cache, "
-            "or trained (byte-level BPE, deterministic) from `tokenizer.train.files`; saved in the lake with the "
-            "sha256 of each file. Its fingerprint is its data version: a new tokenizer makes gold stale."
+        **dataset_asset(
+            spec, TOKENIZER, layer="gold", kind="huggingface", version="tokenizer", description=description
         ),
-        tags={"layer": "gold"},
+        automation_condition=tokenizer_condition(),
     )
     def tokenizer(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
         paths = lake.paths(spec.name)

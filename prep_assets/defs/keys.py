@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dagster import AssetKey
 
 from prep_assets.core.spec import DatasetSpec
@@ -29,6 +31,22 @@ LAYER_KIND: dict[str, str] = {"bronze": "bronze", "silver": "silver", "gold": "g
 
 def asset_key(spec: DatasetSpec, name: str) -> AssetKey:
     return AssetKey([spec.name, name])
+
+
+def dataset_asset(
+    spec: DatasetSpec, name: str, *, layer: str, kind: str, version: str, description: str
+) -> dict[str, Any]:
+    """What every asset of a dataset declares alike: its key, its dataset's group (the global graph shows each
+    dataset's lineage under its name), its kinds (what it holds and its layer's), code version, description and
+    layer tag."""
+    return {
+        "key": asset_key(spec, name),
+        "group_name": spec.name,
+        "kinds": {kind, LAYER_KIND[layer]},
+        "code_version": code_version(spec, version),
+        "description": description,
+        "tags": {"layer": layer},
+    }
 
 
 def code_version(spec: DatasetSpec, layer: Layer | str) -> str:

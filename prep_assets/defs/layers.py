@@ -21,7 +21,7 @@ from prep_assets.core.build import BUILDS
 from prep_assets.core.lake import DatasetPaths
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spec_sections import Layer
-from prep_assets.defs.keys import LAYER_ASSET, LAYER_KIND, asset_key, code_version
+from prep_assets.defs.keys import LAYER_ASSET, asset_key, dataset_asset
 from prep_assets.defs.metadata import column_schema, preview, stats_metadata, user_errors, worker
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
@@ -50,20 +50,22 @@ class LayerAsset:
 
 def layer_asset(spec: DatasetSpec, declared: LayerAsset) -> AssetsDefinition:
     @asset(
-        key=asset_key(spec, LAYER_ASSET[declared.layer]),
+        **dataset_asset(
+            spec,
+            LAYER_ASSET[declared.layer],
+            layer=declared.layer,
+            kind="parquet",
+            version=declared.layer,
+            description=declared.description(spec),
+        ),
         automation_condition=declared.automation(spec) if declared.automation else None,
         deps=[asset_key(spec, up) for up in declared.upstream],
         partitions_def=drops_partitions(spec.name),
-        group_name=spec.name,  # one group per dataset: the global graph shows each dataset's lineage under its name
-        kinds={"parquet", LAYER_KIND[declared.layer]},
-        code_version=code_version(spec, declared.layer),
-        description=declared.description(spec),
         metadata={
             "dagster/column_schema": column_schema(
                 declared.schema, declared.layer, spec.input.type, spec.input.domain_key is not None
             )
         },
-        tags={"layer": declared.layer},
     )
     def _layer(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
         paths = lake.paths(spec.name)

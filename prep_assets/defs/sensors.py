@@ -57,13 +57,16 @@ def sensor_name(spec: DatasetSpec) -> str:
     return f"{spec.name}_drops_sensor"
 
 
+# both sensors: on out of the box (`dagster dev` runs them), evaluated on every loop of the sensor daemon
+_RUNNING_EVERY_TICK = {"minimum_interval_seconds": MIN_INTERVAL_SECONDS, "default_status": DefaultSensorStatus.RUNNING}
+
+
 def build_drop_sensor(spec: DatasetSpec) -> SensorDefinition:
     partitions = drops_partitions(spec.name)
 
     @sensor(
         name=sensor_name(spec),
-        minimum_interval_seconds=MIN_INTERVAL_SECONDS,
-        default_status=DefaultSensorStatus.RUNNING,
+        **_RUNNING_EVERY_TICK,
         job_name=drop_job_name(spec),
         description=(
             f"Polls raw/{spec.name}/ every {POLL_SECONDS}s. A file becomes a drop once its size and mtime "
@@ -140,8 +143,7 @@ def build_manifest_sensor(spec: DatasetSpec) -> SensorDefinition:
 
     @sensor(
         name=manifest_sensor_name(spec),
-        minimum_interval_seconds=MIN_INTERVAL_SECONDS,
-        default_status=DefaultSensorStatus.RUNNING,
+        **_RUNNING_EVERY_TICK,
         job_name=manifest_job_name(spec),
         description=(
             f"Every {POLL_SECONDS}s: refreshes {spec.name}/dataset_manifest once a packed_shards partition "

@@ -28,7 +28,7 @@ from prep_assets.defs.keys import (
     TOKENIZED_EXAMPLES,
     TOKENIZER,
     asset_key,
-    code_version,
+    dataset_asset,
 )
 from prep_assets.defs.layers import LayerAsset
 from prep_assets.defs.metadata import decoded_row, md_table, user_errors, worker
@@ -85,22 +85,21 @@ SHARDS = LayerAsset(
 
 
 def manifest_asset(spec: DatasetSpec) -> AssetsDefinition:
+    description = (
+        f"lake/{spec.name}/manifest.json: the shards of every drop whose gates all passed on its latest "
+        "materialization (drops replaced by a changed file of the same name are left out), by split, with "
+        "paths relative to the manifest, sha256, sequences, tokens, loss tokens, max_batch_size, the tokenizer "
+        "fingerprint, max_seq_len and the config hash. What a trainer points at."
+    )
+
     @asset(
-        key=asset_key(spec, DATASET_MANIFEST),
+        **dataset_asset(
+            spec, DATASET_MANIFEST, layer="shards", kind="json", version="shards", description=description
+        ),
         deps=[
             AssetDep(asset_key(spec, PACKED_SHARDS), partition_mapping=AllPartitionMapping()),
             asset_key(spec, TOKENIZER),
         ],
-        group_name=spec.name,
-        kinds={"json", "gold"},
-        code_version=code_version(spec, "shards"),
-        description=(
-            f"lake/{spec.name}/manifest.json: the shards of every drop whose gates all passed on its latest "
-            "materialization (drops replaced by a changed file of the same name are left out), by split, with "
-            "paths relative to the manifest, sha256, sequences, tokens, loss tokens, max_batch_size, the tokenizer "
-            "fingerprint, max_seq_len and the config hash. What a trainer points at."
-        ),
-        tags={"layer": "shards"},
     )
     def dataset_manifest(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
         return MaterializeResult(metadata=refresh_manifest(context.instance, spec, lake.paths(spec.name)))
