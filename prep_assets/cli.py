@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from prep_assets.core.lake import data_dir_from_uri
 from prep_assets.defs.resources import DATA_DIR_ENV
 
 DEFAULT_HOME = ".dagster_home"
+PROJECT_INSTANCE = Path(__file__).resolve().parents[1] / "dagster.yaml"  # the project's instance config
 _DEFAULT_INSTANCE_YAML = """\
 telemetry:
   enabled: false
@@ -37,15 +39,14 @@ run_coordinator:
 
 
 def ensure_dagster_home() -> Path:
-    """$DAGSTER_HOME, else ./.dagster_home; with the project's instance config (./.dagster_home/dagster.yaml, the
-    default home's own, so `dagster dev` finds no dagster.yaml in the project folder to warn about) and the UI's
-    first-visit note."""
+    """$DAGSTER_HOME, else ./.dagster_home; with a copy of the project's instance config (its `dagster.yaml`, when
+    the home has none) and the UI's first-visit note."""
     home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_HOME).resolve()
     home.mkdir(parents=True, exist_ok=True)
     os.environ["DAGSTER_HOME"] = str(home)
     target = home / "dagster.yaml"
     if not target.exists():  # written whole (a process starting beside this one never reads half of it)
-        local = Path(DEFAULT_HOME) / "dagster.yaml"
+        local = PROJECT_INSTANCE if PROJECT_INSTANCE.is_file() else Path("dagster.yaml")
         text = local.read_text(encoding="utf-8") if local.is_file() and local.resolve() != target else None
         tmp = target.with_name(f".dagster.yaml.tmp-{os.getpid()}")
         tmp.write_text(text if text is not None else _DEFAULT_INSTANCE_YAML, encoding="utf-8")
@@ -83,9 +84,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, error in sorted(report.get("mix_errors", {}).items()):
         print(f"FAILED mix {name}: {error}", file=sys.stderr)
     env = f"DAGSTER_HOME={home} PREP_ASSETS_DATA_DIR={data_dir} {Path(sys.executable).parent / 'dagster'}"
+    ui = f"DAGSTER_HOME={home} {Path(sys.executable).parent / 'prep-assets'} ui --data-dir {data_dir}"
     print(
         f"\n{len(report['runs'])} run(s), {len(failed)} failed, {len(report['errors'])} dataset(s) in error; "
-        f"open the UI: {env} dev -w workspace.yaml -h 127.0.0.1 -p 3000\n"
+        f"open the UI: {ui}\n"
         f"rebuild drops while it runs: {env} job backfill -j <dataset>_drops --partitions KEY1,KEY2 --noprompt "
         "-w workspace.yaml (it returns once submitted: its runs are queued, and the daemon runs them one at a time)"
     )
@@ -121,6 +123,31 @@ def format_summary(rows: list[dict[str, Any]]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join([*lines, f"({_SUMMARY_LEGEND})"])
+
+
+UI_WORKSPACE = """\
+# written by `prep-assets ui`: the installed package's code location (the data dir comes from PREP_ASSETS_DATA_DIR)
+load_from:
+  - python_module:
+      module_name: prep_assets.code_location
+      location_name: prep_assets
+"""
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    """`dagster dev` (webserver and daemons) on this data dir, started in $DAGSTER_HOME so Dagster reads the instance
+    config there (no dagster.yaml elsewhere for it to warn about); stops with Ctrl-C."""
+    data_dir = _resolve_data_dir(args.data_dir).resolve()
+    home = ensure_dagster_home()
+    (home / "workspace.yaml").write_text(UI_WORKSPACE, encoding="utf-8")
+    dagster = Path(sys.executable).parent / "dagster"
+    cmd = [str(dagster), "dev", "-w", "workspace.yaml", "-h", args.host, "-p", str(args.port)]
+    print(f"data dir: {data_dir}\nDAGSTER_HOME: {home}\nUI: http://{args.host}:{args.port}", flush=True)
+    env = {**os.environ, "DAGSTER_HOME": str(home), DATA_DIR_ENV: str(data_dir)}
+    try:
+        return subprocess.run(cmd, cwd=home, env=env, check=False).returncode
+    except KeyboardInterrupt:
+        return 0
 
 
 def cmd_retire(args: argparse.Namespace) -> int:
@@ -162,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     ret.add_argument("--reason", help="why (kept in retired.json)")
     ret.add_argument("--data-dir", help=f"folder with datasets/ and raw/ (default: ${DATA_DIR_ENV} or ./data)")
     ret.set_defaults(fn=cmd_retire)
+    ui = sub.add_parser("ui", help="open the Dagster UI (dagster dev) on the data dir, with this DAGSTER_HOME")
+    ui.add_argument("--data-dir", help=f"folder with datasets/ and raw/ (default: ${DATA_DIR_ENV} or ./data)")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=3000)
+    ui.set_defaults(fn=cmd_ui)
     dec = sub.add_parser("decode", help="print a packed row with masks, segments and padding marked")
     dec.add_argument("shard", help="a shard Parquet file (lake/<dataset>/shards/<drop>/<split>/part-*.parquet)")
     dec.add_argument("--row", type=int, default=0)

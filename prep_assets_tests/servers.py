@@ -19,7 +19,7 @@ import pytest
 from prep_assets_tests.conftest import PROJECT
 
 DAGSTER = Path(sys.executable).parent / "dagster"
-INSTANCE_YAML = PROJECT / ".dagster_home" / "dagster.yaml"  # the project's instance config
+PREP_ASSETS = Path(sys.executable).parent / "prep-assets"
 
 
 def free_port() -> int:
@@ -59,16 +59,15 @@ class DagsterDev:
 
 @contextmanager
 def dagster_dev(home: Path, data: Path, log: Path) -> Iterator[DagsterDev]:
-    """`dagster dev -w workspace.yaml -h 127.0.0.1` with DAGSTER_HOME=home (given the project's dagster.yaml when
-    it has none) and the data dir `data`; yields once the webserver answers; stops the whole process group."""
+    """The README's UI command, `prep-assets ui` (dagster dev on 127.0.0.1, started in DAGSTER_HOME=home with the
+    project's dagster.yaml copied there when it has none), on the data dir `data`; yields once the webserver
+    answers; stops the whole process group."""
     home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():
-        (home / "dagster.yaml").write_bytes(INSTANCE_YAML.read_bytes())
     env = {**os.environ, "DAGSTER_HOME": str(home), "PREP_ASSETS_DATA_DIR": str(data)}
     server = DagsterDev(free_port(), env, log)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(server.port)],
+            [str(PREP_ASSETS), "ui", "--data-dir", str(data), "--port", str(server.port)],
             cwd=PROJECT,
             env=env,
             stdout=out,

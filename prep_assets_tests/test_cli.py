@@ -294,8 +294,9 @@ def test_retire_takes_a_drop_out_for_good_unless_its_bytes_change(
     data, ds = in_process, "sample_text"
     assert main(["run", "--data-dir", str(data), "--dataset", ds]) == 0
     out = capsys.readouterr().out
-    venv_dagster = Path(sys.executable).parent / "dagster"
-    assert f"PREP_ASSETS_DATA_DIR={data} {venv_dagster} dev -w workspace.yaml" in out  # the UI hint, as run
+    venv = Path(sys.executable).parent
+    assert f"{venv / 'prep-assets'} ui --data-dir {data}" in out  # the UI hint, as run
+    assert f"PREP_ASSETS_DATA_DIR={data} {venv / 'dagster'} job backfill" in out
     assert "its runs are queued" in out and "\nunit " not in out and "line " in out  # the summary's unit column
     lake, raw = data / "lake" / ds, data / "raw" / ds
     bad = raw / "field_notes_2026-11-02.txt"

@@ -116,5 +116,5 @@ def test_a_small_drop_reaches_the_manifest_in_seconds(tmp_path: Path):
         assert latency < 4 * LATENCY_TARGET_S, f"drop-to-manifest latency {latency:.1f}s"
         (key,) = _manifest(data)["partitions"]
         assert key.startswith("small_jsonl-")
-    # the instance config is DAGSTER_HOME's own: no dagster.yaml in the project folder for dagster dev to warn about
+    # started in DAGSTER_HOME (as `prep-assets ui` does): Dagster reads the instance config there, without a warning
     assert "will not be used" not in (tmp_path / "dagster_dev.log").read_text()

@@ -4,6 +4,7 @@ import ast
 import re
 from pathlib import Path
 
+from prep_assets.cli import build_parser
 from prep_assets_tests.conftest import PROJECT
 
 PACKAGE = PROJECT / "prep_assets"
@@ -115,11 +116,13 @@ def test_sql_never_names_a_file_inline():
 
 
 def test_no_open_host_by_default():
-    files = [*SOURCES, PROJECT / "workspace.yaml", PROJECT / ".dagster_home" / "dagster.yaml", PROJECT / ".ci" / "run"]
+    files = [*SOURCES, PROJECT / "workspace.yaml", PROJECT / "dagster.yaml", PROJECT / ".ci" / "run"]
     offenders = [str(p.relative_to(PROJECT)) for p in files if "0.0.0.0" in _text(p)]
     assert not offenders, offenders
     readme = (PROJECT / "README.md").read_text(encoding="utf-8")
-    assert "dagster dev -w workspace.yaml -h 127.0.0.1" in readme and "0.0.0.0" not in readme
+    assert "prep-assets ui" in readme and "0.0.0.0" not in readme
+    ui = build_parser().parse_args(["ui"])  # the README's UI command binds to localhost unless told otherwise
+    assert ui.host == "127.0.0.1"
 
 
 def _text(path: Path) -> str:
