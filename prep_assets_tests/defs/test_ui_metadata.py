@@ -1,0 +1,36 @@
+"""What the UI shows of a drop's layers: decoded previews with masked spans marked and readable tables."""
+
+from pathlib import Path
+
+from prep_assets.core.decode import MASK_CLOSE, MASK_OPEN, render_examples
+from prep_assets.defs.metadata import code_block
+from prep_assets_tests.conftest import copy_sample_data
+from prep_assets_tests.defs.helpers import materialize_drops, metadata
+
+
+def _longest_line(markdown: str) -> int:
+    return max(len(line) for line in markdown.splitlines())
+
+
+def test_gold_and_shards_show_decoded_text_with_masked_spans_and_tables_that_fit(tmp_path: Path, instance):
+    data = copy_sample_data(tmp_path / "data")
+    ((_, result),) = materialize_drops(data, "sample_instruct", instance).items()
+    assert result.success
+    gold = metadata(result, "sample_instruct", "tokenized_examples")
+    examples = gold["decoded_examples"]
+    assert examples.count("--- ") >= 3 and MASK_OPEN in examples and MASK_CLOSE in examples
+    assert _longest_line(examples) <= 120
+    shards = metadata(result, "sample_instruct", "packed_shards")
+    row = shards["decoded_row"]
+    assert MASK_OPEN in row and _longest_line(row) <= 120
+
+
+def test_a_long_example_is_cut_with_a_note_and_its_lines_wrapped_not_cut():
+    spans = [{"trained": False, "tokens": 3, "text": "Q: " * 10}, {"trained": True, "tokens": 900, "text": "a" * 900}]
+    text = render_examples(
+        [{"example_id": "x:1", "split": "train", "num_tokens": 903, "num_loss_tokens": 900, "spans": spans}],
+        max_chars=500,
+    )
+    assert f"{MASK_OPEN}{'Q: ' * 10}{MASK_CLOSE}a" in text and "more characters" in text
+    block = code_block(text).value
+    assert _longest_line(block) <= 120 and block.replace("\n", "").count("a") == text.replace("\n", "").count("a")
