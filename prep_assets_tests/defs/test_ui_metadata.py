@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from prep_assets.core.decode import MASK_CLOSE, MASK_OPEN, render_examples
+from prep_assets.core.shards import COUNTS, METRIC_DEFINITIONS, SPLIT_TABLES, UTILIZATIONS, metrics_markdown
 from prep_assets.defs.metadata import code_block
 from prep_assets_tests.conftest import copy_sample_data
 from prep_assets_tests.defs.helpers import materialize_drops, metadata
@@ -23,6 +24,10 @@ def test_gold_and_shards_show_decoded_text_with_masked_spans_and_tables_that_fit
     shards = metadata(result, "sample_instruct", "packed_shards")
     row = shards["decoded_row"]
     assert MASK_OPEN in row and _longest_line(row) <= 120
+    assert "splits" not in shards and "`max_batch_size` | rows in the smallest" in shards["metrics"]
+    for name in SPLIT_TABLES:
+        header = shards[name].splitlines()[0]
+        assert header.startswith("| split |") and header.count("|") - 1 <= 8
 
 
 def test_a_long_example_is_cut_with_a_note_and_its_lines_wrapped_not_cut():
@@ -34,3 +39,11 @@ def test_a_long_example_is_cut_with_a_note_and_its_lines_wrapped_not_cut():
     assert f"{MASK_OPEN}{'Q: ' * 10}{MASK_CLOSE}a" in text and "more characters" in text
     block = code_block(text).value
     assert _longest_line(block) <= 120 and block.replace("\n", "").count("a") == text.replace("\n", "").count("a")
+
+
+def test_every_shard_metric_is_in_one_narrow_table_and_defined_once_for_the_ui_and_the_docs():
+    tables = [c for columns in SPLIT_TABLES.values() for c in columns]
+    assert sorted(tables) == sorted({*COUNTS, *UTILIZATIONS, "max_batch_size"}) == sorted(METRIC_DEFINITIONS)
+    assert all(len(columns) + 1 <= 8 for columns in SPLIT_TABLES.values())  # with the split column
+    docs = (Path(__file__).parents[2] / "docs" / "shards.md").read_text(encoding="utf-8")
+    assert metrics_markdown() in docs
