@@ -210,6 +210,10 @@ def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dic
         "sequences": totals.get("sequences", ""),
         "utilization": totals.get("sequence_utilization", ""),
         "checks": checks,
+        "note": f"{s.repeats_of_earlier_drops} records of this drop repeat earlier drops; set clean.dedup_scope: "
+        "dataset to remove them"
+        if s and s.repeats_of_earlier_drops
+        else "",
     }
 
 
