@@ -36,6 +36,7 @@ from prep_assets.core.lake import (
 )
 from prep_assets.core.packing import RowPlan, plan_rows, unit_offsets
 from prep_assets.core.parquet_io import DEFAULT_BATCH, iter_batches
+from prep_assets.core.progress import Progress
 from prep_assets.core.record_types import record_type
 from prep_assets.core.records import (
     SPLITS,
@@ -255,6 +256,7 @@ def build_packed_shards(
                     if isinstance(f, RowFormat) and (f is PARQUET or plan.num_rows)
                 }
                 counts = RowCounts()
+                progress = Progress(f"shards {out_dir.name}: writing {split}", plan.num_rows)
                 try:
                     for c_lo, c_hi in _chunks(plan.num_rows, rows_per_shard):
                         part = plan.rows(c_lo, c_hi)
@@ -266,6 +268,7 @@ def build_packed_shards(
                             sink.append(rows, example_ids)
                         counts.add(rows)
                         del rows
+                        progress.advance(c_hi - c_lo)
                 except BaseException:
                     for sink in sinks.values():  # their files and threads closed; the staging dir goes anyway
                         with contextlib.suppress(Exception):

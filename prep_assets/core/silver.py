@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from prep_assets.core import dedup
 from prep_assets.core.bronze import build_raw_records
@@ -36,6 +37,7 @@ from prep_assets.core.lake import (
     write_json_atomic,
 )
 from prep_assets.core.parquet_io import DEFAULT_BATCH, ParquetSink, RowBuffer, gc_paused, iter_batches
+from prep_assets.core.progress import Progress
 from prep_assets.core.records import (
     SILVER_REJECT_SCHEMA,
     SILVER_SCHEMA,
@@ -153,7 +155,11 @@ def _clean_pass(
                     }
                 )
 
+            progress = Progress(
+                f"silver {bronze_dir.name}: cleaning", pq.ParquetFile(bronze_dir / RECORDS).metadata.num_rows
+            )
             for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
+                progress.advance(batch.num_rows)
                 as_is = left_as_is(batch.column("content")).tolist()
                 values[:] = [batch.column(c).to_pylist() for c in cols]  # a list per column: 4x faster than rows
                 # the kept rows: their provenance is taken from the batch (Arrow), the rest collected here

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from prep_assets.core.decode import MASK_CLOSE, MASK_OPEN, render_examples
+from prep_assets.core.progress import reporting
 from prep_assets.core.shards import COUNTS, METRIC_DEFINITIONS, SPLIT_TABLES, UTILIZATIONS, metrics_markdown
 from prep_assets.defs.metadata import code_block
 from prep_assets_tests.conftest import copy_sample_data
@@ -15,8 +16,14 @@ def _longest_line(markdown: str) -> int:
 
 def test_gold_and_shards_show_decoded_text_with_masked_spans_and_tables_that_fit(tmp_path: Path, instance):
     data = copy_sample_data(tmp_path / "data")
-    ((_, result),) = materialize_drops(data, "sample_instruct", instance).items()
+    lines: list[str] = []
+    with reporting(lines.append, every_s=0):  # every batch reports: the CLI's plain lines and the run's log
+        ((key, result),) = materialize_drops(data, "sample_instruct", instance).items()
     assert result.success
+    for label in ("bronze", "silver", "gold", "shards"):
+        assert any(line.startswith(f"{label} {key}: ") and "rows/s" in line for line in lines), label
+    logged = [e.user_message for e in instance.all_logs(result.run_id)]
+    assert any(m.startswith(f"gold {key}: tokenizing: ") and "left" in m for m in logged)
     gold = metadata(result, "sample_instruct", "tokenized_examples")
     examples = gold["decoded_examples"]
     assert examples.count("--- ") >= 3 and MASK_OPEN in examples and MASK_CLOSE in examples
