@@ -236,7 +236,7 @@ def build_raw_records(
                             continue
                     record_id = f"{drop.partition}:{item.line}"
                     if acct.unit == "element":  # several array elements may share a line
-                        record_id += f".{element_no[item.line]}"
+                        record_id += f"#{element_no[item.line]}"
                         element_no[item.line] += 1
                     records.add(record_id, item.line, item.byte_offset, item.sha256, item.text, canonical, domain)
             records.flush()
