@@ -122,7 +122,8 @@ def format_summary(rows: list[dict[str, Any]]) -> str:
     widths = [max(len(row[i]) for row in table) for i in range(len(_SUMMARY_COLUMNS))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join([*lines, f"({_SUMMARY_LEGEND})"])
+    notes = [f"{r['dataset']} {r['partition']}: {r['note']}" for r in rows if r.get("note")]
+    return "\n".join([*lines, f"({_SUMMARY_LEGEND})", *notes])
 
 
 UI_WORKSPACE = """\

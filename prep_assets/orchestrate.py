@@ -43,6 +43,7 @@ from prep_assets.core.lake import (
     verify_published,
 )
 from prep_assets.core.mix import MixSpec, mix_inputs_digest, mix_path, scan_mixes
+from prep_assets.core.progress import reporting
 from prep_assets.core.shards import ShardStats
 from prep_assets.core.silver import SilverStats
 from prep_assets.core.spec import DatasetSpec, scan_specs
@@ -210,6 +211,10 @@ def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dic
         "sequences": totals.get("sequences", ""),
         "utilization": totals.get("sequence_utilization", ""),
         "checks": checks,
+        "note": f"{s.repeats_of_earlier_drops} records of this drop repeat earlier drops; set clean.dedup_scope: "
+        "dataset to remove them"
+        if s and s.repeats_of_earlier_drops
+        else "",
     }
 
 
@@ -340,7 +345,8 @@ def _run_dataset(
             continue
         if rerun_all or not partition_up_to_date(instance, spec, paths, key, log):
             log(f"[{spec.name}] materializing drop {key}")
-            run = _launch(defs, instance, drop_job_name(spec), key)
+            with reporting(lambda line: log(f"[{spec.name}] {line}")):  # long layers' progress, as plain lines
+                run = _launch(defs, instance, drop_job_name(spec), key)
             runs.append(run)
         rows.append(summary_row(spec, paths, key, run))
     runs.append(_launch(defs, instance, manifest_job_name(spec)))

@@ -23,6 +23,7 @@ from prep_assets.core.lake import (
     write_json_atomic,
 )
 from prep_assets.core.parquet_io import DEFAULT_BATCH, ColumnBuffer, ParquetSink, RowBuffer, gc_paused
+from prep_assets.core.progress import Progress
 from prep_assets.core.readers import Accounting, RawItem, RawReject, gzip_limit, read_drop
 from prep_assets.core.record_types import record_type
 from prep_assets.core.records import (
@@ -113,11 +114,18 @@ class _BronzeRecords(ColumnBuffer):
         batch: int,
         constant: dict[str, Any],
         reject: Callable[[dict[str, Any], str, str], None],
+        progress: Progress,
+        size: int,
     ) -> None:
         super().__init__(sink, batch, constant)
-        self.reject = reject
+        self.reject, self.progress, self.size = reject, progress, size
+        self.offset = self.names.index("byte_offset")
 
     def flush(self) -> None:
+        n = len(self.columns[0])
+        if n:  # the share done: the last row's byte offset in the file (gzip: of the text, so no share)
+            at = self.columns[self.offset][-1] / self.size if self.size else None
+            self.progress.advance(n, at if at is not None and at <= 1 else None)
         try:
             super().flush()
         except _UNSTORABLE:  # a batch holds it: find the rows, write the others
@@ -195,6 +203,8 @@ def build_raw_records(
                 lambda row, reason, detail: reject(
                     row["source_line"], row["byte_offset"], reason, detail, row["record"]
                 ),
+                Progress(f"bronze {drop.partition}: reading"),
+                0 if fmt == "jsonl.gz" else source.stat().st_size,
             )
             with gc_paused():
                 for item in read_drop(
@@ -226,7 +236,7 @@ def build_raw_records(
                             continue
                     record_id = f"{drop.partition}:{item.line}"
                     if acct.unit == "element":  # several array elements may share a line
-                        record_id += f".{element_no[item.line]}"
+                        record_id += f"#{element_no[item.line]}"
                         element_no[item.line] += 1
                     records.add(record_id, item.line, item.byte_offset, item.sha256, item.text, canonical, domain)
             records.flush()

@@ -66,34 +66,34 @@ def decode_rows(shard: Path, tokenizer_dir: Path | None = None) -> Iterator[dict
             i += 1
 
 
+def _spans(ids: np.ndarray, mask: np.ndarray, tok: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+    """`ids` decoded as runs of equal loss mask: each run's text, token count and whether it is trained."""
+    spans = []
+    start = 0
+    while start < len(ids):
+        end = start
+        while end + 1 < len(ids) and mask[end + 1] == mask[start]:
+            end += 1
+        tokens = ids[start : end + 1].tolist()
+        text = tok.decode(tokens, skip_special_tokens=False)
+        spans.append({"trained": bool(mask[start]), "tokens": len(tokens), "text": text})
+        start = end + 1
+    return spans
+
+
 def _decode(shard: Path, row: int, r: dict[str, Any], tok: PreTrainedTokenizerBase) -> dict[str, Any]:
     ids, mask, seg = np.array(r["input_ids"]), np.array(r["loss_mask"]), np.array(r["segment_ids"])
     segments = []
     offsets = r.get("example_offsets") or [0] * len(r["example_ids"])
     for n, (example_id, offset) in enumerate(zip(r["example_ids"], offsets, strict=True), start=1):
         idx = np.flatnonzero(seg == n)
-        spans = []
-        start = 0
-        while start < len(idx):
-            end = start
-            while end + 1 < len(idx) and mask[idx[end + 1]] == mask[idx[start]]:
-                end += 1
-            tokens = ids[idx[start : end + 1]].tolist()
-            spans.append(
-                {
-                    "trained": bool(mask[idx[start]]),
-                    "tokens": len(tokens),
-                    "text": tok.decode(tokens, skip_special_tokens=False),
-                }
-            )
-            start = end + 1
         segments.append(
             {
                 "segment": n,
                 "example_id": example_id,
                 "example_offset": int(offset),
                 "tokens": int(len(idx)),
-                "spans": spans,
+                "spans": _spans(ids[idx], mask[idx], tok),
             }
         )
     return {
@@ -106,6 +106,44 @@ def _decode(shard: Path, row: int, r: dict[str, Any], tok: PreTrainedTokenizerBa
     }
 
 
+def marked(spans: list[dict[str, Any]]) -> str:
+    """Spans as one text, the masked (untrained) ones in «…»."""
+    return "".join(sp["text"] if sp["trained"] else f"{MASK_OPEN}{sp['text']}{MASK_CLOSE}" for sp in spans)
+
+
+def decode_examples(examples: Path, tokenizer_dir: Path, n: int = 3) -> list[dict[str, Any]]:
+    """The first `n` gold examples decoded: id, split, counts and spans (masked ones marked by `marked`)."""
+    pf = pq.ParquetFile(str(examples))
+    if pf.metadata.num_rows == 0:
+        return []
+    columns = ["example_id", "split", "token_ids", "loss_mask", "num_tokens", "num_loss_tokens"]
+    rows = next(pf.iter_batches(batch_size=n, columns=columns)).to_pylist()[:n]
+    tok = _decoder(tokenizer_dir)
+    return [
+        {
+            **{k: r[k] for k in ("example_id", "split", "num_tokens", "num_loss_tokens")},
+            "spans": _spans(np.array(r["token_ids"]), np.array(r["loss_mask"]), tok),
+        }
+        for r in rows
+    ]
+
+
+def render_examples(decoded: list[dict[str, Any]], max_chars: int = 2000) -> str:
+    """Decoded gold examples as text: a header per example, its text with masked spans in «…», long text cut
+    with a note (the UI shows a few examples, not whole documents)."""
+    lines = []
+    for e in decoded:
+        lines.append(
+            f"--- {e['example_id']} · {e['split']} · {e['num_tokens']} tokens, {e['num_loss_tokens']} trained "
+            f"(masked text in {MASK_OPEN}{MASK_CLOSE}) ---"
+        )
+        text = marked(e["spans"])
+        if len(text) > max_chars:
+            text = text[:max_chars] + f"\n… ({len(text) - max_chars} more characters)"
+        lines.append(text)
+    return "\n".join(lines)
+
+
 def render_text(decoded: dict[str, Any]) -> str:
     """Human-readable: masked text in «…», one header line per segment, padding counted at the end."""
     lines = [
@@ -116,9 +154,7 @@ def render_text(decoded: dict[str, Any]) -> str:
     for s in decoded["segments"]:
         where = f" from token {s['example_offset']}" if s["example_offset"] else ""
         lines.append(f"--- segment {s['segment']} · {s['example_id']}{where} · {s['tokens']} tokens ---")
-        lines.append(
-            "".join(sp["text"] if sp["trained"] else f"{MASK_OPEN}{sp['text']}{MASK_CLOSE}" for sp in s["spans"])
-        )
+        lines.append(marked(s["spans"]))
     if decoded["padding_tokens"]:
         lines.append(f"--- padding × {decoded['padding_tokens']} ---")
     return "\n".join(lines)

@@ -170,6 +170,20 @@ def stale_silver(spec: DatasetSpec, paths: DatasetPaths) -> dict[str, list[str]]
     }
 
 
+def repeats_of_earlier(records: Path, earlier: Sequence[Path]) -> int:
+    """How many rows of a silver `records` file hold a content sha256 that one of the `earlier` silver records
+    files holds: only that column is read, by DuckDB (bounded memory, spilling beyond it)."""
+    if not earlier:
+        return 0
+    sql = (
+        "SELECT count(*) FROM read_parquet($records) WHERE content_sha256 IN "
+        "(SELECT content_sha256 FROM read_parquet($earlier))"
+    )
+    with sql_connect() as con:
+        row = con.execute(sql, {"records": str(records), "earlier": [str(p) for p in earlier]}).fetchone()
+    return int(row[0]) if row else 0
+
+
 def merge_indexes(files: Sequence[Path]) -> dict[str, str]:
     """content sha256 -> the record kept for it: the first file (earliest drop) holding the hash wins."""
     prior: dict[str, str] = {}

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from prep_assets.core.arrays import list_array, percentiles, segment_sums
 from prep_assets.core.chat import ChatTemplate
@@ -30,6 +31,7 @@ from prep_assets.core.lake import (
 )
 from prep_assets.core.masking import tokenize_batches
 from prep_assets.core.parquet_io import DEFAULT_BATCH, ParquetSink, gc_paused, iter_batches
+from prep_assets.core.progress import Progress
 from prep_assets.core.record_types import shape_of
 from prep_assets.core.records import (
     DEFAULT_DOMAIN,
@@ -100,7 +102,11 @@ def _record_examples(
             )
         ) as stream,
     ):
+        progress = Progress(
+            f"gold {silver_dir.name}: tokenizing", pq.ParquetFile(silver_dir / RECORDS).metadata.num_rows
+        )
         for batch, tb in stream:
+            progress.advance(batch.num_rows)
             tally.totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
             tally.totals["examples_split_at_turn_boundary"] += tb.split_at_turn_boundary
             record_split = batch.column("split").to_pylist()

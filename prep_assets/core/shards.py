@@ -36,6 +36,7 @@ from prep_assets.core.lake import (
 )
 from prep_assets.core.packing import RowPlan, plan_rows, unit_offsets
 from prep_assets.core.parquet_io import DEFAULT_BATCH, iter_batches
+from prep_assets.core.progress import Progress
 from prep_assets.core.record_types import record_type
 from prep_assets.core.records import (
     SPLITS,
@@ -255,6 +256,7 @@ def build_packed_shards(
                     if isinstance(f, RowFormat) and (f is PARQUET or plan.num_rows)
                 }
                 counts = RowCounts()
+                progress = Progress(f"shards {out_dir.name}: writing {split}", plan.num_rows)
                 try:
                     for c_lo, c_hi in _chunks(plan.num_rows, rows_per_shard):
                         part = plan.rows(c_lo, c_hi)
@@ -266,6 +268,7 @@ def build_packed_shards(
                             sink.append(rows, example_ids)
                         counts.add(rows)
                         del rows
+                        progress.advance(c_hi - c_lo)
                 except BaseException:
                     for sink in sinks.values():  # their files and threads closed; the staging dir goes anyway
                         with contextlib.suppress(Exception):
@@ -366,6 +369,44 @@ class Metrics:
 
 COUNTS = tuple(f.name for f in fields(Metrics))
 UTILIZATIONS = ("data_utilization", "sequence_utilization", "loss_token_utilization")
+
+# What each shard metric means: the one source of docs/shards.md's table and the `metrics` entry in the UI
+METRIC_DEFINITIONS = {
+    "examples": "gold examples packed",
+    "examples_split": "examples in more than one segment (windows, `full` cuts)",
+    "sequences": "rows, each of exactly L = `sequence.max_seq_len` tokens",
+    "segments": "example pieces in rows (a row holds one or more)",
+    "windows_dropped": "windows without a loss token, left out",
+    "input_tokens": "gold tokens + tokens lost to overflow in gold",
+    "gold_tokens": "tokens of the gold examples",
+    "output_tokens": "non-padding tokens in rows",
+    "loss_tokens": "tokens trained on (loss mask 1)",
+    "prompt_tokens": "prompt tokens in rows (masked)",
+    "padding_tokens": "pad tokens filling rows (mask 0, segment 0)",
+    "tokens_dropped_by_overflow": "tokens gold's `sequence.overflow` cut or dropped",
+    "tokens_dropped_by_packing": "tokens of windows with no loss token",
+    "overlap_tokens": "tokens a window repeats from the one before",
+    "data_utilization": "(output − overlap) / input: the share of the input that reaches rows",
+    "sequence_utilization": "output / (rows × L): how full rows are",
+    "loss_token_utilization": "loss / (rows × L): the share of row positions trained on",
+    "max_batch_size": "rows in the smallest Parquet file: the largest batch every file can serve whole",
+}
+# The per-split metrics as tables narrow enough to read (each ≤ 8 columns with the split)
+SPLIT_TABLES = {
+    "splits_counts": ("sequences", "examples", "examples_split", "segments", "windows_dropped"),
+    "splits_tokens": (
+        *("input_tokens", "gold_tokens", "output_tokens"),
+        *("loss_tokens", "prompt_tokens", "padding_tokens"),
+    ),
+    "splits_tokens_lost": ("tokens_dropped_by_overflow", "tokens_dropped_by_packing", "overlap_tokens"),
+    "splits_utilization": (*UTILIZATIONS, "max_batch_size"),
+}
+
+
+def metrics_markdown() -> str:
+    """The shard metrics and their meaning as a markdown table."""
+    lines = ["| metric | meaning |", "|---|---|"]
+    return "\n".join(lines + [f"| `{k}` | {v} |" for k, v in METRIC_DEFINITIONS.items()])
 
 
 def split_metrics(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from prep_assets.core import dedup
 from prep_assets.core.bronze import build_raw_records
@@ -20,7 +21,7 @@ from prep_assets.core.clean import (
     quality_verdict,
     trained_roles,
 )
-from prep_assets.core.drops import Drop, resolve_drop
+from prep_assets.core.drops import Drop, earlier_drops, resolve_drop
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import (
     ACCOUNTING,
@@ -36,6 +37,7 @@ from prep_assets.core.lake import (
     write_json_atomic,
 )
 from prep_assets.core.parquet_io import DEFAULT_BATCH, ParquetSink, RowBuffer, gc_paused, iter_batches
+from prep_assets.core.progress import Progress
 from prep_assets.core.records import (
     SILVER_REJECT_SCHEMA,
     SILVER_SCHEMA,
@@ -69,6 +71,8 @@ class SilverStats(LayerStats):
     dedup: str = figure("dedup")
     dedup_scope: str = figure("dedup_scope")
     duplicates_of_earlier_drops: int = figure("duplicates_of_earlier_drops")
+    # dedup_scope drop: kept records whose content an earlier drop's silver holds too (kept twice)
+    repeats_of_earlier_drops: int | None = figure("repeats_of_earlier_drops", optional=True)
     earlier_drops: list[str] = figure()
     hash_collisions: int = figure("hash_collisions")
 
@@ -82,6 +86,7 @@ def build_clean_records(
     earlier: Sequence[Path] = (),
     index_dir: Path | None = None,
     near: bool = True,
+    repeats_in: Sequence[Path] | None = None,
 ) -> SilverStats:
     """Silver: normalized, quality-filtered, deduplicated records with a deterministic split.
 
@@ -89,13 +94,16 @@ def build_clean_records(
     contents are duplicates here too. With `index_dir`, this drop's index is published there. Equal hashes
     are confirmed on the bytes: when two contents share one, the drop is processed again keying that hash by
     its content, so a collision never removes a distinct record. `near=False` skips near dedup (for an index,
-    which holds exact contents only).
+    which holds exact contents only). With `repeats_in` (earlier drops' silver records files), the stats count
+    the kept records those hold too (`repeats_of_earlier_drops`).
     """
     colliding: frozenset[str] = frozenset()
     while True:
         try:
             with gc_paused():
-                return _clean_pass(spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir, near)
+                return _clean_pass(
+                    spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir, near, repeats_in
+                )
         except dedup.HashCollision as found:
             colliding |= found.digests
 
@@ -109,6 +117,7 @@ def _clean_pass(
     colliding: frozenset[str],
     index_dir: Path | None,
     with_near: bool,
+    repeats_in: Sequence[Path] | None = None,
 ) -> SilverStats:
     clean = spec.clean
     norm = clean.normalization
@@ -146,7 +155,11 @@ def _clean_pass(
                     }
                 )
 
+            progress = Progress(
+                f"silver {bronze_dir.name}: cleaning", pq.ParquetFile(bronze_dir / RECORDS).metadata.num_rows
+            )
             for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
+                progress.advance(batch.num_rows)
                 as_is = left_as_is(batch.column("content")).tolist()
                 values[:] = [batch.column(c).to_pylist() for c in cols]  # a list per column: 4x faster than rows
                 # the kept rows: their provenance is taken from the batch (Arrow), the rest collected here
@@ -234,6 +247,9 @@ def _clean_pass(
             dedup=clean.dedup,
             dedup_scope=clean.dedup_scope,
             duplicates_of_earlier_drops=of_earlier,
+            repeats_of_earlier_drops=None
+            if repeats_in is None
+            else dedup.repeats_of_earlier(stage / RECORDS, repeats_in),
             earlier_drops=[path.parent.name for path in earlier],
             hash_collisions=len(colliding),
         )
@@ -270,11 +286,19 @@ def _index_drop(spec: DatasetSpec, paths: DatasetPaths, drop: Drop, out_dir: Pat
         build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir, near=False)
 
 
+def earlier_silver(paths: DatasetPaths, partition: str) -> list[Path]:
+    """The silver records files of the drops registered before `partition` that have one (dedup_scope: drop reports
+    how many of its records they repeat; an earlier drop not built yet counts once it is, on a rebuild)."""
+    files = (paths.partition_dir("silver", d.partition) / RECORDS for d in earlier_drops(paths, partition))
+    return [f for f in files if f.is_file()]
+
+
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> SilverStats:
     """A drop's silver; with `clean.dedup_scope: dataset`, also without copies of earlier drops' records."""
     bronze, out = paths.partition_dir("bronze", partition), paths.partition_dir("silver", partition)
     if spec.clean.dedup_scope != "dataset":
-        return build_clean_records(spec, bronze, out, batch_size=batch_size)
+        repeats_in = earlier_silver(paths, partition)
+        return build_clean_records(spec, bronze, out, batch_size=batch_size, repeats_in=repeats_in)
     built_with = read_json(bronze / ACCOUNTING).get("spec_version") if (bronze / ACCOUNTING).is_file() else None
     if built_with != spec.layer_version("bronze"):
         raise DropError(

@@ -11,7 +11,7 @@ from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import gold_condition, tokenizer_condition
 from prep_assets.defs.keys import CLEAN_RECORDS, TOKENIZER, asset_key, dataset_asset
 from prep_assets.defs.layers import LayerAsset
-from prep_assets.defs.metadata import md_table, user_errors, worker
+from prep_assets.defs.metadata import decoded_examples, md_table, user_errors, worker
 from prep_assets.defs.resources import LakeResource
 
 
@@ -69,7 +69,10 @@ GOLD = LayerAsset(
         "go to rejects and fail the blocking budget check."
     ),
     preview=(EXAMPLES, ["example_id", "split", "num_tokens", "num_loss_tokens"]),
-    extra=lambda spec, paths, partition, stats: tabular_metadata(stats.tabular),
+    extra=lambda spec, paths, partition, stats: {
+        "decoded_examples": decoded_examples(paths.partition_dir("gold", partition) / EXAMPLES, paths.tokenizer_dir),
+        **tabular_metadata(stats.tabular),
+    },
 )
 
 

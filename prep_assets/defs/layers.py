@@ -19,6 +19,7 @@ from dagster import (
 
 from prep_assets.core.build import BUILDS
 from prep_assets.core.lake import DatasetPaths
+from prep_assets.core.progress import reporting
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spec_sections import Layer
 from prep_assets.defs.keys import LAYER_ASSET, asset_key, dataset_asset
@@ -71,7 +72,7 @@ def layer_asset(spec: DatasetSpec, declared: LayerAsset) -> AssetsDefinition:
         paths = lake.paths(spec.name)
         partition = context.partition_key
         out = paths.partition_dir(declared.layer, partition)
-        with user_errors():
+        with user_errors(), reporting(context.log.info):  # progress lines in the run's log
             stats = BUILDS[declared.layer](spec, paths, partition, batch_size=lake.batch_size)
         shown = {"worker": worker(), **stats_metadata(stats), **declared.extra(spec, paths, partition, stats)}
         labels = declared.relabel(stats)

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from dagster import Failure, MetadataValue, TableColumn, TableRecord, TableSchema
 
 from prep_assets.core.columns import describe, shown_columns
-from prep_assets.core.decode import decode_row, render_text
+from prep_assets.core.decode import decode_examples, decode_row, render_examples, render_text
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.stats import LayerStats
 
@@ -92,9 +92,26 @@ def preview(path: Path, columns: list[str], n: int = 3) -> MetadataValue:
     return md_table(rows)
 
 
+MD_LINE = 120  # the widest line a markdown entry shows without cutting it off
+
+
+def code_block(text: str, width: int = MD_LINE) -> MetadataValue:
+    """`text` as a markdown code block whose lines are wrapped (not cut) at `width`: the UI cuts long lines off."""
+    lines = []
+    for line in text.split("\n"):
+        lines.extend([line[i : i + width] for i in range(0, len(line), width)] or [""])
+    return MetadataValue.md("```\n" + "\n".join(lines).replace("```", "`\u200b``") + "\n```")
+
+
 def decoded_row(shard: Path, tokenizer_dir: Path, max_chars: int = 6000) -> MetadataValue:
     """Row 0 of a shard as `prep-assets decode` prints it: masked text in «…», one header per segment."""
     text = render_text(decode_row(shard, 0, tokenizer_dir))
     if len(text) > max_chars:
         text = text[:max_chars] + f"\n… ({len(text) - max_chars} more characters: prep-assets decode {shard})"
-    return MetadataValue.md("```\n" + text.replace("```", "`\u200b``") + "\n```")
+    return code_block(text)
+
+
+def decoded_examples(examples: Path, tokenizer_dir: Path, n: int = 3) -> MetadataValue:
+    """The first gold examples decoded with the pinned tokenizer, masked text in «…»."""
+    decoded = decode_examples(examples, tokenizer_dir, n)
+    return code_block(render_examples(decoded)) if decoded else MetadataValue.md("_no examples_")

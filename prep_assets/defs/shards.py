@@ -17,7 +17,7 @@ from prep_assets.core.drops import superseded_drops
 from prep_assets.core.lake import DatasetPaths
 from prep_assets.core.manifest import build_manifest, manifest_partitions
 from prep_assets.core.records import SHARD_SCHEMA
-from prep_assets.core.shards import COUNTS, UTILIZATIONS, ShardStats
+from prep_assets.core.shards import COUNTS, SPLIT_TABLES, UTILIZATIONS, ShardStats, metrics_markdown
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.checks import gates_pending, unpassed_gates
@@ -35,14 +35,20 @@ from prep_assets.defs.metadata import decoded_row, md_table, user_errors, worker
 from prep_assets.defs.partitions import drops_partitions
 from prep_assets.defs.resources import LakeResource
 
-_SPLIT_COLUMNS = (*COUNTS, *UTILIZATIONS, "max_batch_size")
+
+def split_tables(splits: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The per-split metrics as narrow tables (`core.shards.SPLIT_TABLES`), and what each metric means."""
+    tables = {
+        name: md_table([{"split": s, **{c: m[c] for c in columns}} for s, m in splits.items()])
+        for name, columns in SPLIT_TABLES.items()
+    }
+    return {**tables, "metrics": MetadataValue.md(metrics_markdown())}
 
 
 def _shards_metadata(spec: DatasetSpec, paths: DatasetPaths, partition: str, stats: ShardStats) -> dict[str, Any]:
     """Totals, per-split figures and distributions, the file lists and row 0 decoded."""
     totals = stats.totals
     splits = stats.splits
-    per_split = [{"split": s, **{c: m[c] for c in _SPLIT_COLUMNS}} for s, m in splits.items()]
     distributions = [
         {"split": s, "figure": name, **d}
         for s, m in splits.items()
@@ -56,7 +62,7 @@ def _shards_metadata(spec: DatasetSpec, paths: DatasetPaths, partition: str, sta
         **{f"num_{k}": totals[k] for k in COUNTS if k != "sequences"},
         **{k: totals[k] for k in (*UTILIZATIONS, "max_batch_size")},
         "strategy": f"{spec.packing.strategy} / overflow {spec.sequence.overflow}",
-        "splits": md_table(per_split),
+        **split_tables(splits),
         "length_distributions_tokens": md_table(distributions),
         **({"decoded_row": decoded_row(out / first, paths.tokenizer_dir)} if first else {}),
         "files": MetadataValue.json([f["path"] for m in splits.values() for f in m["files"]]),
@@ -124,17 +130,16 @@ def refresh_manifest(instance: DagsterInstance, spec: DatasetSpec, paths: Datase
             shards_event_id = min(shards_event_id, pending - 1)
     with user_errors():
         manifest = build_manifest(spec, paths, included)
-    per_split = [
-        {"split": s, "files": len(m["files"]), "exports": len(m["exports"]), **{c: m[c] for c in _SPLIT_COLUMNS}}
-        for s, m in manifest["splits"].items()
-    ]
+    splits = manifest["splits"]
+    files = [{"split": s, "files": len(m["files"]), "exports": len(m["exports"])} for s, m in splits.items()]
     return {
         "worker": worker(),
         "num_partitions": len(manifest["partitions"]),
         SHARDS_EVENT_ID: shards_event_id if shards_event_id is not None else -1,
         "num_sequences": sum(m["sequences"] for m in manifest["splits"].values()),
         "num_tokens": sum(m["output_tokens"] for m in manifest["splits"].values()),
-        "splits": md_table(per_split),
+        "splits_files": md_table(files),
+        **split_tables(manifest["splits"]),
         "num_partitions_excluded": len(excluded),
         "excluded_partitions": md_table([{"partition": k, "why": v} for k, v in sorted(excluded.items())]),
         "config_hash": manifest["config_hash"],

@@ -228,7 +228,7 @@ def check_drop(exp: DropCase, run: DropRun) -> None:
         assert isinstance(row["source_line"], int) and row["source_line"] >= 1, row
         assert isinstance(row["byte_offset"], int) and row["byte_offset"] >= 0, row
         assert row["reason"] and row["detail"], row
-    suffix = ".0" if stats.unit == "element" else ""  # the fixtures' arrays hold one element per line
+    suffix = "#0" if stats.unit == "element" else ""  # the fixtures' arrays hold one element per line
     for row in run.records:
         assert row["source_file"] == exp.file, row
         assert row["record_id"] == f"{run.partition}:{row['source_line']}{suffix}", row
