@@ -218,5 +218,15 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["DAGSTER_HOME"] = saved
 
 
+def entry() -> int:
+    """The `prep-assets` command: a process that only prepares data, as are the processes it starts
+    (`keep_torch_out`), then `main`."""
+    from prep_assets import NO_TORCH_ENV, keep_torch_out
+
+    os.environ[NO_TORCH_ENV] = "1"
+    keep_torch_out()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import sys
@@ -11,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from prep_assets import NO_TORCH_ENV
 from prep_assets.bench.common import (
     _missing,
     _spec,
@@ -43,6 +45,7 @@ def _e2e_run(work: Path, tokenizer: Path, max_seq_len: int) -> dict[str, Any] | 
         [sys.executable, "-m", "prep_assets.bench", "_e2e_child", str(work), str(tokenizer), str(max_seq_len)],
         capture_output=True,
         text=True,
+        env={**os.environ, NO_TORCH_ENV: "1"},  # measured as the pipeline's own processes run
     )
     if child.returncode != 0 or not child.stdout.strip():
         print(child.stdout[-2000:], child.stderr[-4000:], file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import sys
@@ -11,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from prep_assets import NO_TORCH_ENV
 from prep_assets.bench.common import (
     _missing,
     run_drop,
@@ -81,7 +83,10 @@ def bench_longdoc(args: argparse.Namespace) -> int:
     (data / "raw" / "longdoc" / "doc.jsonl").write_text(json.dumps({"text": doc}) + "\n", encoding="utf-8")
     print(f"one document of {len(doc) / 1e6:.2f} MB, packing full at max_seq_len {args.max_seq_len}", flush=True)
     child = subprocess.run(
-        [sys.executable, "-m", "prep_assets.bench", "_longdoc_child", str(work)], capture_output=True, text=True
+        [sys.executable, "-m", "prep_assets.bench", "_longdoc_child", str(work)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, NO_TORCH_ENV: "1"},  # measured as the pipeline's own processes run
     )
     if not child.stdout.strip():
         print(child.stderr[-4000:], file=sys.stderr)
