@@ -45,7 +45,7 @@ from prep_assets.core.lake import (
 from prep_assets.core.mix import MixSpec, mix_inputs_digest, mix_path, scan_mixes
 from prep_assets.core.progress import reporting
 from prep_assets.core.shards import ShardStats
-from prep_assets.core.silver import SilverStats
+from prep_assets.core.silver import SilverStats, repeats_of_earlier_drops
 from prep_assets.core.spec import DatasetSpec, scan_specs
 from prep_assets.core.stats import S
 from prep_assets.core.tokenizer import FINGERPRINT_FILE, source_digest
@@ -197,6 +197,7 @@ def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dic
     if run is not None and not run["success"]:
         checks += " FAILED"
     totals = p.totals if p else {}
+    repeats = repeats_of_earlier_drops(spec, paths, partition)  # asked now, once every drop of the run is built
     return {
         "dataset": spec.name,
         "partition": partition,
@@ -211,9 +212,8 @@ def summary_row(spec: DatasetSpec, paths: DatasetPaths, partition: str, run: dic
         "sequences": totals.get("sequences", ""),
         "utilization": totals.get("sequence_utilization", ""),
         "checks": checks,
-        "note": f"{s.repeats_of_earlier_drops} records of this drop repeat earlier drops; set clean.dedup_scope: "
-        "dataset to remove them"
-        if s and s.repeats_of_earlier_drops
+        "note": f"{repeats} records of this drop repeat earlier drops; set clean.dedup_scope: dataset to remove them"
+        if repeats
         else "",
     }
 

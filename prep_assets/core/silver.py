@@ -72,7 +72,6 @@ class SilverStats(LayerStats):
     dedup_scope: str = figure("dedup_scope")
     duplicates_of_earlier_drops: int = figure("duplicates_of_earlier_drops")
     # dedup_scope drop: kept records whose content an earlier drop's silver holds too (kept twice)
-    repeats_of_earlier_drops: int | None = figure("repeats_of_earlier_drops", optional=True)
     earlier_drops: list[str] = figure()
     hash_collisions: int = figure("hash_collisions")
 
@@ -86,7 +85,6 @@ def build_clean_records(
     earlier: Sequence[Path] = (),
     index_dir: Path | None = None,
     near: bool = True,
-    repeats_in: Sequence[Path] | None = None,
 ) -> SilverStats:
     """Silver: normalized, quality-filtered, deduplicated records with a deterministic split.
 
@@ -94,16 +92,13 @@ def build_clean_records(
     contents are duplicates here too. With `index_dir`, this drop's index is published there. Equal hashes
     are confirmed on the bytes: when two contents share one, the drop is processed again keying that hash by
     its content, so a collision never removes a distinct record. `near=False` skips near dedup (for an index,
-    which holds exact contents only). With `repeats_in` (earlier drops' silver records files), the stats count
-    the kept records those hold too (`repeats_of_earlier_drops`).
+    which holds exact contents only).
     """
     colliding: frozenset[str] = frozenset()
     while True:
         try:
             with gc_paused():
-                return _clean_pass(
-                    spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir, near, repeats_in
-                )
+                return _clean_pass(spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir, near)
         except dedup.HashCollision as found:
             colliding |= found.digests
 
@@ -117,7 +112,6 @@ def _clean_pass(
     colliding: frozenset[str],
     index_dir: Path | None,
     with_near: bool,
-    repeats_in: Sequence[Path] | None = None,
 ) -> SilverStats:
     clean = spec.clean
     norm = clean.normalization
@@ -247,9 +241,6 @@ def _clean_pass(
             dedup=clean.dedup,
             dedup_scope=clean.dedup_scope,
             duplicates_of_earlier_drops=of_earlier,
-            repeats_of_earlier_drops=None
-            if repeats_in is None
-            else dedup.repeats_of_earlier(stage / RECORDS, repeats_in),
             earlier_drops=[path.parent.name for path in earlier],
             hash_collisions=len(colliding),
         )
@@ -287,18 +278,26 @@ def _index_drop(spec: DatasetSpec, paths: DatasetPaths, drop: Drop, out_dir: Pat
 
 
 def earlier_silver(paths: DatasetPaths, partition: str) -> list[Path]:
-    """The silver records files of the drops registered before `partition` that have one (dedup_scope: drop reports
-    how many of its records they repeat; an earlier drop not built yet counts once it is, on a rebuild)."""
+    """The silver records files of the drops registered before `partition` that have one."""
     files = (paths.partition_dir("silver", d.partition) / RECORDS for d in earlier_drops(paths, partition))
     return [f for f in files if f.is_file()]
+
+
+def repeats_of_earlier_drops(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> int | None:
+    """With `clean.dedup_scope: drop`, how many of the drop's kept records an earlier drop's silver holds too (None
+    under `dataset`, which removes them, or before the drop's silver exists). A report, not a stats field: it
+    depends on which earlier drops are built when it is asked, and a published file never depends on build order."""
+    records = paths.partition_dir("silver", partition) / RECORDS
+    if spec.clean.dedup_scope == "dataset" or not records.is_file():
+        return None
+    return dedup.repeats_of_earlier(records, earlier_silver(paths, partition))
 
 
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> SilverStats:
     """A drop's silver; with `clean.dedup_scope: dataset`, also without copies of earlier drops' records."""
     bronze, out = paths.partition_dir("bronze", partition), paths.partition_dir("silver", partition)
     if spec.clean.dedup_scope != "dataset":
-        repeats_in = earlier_silver(paths, partition)
-        return build_clean_records(spec, bronze, out, batch_size=batch_size, repeats_in=repeats_in)
+        return build_clean_records(spec, bronze, out, batch_size=batch_size)
     built_with = read_json(bronze / ACCOUNTING).get("spec_version") if (bronze / ACCOUNTING).is_file() else None
     if built_with != spec.layer_version("bronze"):
         raise DropError(

@@ -2,6 +2,7 @@
 
 from prep_assets.core.lake import RECORDS
 from prep_assets.core.records import SILVER_SCHEMA
+from prep_assets.core.silver import repeats_of_earlier_drops
 from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.keys import RAW_RECORDS
 from prep_assets.defs.layers import LayerAsset
@@ -11,6 +12,10 @@ SILVER = LayerAsset(
     schema=SILVER_SCHEMA,
     upstream=(RAW_RECORDS,),
     automation=lambda spec: layer_condition(),
+    # dedup_scope drop: a report (it depends on the earlier drops built by now), in the UI only, never in a file
+    extra=lambda spec, paths, partition, stats: (
+        {} if (n := repeats_of_earlier_drops(spec, paths, partition)) is None else {"repeats_of_earlier_drops": n}
+    ),
     description=lambda spec: (
         "Bronze records normalized (`clean.normalize`: NFC, line endings, control characters, trailing "
         "whitespace), filtered (`clean.min_chars`/`max_chars`, empty, and the `clean.quality` heuristics: "

@@ -88,4 +88,6 @@ def test_drop_scope_keeps_repeats_of_earlier_drops_and_says_so(tmp_path: Path):
     assert summary.count("repeat earlier drops") == 2
     assert "5 records of this drop repeat earlier drops; set clean.dedup_scope: dataset to remove them" in summary
     dataset_scope = read_json(tmp_path / "other" / "lake" / "notes" / "silver" / next(iter(meta)) / "stats.json")
-    assert "repeats_of_earlier_drops" not in dataset_scope  # optional: the other scope's stats keep their bytes
+    assert "repeats_of_earlier_drops" not in dataset_scope
+    drop_scope = read_json(data / "lake" / "notes" / "silver" / list(meta)[2] / "stats.json")
+    assert "repeats_of_earlier_drops" not in drop_scope  # a report: no published file depends on build order
