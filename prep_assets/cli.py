@@ -17,11 +17,13 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.lake import data_dir_from_uri
+from prep_assets.core.progress import drawing
 from prep_assets.defs.resources import DATA_DIR_ENV
 
 DEFAULT_HOME = ".dagster_home"
@@ -58,6 +60,48 @@ def ensure_dagster_home() -> Path:
     return home
 
 
+class TerminalBars:
+    """Progress of long layer work drawn as one tqdm bar at a time on a terminal: rows against the total where it
+    is known, else the share done (a file's bytes read) with the rows as a suffix; log lines go above it."""
+
+    def __init__(self, stream: TextIO, mininterval: float = 0.1) -> None:
+        self.stream, self.mininterval, self.label, self.bar = stream, mininterval, "", None
+
+    def __call__(self, label: str, done: int, total: int | None, share: float | None) -> None:
+        from tqdm import tqdm
+
+        if label != self.label or self.bar is None:
+            self.close()
+            self.label = label
+            by_share = total is None and share is not None
+            self.bar = tqdm(
+                total=total or (100 if by_share else None),
+                desc=label,
+                unit="%" if by_share else " rows",
+                file=self.stream,
+                leave=False,
+                dynamic_ncols=True,
+                mininterval=self.mininterval,
+            )
+        if self.bar.unit == "%":
+            self.bar.n = round(100 * min(share or 0.0, 1.0))
+            self.bar.set_postfix_str(f"{done:,} rows", refresh=False)
+        else:
+            self.bar.n = done
+        self.bar.update(0)  # redraws at most every tqdm's mininterval
+
+    def write(self, line: str) -> None:
+        """A log line printed above the bar (stdout), the bar redrawn below it."""
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stdout)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.label, self.bar = "", None
+
+
 def _resolve_data_dir(arg: str | None) -> Path:
     data_dir = data_dir_from_uri(arg or os.environ.get(DATA_DIR_ENV) or "data")
     if not (data_dir / "datasets").is_dir():
@@ -71,7 +115,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from prep_assets.orchestrate import run_datasets
 
     print(f"data dir: {data_dir}\nDAGSTER_HOME: {home}")
-    report = run_datasets(data_dir, dataset=args.dataset, rerun_all=args.all, log=print)
+    bars = TerminalBars(sys.stderr) if sys.stderr.isatty() else None  # plain progress lines otherwise
+    with drawing(bars) if bars is not None else nullcontext():
+        report = run_datasets(data_dir, dataset=args.dataset, rerun_all=args.all, log=bars.write if bars else print)
+    if bars is not None:
+        bars.close()
     print()
     print(format_summary(report["rows"]))
     for m in report.get("mixes", []):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from prep_assets.core.lake import (
     verify_published,
 )
 from prep_assets.core.mix import MixSpec, mix_inputs_digest, mix_path, scan_mixes
-from prep_assets.core.progress import reporting
+from prep_assets.core.progress import bar_shown, reporting
 from prep_assets.core.shards import ShardStats
 from prep_assets.core.silver import SilverStats, repeats_of_earlier_drops
 from prep_assets.core.spec import DatasetSpec, scan_specs
@@ -345,7 +346,9 @@ def _run_dataset(
             continue
         if rerun_all or not partition_up_to_date(instance, spec, paths, key, log):
             log(f"[{spec.name}] materializing drop {key}")
-            with reporting(lambda line: log(f"[{spec.name}] {line}")):  # long layers' progress, as plain lines
+            # long layers' progress as plain lines, unless a bar draws it on this terminal
+            lines = nullcontext() if bar_shown() else reporting(lambda line: log(f"[{spec.name}] {line}"))
+            with lines:
                 run = _launch(defs, instance, drop_job_name(spec), key)
             runs.append(run)
         rows.append(summary_row(spec, paths, key, run))

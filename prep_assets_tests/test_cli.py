@@ -1,6 +1,7 @@
 """`prep-assets run` as a newcomer runs it: a subprocess, a fresh DAGSTER_HOME, the shipped sample data."""
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -12,10 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
-from prep_assets.cli import main
+from prep_assets.cli import TerminalBars, main
 from prep_assets.core import decode
 from prep_assets.core.decode import decode_row, decode_rows
 from prep_assets.core.errors import PrepAssetsError
+from prep_assets.core.progress import Progress, drawing
 from prep_assets_tests.conftest import PROJECT, copy_sample_data, tree_digests, write_dataset
 
 pytestmark = pytest.mark.slow
@@ -332,3 +334,17 @@ def test_retire_takes_a_drop_out_for_good_unless_its_bytes_change(
     assert main(["run", "--data-dir", str(data), "--dataset", ds]) == 0
     parts = json.loads((lake / "manifest.json").read_text())["partitions"]
     assert len(parts) == 2 and any(k.startswith("field_notes_2026-11-02_txt-") and k != key for k in parts)
+
+
+def test_the_terminal_bar_draws_rows_of_a_known_total_or_the_share_done_with_rows_as_suffix():
+    out = io.StringIO()
+    bars = TerminalBars(out, mininterval=0)
+    with drawing(bars):
+        p = Progress("gold d1: tokenizing", 1000)
+        p.advance(250)
+        p.advance(750)
+        Progress("bronze d1: reading").advance(7200, at=0.5)
+    bars.close()
+    text = out.getvalue()
+    assert "\r" in text and "gold d1: tokenizing" in text and "1000/1000" in text
+    assert "bronze d1: reading:  50%" in text and "7,200 rows" in text

@@ -21,6 +21,7 @@ from prep_assets.core.records import (
     SPLITS,
 )
 from prep_assets.core.shards import ShardStats, totals
+from prep_assets.core.silver import repeats_of_earlier_drops
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.tabular import initial_prefill
 
@@ -79,6 +80,9 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
         stats = ShardStats.from_json(read_json(stats_path))
         fingerprints.add(stats.tokenizer_fingerprint)
         parts[partition] = {"tokenizer_fingerprint": stats.tokenizer_fingerprint, **stats.totals}
+        repeats = repeats_of_earlier_drops(spec, paths, partition, among=partitions)
+        if repeats is not None:  # dedup_scope drop: kept records an earlier drop of this manifest holds too
+            parts[partition]["repeats_of_earlier_drops"] = repeats
         if stats.tabular is not None:
             tabular = _merge_tabular(tabular, stats.tabular)
         if stats.domains is not None:

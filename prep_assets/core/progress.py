@@ -2,7 +2,8 @@
 
 Core stays silent unless a caller asks: `Progress` writes to its `emit`, by default the one `reporting` set for
 the current context (none: a no-op). The Dagster assets set `context.log.info` (the run's log in the UI), the CLI
-`print`. Loops call `advance` once per batch, never per row.
+`print`, or on a terminal a `Bar` (every `advance` reaches it: the CLI draws it with tqdm). Loops call `advance`
+once per batch, never per row.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 Emit = Callable[[str], None]
+# label, rows done, total rows (None: unknown), share done (None: unknown), on every `advance`
+Bar = Callable[[str, int, "int | None", "float | None"], None]
 
 
 def _silent(line: str) -> None:
@@ -21,6 +24,23 @@ def _silent(line: str) -> None:
 
 EVERY_S = 5.0
 _EMIT: ContextVar[tuple[Emit, float]] = ContextVar("prep_assets_progress_emit", default=(_silent, EVERY_S))
+_BAR: ContextVar[Bar | None] = ContextVar("prep_assets_progress_bar", default=None)
+
+
+def bar_shown() -> bool:
+    """Whether a `Bar` draws the progress in this context (then plain progress lines on the same terminal would
+    only interleave with it)."""
+    return _BAR.get() is not None
+
+
+@contextmanager
+def drawing(bar: Bar) -> Iterator[None]:
+    """Within this block, every `Progress` created also reports each `advance` to `bar`."""
+    token = _BAR.set(bar)
+    try:
+        yield
+    finally:
+        _BAR.reset(token)
 
 
 @contextmanager
@@ -64,12 +84,15 @@ class Progress:
         self.label, self.total, self.clock = label, total, clock
         self.emit = emit if emit is not None else default_emit
         self.every_s = every_s if every_s is not None else default_every
+        self.bar = _BAR.get()
         self.done = 0
         self.start = self.last = clock()
 
     def advance(self, n: int, at: float | None = None) -> None:
         """`n` more rows done; `at`: the share of the work done (0..1), where the total of rows is unknown."""
         self.done += n
+        if self.bar is not None:
+            self.bar(self.label, self.done, self.total, at)
         now = self.clock()
         if now - self.last < self.every_s:
             return

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -277,20 +277,25 @@ def _index_drop(spec: DatasetSpec, paths: DatasetPaths, drop: Drop, out_dir: Pat
         build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir, near=False)
 
 
-def earlier_silver(paths: DatasetPaths, partition: str) -> list[Path]:
-    """The silver records files of the drops registered before `partition` that have one."""
-    files = (paths.partition_dir("silver", d.partition) / RECORDS for d in earlier_drops(paths, partition))
+def earlier_silver(paths: DatasetPaths, partition: str, among: Collection[str] | None = None) -> list[Path]:
+    """The silver records files of the drops registered before `partition` that have one (`among`: only those
+    drops)."""
+    drops = [d.partition for d in earlier_drops(paths, partition) if among is None or d.partition in among]
+    files = (paths.partition_dir("silver", d) / RECORDS for d in drops)
     return [f for f in files if f.is_file()]
 
 
-def repeats_of_earlier_drops(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> int | None:
+def repeats_of_earlier_drops(
+    spec: DatasetSpec, paths: DatasetPaths, partition: str, among: Collection[str] | None = None
+) -> int | None:
     """With `clean.dedup_scope: drop`, how many of the drop's kept records an earlier drop's silver holds too (None
-    under `dataset`, which removes them, or before the drop's silver exists). A report, not a stats field: it
-    depends on which earlier drops are built when it is asked, and a published file never depends on build order."""
+    under `dataset`, which removes them, or before the drop's silver exists). `among`: only those earlier drops
+    (the manifest's, so its figure depends on the drops it holds, never on which others happen to be built).
+    Never a silver stats field: silver's published bytes do not depend on build order."""
     records = paths.partition_dir("silver", partition) / RECORDS
     if spec.clean.dedup_scope == "dataset" or not records.is_file():
         return None
-    return dedup.repeats_of_earlier(records, earlier_silver(paths, partition))
+    return dedup.repeats_of_earlier(records, earlier_silver(paths, partition, among))
 
 
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> SilverStats:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prep_assets.core.progress import Progress, reporting
+from prep_assets.core.progress import Progress, bar_shown, drawing, reporting
 
 
 class FakeClock:
@@ -47,3 +47,19 @@ def test_silent_by_default_and_reporting_nests():
     clock.now += 1
     p.advance(5)
     assert inner == outer == ["x: 5 rows of 10, 5 rows/s, 50% done, ~0m01s left"]
+
+
+def test_a_bar_gets_every_advance_and_says_it_is_shown_only_within_its_block():
+    seen, lines, clock = [], [], FakeClock()
+    assert not bar_shown()
+    with reporting(lines.append, every_s=5), drawing(lambda *a: seen.append(a)):
+        assert bar_shown()
+        p = Progress("gold d1: tokenizing", 10, clock=clock)
+        p.advance(4)
+        p.advance(6)
+        Progress("bronze d1: reading", clock=clock).advance(7, at=0.5)
+    assert not bar_shown()
+    assert seen == [("gold d1: tokenizing", 4, 10, None), ("gold d1: tokenizing", 10, 10, None)] + [
+        ("bronze d1: reading", 7, None, 0.5)
+    ]
+    assert lines == []  # the lines keep their own interval

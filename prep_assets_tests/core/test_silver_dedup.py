@@ -8,10 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from prep_assets.core.clean import heuristic_verdict, repeated_ngram_fraction
+from prep_assets.core.lake import dataset_paths, read_json
+from prep_assets.core.manifest import build_manifest
+from prep_assets.core.silver import repeats_of_earlier_drops
+from prep_assets.core.spec import load_spec, parse_spec
 from prep_assets.core.spec_sections import QualitySpec
-from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
-from prep_assets_tests.core.helpers import random_doc, silver_of
+from prep_assets_tests.conftest import PROJECT, copy_sample_data, make_spec, shared_path
+from prep_assets_tests.core.helpers import random_doc, run_core, silver_of, write_raw
 
 
 def test_crlf_and_lf_versions_dedup_together(tmp_path: Path):
@@ -161,3 +167,25 @@ def test_near_dedup_is_refused_for_tables():
 
     with pytest.raises(SpecError, match="dedup: near compares text"):
         make_spec("t", input={"type": "tabular"}, clean={"dedup": "near"})
+
+
+def test_manifest_counts_repeats_of_earlier_drops_under_drop_scope_among_its_own_drops_only(tmp_path: Path):
+    """`dedup_scope: drop` keeps a later drop's copies of earlier drops' records; the manifest says how many, per
+    drop, counted against the earlier drops it holds (so the figure follows the manifest, not the build order)."""
+    notes = [f"Field note {i}: the gauge at station {i % 7} read {i * 3} centimetres today." for i in range(40)]
+    drops = {"a_2026-11-01.jsonl": notes[:20], "b_2026-11-02.jsonl": notes[10:30], "c_2026-11-03.jsonl": notes[5:8]}
+    data = copy_sample_data(tmp_path / "data")
+    raw = yaml.safe_load((data / "datasets" / "sample_text.yaml").read_text(encoding="utf-8"))
+    raw["clean"]["dedup_scope"] = "drop"
+    raw["output"] = {"formats": ["parquet"]}
+    (data / "datasets" / "notes.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    write_raw(data, "notes", {n: "".join(json.dumps({"text": t}) + "\n" for t in ts) for n, ts in drops.items()})
+    spec, paths = load_spec(data / "datasets" / "notes.yaml"), dataset_paths(data, "notes")
+    keys = list(run_core(data, spec))
+    manifest = read_json(paths.manifest_path)
+    assert [manifest["partitions"][k]["repeats_of_earlier_drops"] for k in keys] == [0, 10, 3]
+    without_a = build_manifest(spec, paths, keys[1:])
+    assert [without_a["partitions"][k]["repeats_of_earlier_drops"] for k in keys[1:]] == [0, 0]
+    raw["clean"]["dedup_scope"] = "dataset"  # removes them: nothing to report
+    dataset_scope = parse_spec(raw, path=Path("notes.yaml"), default_name="notes")
+    assert repeats_of_earlier_drops(dataset_scope, paths, keys[1], among=keys) is None
