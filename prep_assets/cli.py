@@ -183,12 +183,25 @@ load_from:
 """
 
 
+def _automation_shown_on(home: Path) -> None:
+    """Clear the pre-sensor auto-materialize daemon's pause flag, which a new instance starts with. Our automation
+    is an automation condition sensor (on by default), which that flag does not stop; but the UI's job pages show
+    the flag as "Auto-materialize off" while automation runs."""
+    from dagster import DagsterInstance
+    from dagster._daemon.asset_daemon import get_auto_materialize_paused, set_auto_materialize_paused
+
+    with DagsterInstance.from_config(str(home)) as instance:
+        if get_auto_materialize_paused(instance):
+            set_auto_materialize_paused(instance, False)
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     """`dagster dev` (webserver and daemons) on this data dir, started in $DAGSTER_HOME so Dagster reads the instance
     config there (no dagster.yaml elsewhere for it to warn about); stops with Ctrl-C."""
     data_dir = _resolve_data_dir(args.data_dir).resolve()
     home = ensure_dagster_home()
     (home / "workspace.yaml").write_text(UI_WORKSPACE, encoding="utf-8")
+    _automation_shown_on(home)
     dagster = Path(sys.executable).parent / "dagster"
     cmd = [str(dagster), "dev", "-w", "workspace.yaml", "-h", args.host, "-p", str(args.port)]
     print(f"data dir: {data_dir}\nDAGSTER_HOME: {home}\nUI: http://{args.host}:{args.port}", flush=True)

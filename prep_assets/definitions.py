@@ -24,7 +24,7 @@ from prep_assets.core.spec import DatasetSpec, scan_specs
 from prep_assets.defs.automation import automation_sensor
 from prep_assets.defs.bronze import BRONZE
 from prep_assets.defs.checks import gate_checks
-from prep_assets.defs.executors import dataset_job_executor, executor_from_env
+from prep_assets.defs.executors import executor_from_env
 from prep_assets.defs.gold import GOLD, tokenizer_asset
 from prep_assets.defs.keys import (
     DATASET_MANIFEST,
@@ -47,7 +47,7 @@ from prep_assets.defs.silver import SILVER
 
 
 def dataset_jobs(spec: DatasetSpec) -> list:
-    executor = dataset_job_executor()
+    executor = executor_from_env()
     return [
         define_asset_job(
             tokenizer_job_name(spec),

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow.parquet as pq
-from transformers import PreTrainedTokenizerBase
 
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.tokenizer import load_pinned_info, load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MASK_OPEN, MASK_CLOSE = "«", "»"
 

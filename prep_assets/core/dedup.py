@@ -19,14 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from datasketch import MinHash, MinHashLSH
 
 from prep_assets.core.clean import WORD
+
+if TYPE_CHECKING:  # datasketch (with scipy) is imported by near dedup only: 0.4 s a process that needs none
+    from datasketch import MinHash
 from prep_assets.core.drops import Drop, DropSet, drop_order, earlier_drops
 from prep_assets.core.lake import DatasetPaths, read_json, staged_dir
 from prep_assets.core.spec import DatasetSpec
@@ -226,6 +229,8 @@ class NearDuplicates:
     """Records in order; each is checked against the kept ones through LSH and kept or matched to the earliest."""
 
     def __init__(self, spec: NearDedupSpec) -> None:
+        from datasketch import MinHash, MinHashLSH
+
         self.spec = spec
         self.lsh = MinHashLSH(threshold=spec.threshold, num_perm=spec.num_perm, prepickle=False)
         self.signatures = np.zeros((1024, spec.num_perm), dtype=np.uint32)  # kept records' rows, by LSH key

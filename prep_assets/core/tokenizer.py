@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,8 +27,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402
-from transformers.tokenization_utils_base import PreTrainedTokenizerBase  # noqa: E402
+
+if TYPE_CHECKING:  # transformers is imported where a tokenizer is loaded (0.4 s a process that needs none)
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from prep_assets.core.errors import TokenizerError  # noqa: E402
 from prep_assets.core.fast_bpe import FastEncoder, decide  # noqa: E402
@@ -125,6 +126,8 @@ def train_bpe(train: TrainTokenizerSpec, base: Path, dest: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(iter_training_texts(train.files, base), trainer)
+    from transformers import PreTrainedTokenizerFast
+
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=train.eos_token, pad_token=train.pad_token, bos_token=train.bos_token
     )
@@ -212,6 +215,8 @@ def pin_tokenizer(spec: TokenizerSpec, *, base: Path, dest: Path) -> dict[str, A
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     try:
+        from transformers import AutoTokenizer
+
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # transformers raises OSError/ValueError/... for unloadable dirs
         raise TokenizerError(f"{path}: cannot load a tokenizer offline: {exc}") from None

@@ -1,5 +1,7 @@
-"""Which executor runs a job's steps: Dagster's multiprocess executor on this machine (the default), or the
-Celery executor that hands every step to workers on any machine (the production profile, `production/`).
+"""Which executor runs a job's steps: on this machine, in the run's own process (the default: a drop's steps form
+one chain, and a subprocess per step costs seconds of imports each) or Dagster's multiprocess executor (steps of
+independent assets side by side, a process each); or the Celery executor that hands every step to workers on any
+machine (the production profile, `production/`).
 
 Chosen by `$PREP_ASSETS_EXECUTOR` when the definitions load: the run process and every worker load them with
 the same environment, so both build the same plan. The broker and result backend come from
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from dagster import ExecutorDefinition, in_process_executor
+from dagster import ExecutorDefinition, in_process_executor, multiprocess_executor
 
 from prep_assets.core.errors import PrepAssetsError
 
@@ -19,14 +21,16 @@ EXECUTOR_ENV = "PREP_ASSETS_EXECUTOR"
 BROKER_ENV = "PREP_ASSETS_CELERY_BROKER"
 BACKEND_ENV = "PREP_ASSETS_CELERY_BACKEND"
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
-EXECUTORS = ("multiprocess", "celery")
+EXECUTORS = ("in_process", "multiprocess", "celery")
 
 
-def executor_from_env() -> ExecutorDefinition | None:
-    """None (Dagster's default multiprocess executor) unless `$PREP_ASSETS_EXECUTOR` is `celery`."""
-    name = os.environ.get(EXECUTOR_ENV) or "multiprocess"
+def executor_from_env() -> ExecutorDefinition:
+    """The executor `$PREP_ASSETS_EXECUTOR` names (default `in_process`)."""
+    name = os.environ.get(EXECUTOR_ENV) or "in_process"
+    if name == "in_process":
+        return in_process_executor
     if name == "multiprocess":
-        return None
+        return multiprocess_executor
     if name != "celery":
         raise PrepAssetsError(f"{EXECUTOR_ENV}={name!r}: expected one of {', '.join(EXECUTORS)}")
     try:
@@ -50,11 +54,3 @@ def executor_from_env() -> ExecutorDefinition | None:
         },
         name="celery",
     )
-
-
-def dataset_job_executor() -> ExecutorDefinition:
-    """The executor of a dataset's jobs (drop, tokenizer, manifest): on one machine the in-process executor, since
-    a drop's steps form one chain and a subprocess per step (8 of them) costs seconds each on a loaded machine (a
-    small drop's run: about 60 s multiprocess, a few seconds in process, as `prep-assets run` executes it);
-    with Celery, the Celery executor (steps go to the workers)."""
-    return executor_from_env() or in_process_executor

@@ -10,7 +10,7 @@ from dagster import AssetMaterialization, Config, JobDefinition, OpExecutionCont
 
 from prep_assets.core.retire import retire_drop
 from prep_assets.core.spec import DatasetSpec
-from prep_assets.defs.executors import dataset_job_executor
+from prep_assets.defs.executors import executor_from_env
 from prep_assets.defs.keys import DATASET_MANIFEST, asset_key
 from prep_assets.defs.metadata import user_errors
 from prep_assets.defs.partitions import drops_partitions
@@ -65,7 +65,7 @@ def retire_job(spec: DatasetSpec) -> JobDefinition:
             "bytes are never registered again."
         ),
         tags={"prep_assets/retire": "true"},
-        executor_def=dataset_job_executor(),
+        executor_def=executor_from_env(),
     )
     def _job() -> None:
         _retire()
