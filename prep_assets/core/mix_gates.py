@@ -12,7 +12,7 @@ from typing import Any
 
 from prep_assets.core.invariants.common import Outcome
 from prep_assets.core.lake import read_json, sha256_file
-from prep_assets.core.mix import MixSpec, mix_path
+from prep_assets.core.mix import MixError, MixSpec, SourceSpec, domain_ranges, mix_path
 
 EXHAUSTION_REMEDY = (
     "lower its weights or the phases' duration_tokens, raise its max_epochs, add drops to its dataset, or set "
@@ -159,7 +159,25 @@ def rows_in_manifest(on: MixSubject) -> Outcome:
         for fi, last in _rows_of(on.mix)[b]:
             if not (0 <= fi < len(src["files"]) and last < src["files"][fi]["sequences"]):
                 offending.append({"bucket": b, "path": f"file {fi}", "why": f"row {last} outside the file"})
+        if "ranges" in src and manifest is not None:
+            offending += _outside_domains(on.mix, b, src, manifest)
     return Outcome(len(offending), offending)
+
+
+def _outside_domains(mix: dict[str, Any], b: str, src: dict[str, Any], manifest: dict[str, Any]) -> list[dict]:
+    """A bucket narrowed to domains: its ranges are still its manifest's, and every slice lies inside one."""
+    try:
+        now = domain_ranges(manifest, SourceSpec(dataset=src["dataset"], domains=src["domains"]), f"sources.{b}")
+    except MixError as exc:
+        return [{"bucket": b, "path": src["manifest"], "why": str(exc)}]
+    if now != src["ranges"]:
+        return [{"bucket": b, "path": src["manifest"], "why": "its domains' row ranges differ from the manifest's"}]
+    return [
+        {"bucket": b, "path": f"file {fi}", "why": f"rows [{start}, {stop}) outside the domains {src['domains']}"}
+        for phase in mix["phases"]
+        for fi, start, stop in phase["buckets"][b]["slices"]
+        if not any(r[0] == fi and r[1] <= start and stop <= r[2] for r in src["ranges"])
+    ]
 
 
 @dataclass(frozen=True)
@@ -191,7 +209,8 @@ MIX_GATES: tuple[MixGate, ...] = (
     MixGate("training_mix_train_only", "no validation or test row enters a training mix", train_only),
     MixGate(
         "training_mix_rows_in_manifest",
-        "every row of the mix is in its source manifest, in a file with the recorded sha256",
+        "every row of the mix is in its source manifest, in a file with the recorded sha256 (and, for a bucket "
+        "narrowed to domains, inside those domains' row ranges)",
         rows_in_manifest,
     ),
 )
