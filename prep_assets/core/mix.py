@@ -26,6 +26,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from prep_assets.core.errors import PrepAssetsError, SpecError
 from prep_assets.core.lake import read_json, sha256_file, staged_dir, write_json_atomic
+from prep_assets.core.mix_outputs import Output, gpt_simple_layout, megatron_blend, write_outputs
 from prep_assets.core.reading import order
 from prep_assets.core.spec import _format_error
 from prep_assets.core.spec_sections import _Strict
@@ -75,6 +76,7 @@ class MixSpec(_Strict):
     seed: int = Field(default=0, ge=0)
     allow_bucket_exhaustion: bool = False
     max_items: int | None = Field(default=None, ge=1)  # at most this many rows per bucket and phase (quick runs)
+    outputs: list[Output] = []  # what to write for trainers beside mix.json (core/mix_outputs.py)
 
     @model_validator(mode="before")
     @classmethod
@@ -107,6 +109,8 @@ class MixSpec(_Strict):
             raise ValueError(f"sources: bucket names {bad}: use lower-case letters, digits and _")
         if not self.phases:
             raise ValueError("phases: give at least one phase (or top-level weights and duration_tokens)")
+        if len(set(self.outputs)) != len(self.outputs):
+            raise ValueError(f"outputs: each output once, got {self.outputs}")
         names = [p.name for p in self.phases]
         if len(set(names)) != len(names):
             raise ValueError(f"phases: names must be unique, got {names}")
@@ -225,6 +229,7 @@ def _source(lake: Path, bucket: str, src: SourceSpec, split: str, seed: int, mix
         ],
         **({"domains": src.domains, "ranges": ranges} if ranges is not None else {}),
         "rows": len(rowmap) if rowmap is not None else sum(f["sequences"] for f in files),
+        "_manifest": manifest,
         "_rowmap": rowmap,  # a bucket row -> its row over the files (None: the same)
         "_tokens": all_tokens if rowmap is None else all_tokens[rowmap],
         "_loss": all_loss if rowmap is None else all_loss[rowmap],
@@ -326,7 +331,7 @@ def plan_mix(spec: MixSpec, lake: Path) -> dict[str, Any]:
                 "order": _interleave(taken, buckets),
             }
         )
-    return {
+    mix = {
         "version": MIX_VERSION,
         "mix": spec.name,
         "spec_hash": spec.fingerprint(),
@@ -358,6 +363,13 @@ def plan_mix(spec: MixSpec, lake: Path) -> dict[str, Any]:
         },
         "phases": phases,
     }
+    manifests = {b: s["_manifest"] for b, s in sources.items()}
+    outputs: dict[str, Any] = {}
+    if "megatron_blend" in spec.outputs:
+        outputs["megatron_blend"] = megatron_blend(mix, manifests)
+    if "gpt_simple_curriculum" in spec.outputs:
+        outputs["gpt_simple_curriculum"] = gpt_simple_layout(mix, manifests)
+    return {**mix, **({"outputs": outputs} if outputs else {})}
 
 
 def _interleave(taken: dict[str, np.ndarray], buckets: list[str]) -> list[list[int]]:
@@ -387,4 +399,5 @@ def write_mix(spec: MixSpec, lake: Path, mix: dict[str, Any]) -> Path:
     final = mix_path(lake, spec.name).parent
     with staged_dir(final) as staging:
         write_json_atomic(staging / MIX_FILE, mix)
+        write_outputs(mix, lake, staging)
     return final / MIX_FILE

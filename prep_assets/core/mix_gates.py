@@ -13,6 +13,7 @@ from typing import Any
 from prep_assets.core.invariants.common import Outcome
 from prep_assets.core.lake import read_json, sha256_file
 from prep_assets.core.mix import MixError, MixSpec, SourceSpec, domain_ranges, mix_path
+from prep_assets.core.mix_outputs import curriculum_demand
 
 EXHAUSTION_REMEDY = (
     "lower its weights or the phases' duration_tokens, raise its max_epochs, add drops to its dataset, or set "
@@ -87,13 +88,31 @@ def inventory(on: MixSubject) -> Outcome:
                     f"tokens × max_epochs {src['max_epochs']})",
                 }
             )
+    facts: dict[str, Any] = {}
+    if "gpt_simple_curriculum" in mix.get("outputs", {}):  # the curriculum as GPT-Simple's validator judges it
+        curriculum = curriculum_demand(mix)
+        facts["curriculum_shortfalls"] = {b: list(v) for b, v in curriculum.items()}
+        for b, (demand, have, missing) in curriculum.items():
+            short.append(
+                {
+                    "bucket": b,
+                    "dataset": mix["sources"][b]["dataset"],
+                    "demanded_tokens": demand,
+                    "available_tokens": have,
+                    "message": f"Curriculum demands {human(demand)} from bucket '{b}' but only {human(have)} "
+                    f"available ({human(missing)} short) in its GPT-Simple files (document tokens, as GPT-Simple's "
+                    "validator counts them)",
+                }
+            )
     if not short:
-        return Outcome(0, facts={"warnings": []})
+        return Outcome(0, facts={"warnings": [], **facts})
     messages = [s["message"] for s in short]
     if mix["allow_bucket_exhaustion"]:
         warnings = [f"{m}; allowed by allow_bucket_exhaustion: the bucket runs short" for m in messages]
-        return Outcome(0, short, {"warnings": warnings}, "WARNING: " + "; ".join(warnings))
-    return Outcome(len(short), short, {"warnings": []}, "; ".join(messages) + f". Remedy: {EXHAUSTION_REMEDY}")
+        return Outcome(0, short, {"warnings": warnings, **facts}, "WARNING: " + "; ".join(warnings))
+    return Outcome(
+        len(short), short, {"warnings": [], **facts}, "; ".join(messages) + f". Remedy: {EXHAUSTION_REMEDY}"
+    )
 
 
 def budgets(on: MixSubject) -> Outcome:
