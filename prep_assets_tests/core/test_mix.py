@@ -7,12 +7,15 @@ import importlib
 import importlib.util
 import math
 import shutil
+import struct
 import sys
 import types
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -21,6 +24,7 @@ from prep_assets.core.lake import read_json
 from prep_assets.core.mix import bucket_seed, load_mix, parse_mix, plan_mix, scan_mixes, write_mix
 from prep_assets.core.mix_gates import judge_mix
 from prep_assets.core.mix_outputs import MixOutputError
+from prep_assets.core.mix_plot import PALETTE, PLANNED, plot_mix
 from prep_assets.core.reading import MixRows, PackedRows, order
 from prep_assets.core.spec import load_spec
 from prep_assets_tests.conftest import copy_sample_data
@@ -327,3 +331,17 @@ def test_gpt_simples_validator_reports_our_inventory_gates_shortfall(
     assert report.has_budget_issues() is (not allow) and ours.passed is allow
     their_message = next(f.message for f in report.findings if f.code == "curriculum.shortfall.a")
     assert their_message.startswith("Curriculum demands 6.1K from bucket 'a' but only 5.8K available (304 short)")
+
+
+def test_the_plot_draws_planned_and_achieved_bars_to_scale_deterministically() -> None:
+    phase = {"name": "p", "buckets": {"a": {"demanded_tokens": 100, "row_tokens": 50}}}
+    plan = {"bucket_order": ["a"], "sources": {"a": {}}, "phases": [phase]}
+    data = plot_mix(plan)
+    assert data == plot_mix(copy.deepcopy(plan)) and data.startswith(b"\x89PNG\r\n\x1a\n")
+    width, height = struct.unpack(">II", data[16:24])
+    idat = data.index(b"IDAT")
+    (size,) = struct.unpack(">I", data[idat - 4 : idat])
+    raw = zlib.decompress(data[idat + 4 : idat + 4 + size])
+    pixels = np.frombuffer(raw, np.uint8).reshape(height, 1 + 3 * width)[:, 1:].reshape(height, width, 3)
+    column = {tuple(c): int((pixels == c).all(axis=2).sum(axis=0).max()) for c in (PLANNED, PALETTE[0])}
+    assert column[PLANNED] == 160 and column[PALETTE[0]] == 80  # planned is the tallest bar, achieved half
