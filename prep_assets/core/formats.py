@@ -27,7 +27,7 @@ from prep_assets.core.exports import MEGATRON_PREFIX, MEMMAP_DIR, MemmapWriter, 
 from prep_assets.core.lake import sha256_file
 from prep_assets.core.parquet_io import ParquetSink
 from prep_assets.core.record_types import record_type
-from prep_assets.core.records import SHARD_SCHEMA
+from prep_assets.core.records import DEFAULT_DOMAIN, shard_schema
 from prep_assets.core.rows import PackedRows, RowCounts
 
 if TYPE_CHECKING:
@@ -129,8 +129,8 @@ def problems(spec: DatasetSpec) -> list[str]:
     return out
 
 
-def row_table(rows: PackedRows, example_ids: pa.Array) -> pa.Table:
-    """Packed rows as a shard table (the `SHARD_SCHEMA` columns)."""
+def row_table(rows: PackedRows, example_ids: pa.Array, domains: list[str] | None = None) -> pa.Table:
+    """Packed rows as a shard table (the `SHARD_SCHEMA` columns, and `domain` when `domains` names each row's)."""
     n, L = rows.num_rows, rows.row_len
     row_offsets = np.arange(n + 1, dtype=np.int64) * L
     s0, s1 = int(rows.seg_offsets[0]), int(rows.seg_offsets[n])
@@ -146,9 +146,25 @@ def row_table(rows: PackedRows, example_ids: pa.Array) -> pa.Table:
             "example_ids": pa.ListArray.from_arrays(pa.array(seg_offsets.astype(np.int32)), example_ids[s0:s1]),
             "example_offsets": list_array(rows.seg_starts[s0:s1], seg_offsets, pa.int32()),
             "num_loss_tokens": pa.array(rows.num_loss_tokens[:n]),
+            **({"domain": pa.array(domains, pa.string())} if domains is not None else {}),
         },
-        schema=SHARD_SCHEMA,
+        schema=shard_schema(domains is not None),
     )
+
+
+def row_domains(rows: PackedRows, example_domains: Sequence[str | None]) -> list[str]:
+    """Each row's domain: its first segment's example's (`DEFAULT_DOMAIN` for none); packing keeps rows pure."""
+    first = rows.example_order[rows.seg_offsets[: rows.num_rows]]
+    return [d if d is not None else DEFAULT_DOMAIN for d in (example_domains[int(e)] for e in first)]
+
+
+def add_domain_runs(runs: dict[str, list[int]], domains: list[str], at: int) -> None:
+    """Extend a file's `{domain: [start, stop)}` with rows `at`.. of `domains`; a domain's rows must be one run."""
+    for i, d in enumerate(domains, start=at):
+        run = runs.setdefault(d, [i, i])
+        if run[1] != i:
+            raise ValueError(f"domain {d!r} rows are not contiguous in the file (row {i} after {run})")
+        run[1] = i + 1
 
 
 class ParquetRows:
@@ -159,18 +175,24 @@ class ParquetRows:
         self.files: list[dict[str, Any]] = []
         self.sink: ParquetSink | None = None
         self.counts, self.rows = RowCounts(), 0
+        spec = target.spec
+        self.domains = spec is not None and spec.input.domain_key is not None
+        self.runs: dict[str, list[int]] = {}  # the open file's domain row ranges
 
     def append(self, rows: PackedRows, example_ids: pa.Array) -> None:
         if self.sink is None:
             rel = f"{self.target.rel}/part-{len(self.files):05d}.parquet"
             self.sink = ParquetSink(
                 self.target.dir.parent / rel,
-                SHARD_SCHEMA,
+                shard_schema(self.domains),
                 compression=self.target.compression,
                 row_group_size=SHARD_ROW_GROUP,
             ).__enter__()
             self.files.append({"path": rel})
-        self.sink.write(row_table(rows, example_ids))
+        domains = row_domains(rows, self.target.domains) if self.domains else None
+        if domains is not None:
+            add_domain_runs(self.runs, domains, self.rows)
+        self.sink.write(row_table(rows, example_ids, domains))
         self.counts.add(rows)
         self.rows += rows.num_rows
         if self.rows == self.target.rows_per_file:
@@ -186,8 +208,9 @@ class ParquetRows:
             sequences=self.rows,
             tokens=self.counts.output,
             loss_tokens=self.counts.loss,
+            **({"domain_rows": dict(sorted(self.runs.items()))} if self.domains else {}),
         )
-        self.counts, self.rows = RowCounts(), 0
+        self.counts, self.rows, self.runs = RowCounts(), 0, {}
 
     def close(self) -> dict[str, Any]:
         if self.sink is not None:

@@ -17,8 +17,8 @@ from prep_assets.core.lake import (
     write_json_atomic,
 )
 from prep_assets.core.records import (
-    SHARD_SCHEMA,
     SPLITS,
+    shard_schema,
 )
 from prep_assets.core.shards import ShardStats, totals
 from prep_assets.core.silver import repeats_of_earlier_drops
@@ -108,7 +108,7 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
         "shard_tokenizer_fingerprints": sorted(fingerprints),
         "partitions": parts,
         "splits": {s: {**totals(metrics[s], L), "files": files[s], "exports": exports[s]} for s in SPLITS},
-        "schema": {f.name: str(f.type) for f in SHARD_SCHEMA},
+        "schema": {f.name: str(f.type) for f in shard_schema(spec.input.domain_key is not None)},
         **({"exports": partition_exports} if partition_exports else {}),
         **({"tabular": tabular} if tabular is not None else {}),
         **({"domains": dict(sorted(domains.items()))} if spec.input.domain_key is not None else {}),

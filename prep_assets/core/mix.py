@@ -26,13 +26,14 @@ from pydantic import Field, ValidationError, model_validator
 
 from prep_assets.core.errors import PrepAssetsError, SpecError
 from prep_assets.core.lake import read_json, sha256_file, staged_dir, write_json_atomic
+from prep_assets.core.mix_outputs import Output, gpt_simple_layout, megatron_blend, write_outputs
 from prep_assets.core.reading import order
 from prep_assets.core.spec import _format_error
 from prep_assets.core.spec_sections import _Strict
 
 MIXES_DIR = "_mixes"  # lake/_mixes/<name>/: no dataset name starts with "_"
 MIX_FILE = "mix.json"
-MIX_VERSION = "1"  # bump when the plan or mix.json's layout changes
+MIX_VERSION = "2"  # bump when the plan or mix.json's layout changes
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
@@ -43,6 +44,14 @@ class MixError(PrepAssetsError):
 class SourceSpec(_Strict):
     dataset: str
     max_epochs: int = Field(default=1, ge=1)  # a small source may repeat up to this many times (upsampling)
+    # narrow the bucket to these domains of a dataset with input.domain_key (its shards' domain-pure row ranges)
+    domains: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> SourceSpec:
+        if self.domains is not None and len(set(self.domains)) != len(self.domains):
+            raise ValueError(f"domains: each domain once, got {self.domains}")
+        return self
 
 
 class PhaseSpec(_Strict):
@@ -67,6 +76,7 @@ class MixSpec(_Strict):
     seed: int = Field(default=0, ge=0)
     allow_bucket_exhaustion: bool = False
     max_items: int | None = Field(default=None, ge=1)  # at most this many rows per bucket and phase (quick runs)
+    outputs: list[Output] = []  # what to write for trainers beside mix.json (core/mix_outputs.py)
 
     @model_validator(mode="before")
     @classmethod
@@ -99,6 +109,8 @@ class MixSpec(_Strict):
             raise ValueError(f"sources: bucket names {bad}: use lower-case letters, digits and _")
         if not self.phases:
             raise ValueError("phases: give at least one phase (or top-level weights and duration_tokens)")
+        if len(set(self.outputs)) != len(self.outputs):
+            raise ValueError(f"outputs: each output once, got {self.outputs}")
         names = [p.name for p in self.phases]
         if len(set(names)) != len(names):
             raise ValueError(f"phases: names must be unique, got {names}")
@@ -176,7 +188,7 @@ def demanded_rows(share: float, duration_tokens: int, max_seq_len: int) -> int:
 # ---------------------------------------------------------------- the plan
 
 
-def _source(lake: Path, bucket: str, src: SourceSpec, split: str, seed: int) -> dict[str, Any]:
+def _source(lake: Path, bucket: str, src: SourceSpec, split: str, seed: int, mix: str) -> dict[str, Any]:
     manifest_file = lake / src.dataset / "manifest.json"
     if not manifest_file.is_file():
         raise MixError(f"source {bucket!r}: dataset {src.dataset!r} has no manifest yet ({manifest_file})")
@@ -192,6 +204,17 @@ def _source(lake: Path, bucket: str, src: SourceSpec, split: str, seed: int) -> 
         sums = cum[offsets[1:]] - cum[offsets[:-1]]
         tokens.append(sums)
         loss.append(table.column("num_loss_tokens").to_numpy().astype(np.int64))
+    ranges = domain_ranges(manifest, src, f"mixes/{mix}.yaml: sources.{bucket}.domains") if src.domains else None
+    starts = np.cumsum([0] + [f["sequences"] for f in files])
+    rowmap = (
+        np.concatenate(
+            [np.arange(starts[fi] + a, starts[fi] + b, dtype=np.int64) for fi, a, b in ranges] or [[]]
+        ).astype(np.int64)
+        if ranges is not None
+        else None
+    )
+    all_tokens = np.concatenate(tokens) if tokens else np.zeros(0, np.int64)
+    all_loss = np.concatenate(loss) if loss else np.zeros(0, np.int64)
     return {
         "dataset": src.dataset,
         "manifest": f"{src.dataset}/manifest.json",
@@ -204,10 +227,35 @@ def _source(lake: Path, bucket: str, src: SourceSpec, split: str, seed: int) -> 
         "files": [
             {"path": f"{src.dataset}/{f['path']}", "sha256": f["sha256"], "sequences": f["sequences"]} for f in files
         ],
-        "rows": sum(f["sequences"] for f in files),
-        "_tokens": np.concatenate(tokens) if tokens else np.zeros(0, np.int64),
-        "_loss": np.concatenate(loss) if loss else np.zeros(0, np.int64),
+        **({"domains": src.domains, "ranges": ranges} if ranges is not None else {}),
+        "rows": len(rowmap) if rowmap is not None else sum(f["sequences"] for f in files),
+        "_manifest": manifest,
+        "_rowmap": rowmap,  # a bucket row -> its row over the files (None: the same)
+        "_tokens": all_tokens if rowmap is None else all_tokens[rowmap],
+        "_loss": all_loss if rowmap is None else all_loss[rowmap],
     }
+
+
+def domain_ranges(manifest: dict[str, Any], src: SourceSpec, key: str, split: str = "train") -> list[list[int]]:
+    """The bucket's rows as `[file index, start, stop)` ranges of its domains over the split's files (file order,
+    then the spec's domain order); an unknown domain or a dataset without domains is an error naming `key`."""
+    known = manifest.get("domains")
+    if known is None:
+        raise MixError(
+            f"{key}: dataset {src.dataset!r} has no domains (set input.domain_key in its spec, or drop `domains`)"
+        )
+    unknown = [d for d in src.domains or [] if d not in known]
+    if unknown:
+        raise MixError(f"{key}: dataset {src.dataset!r} has no domain {unknown}; its domains: {sorted(known)}")
+    files = manifest["splits"].get(split, {}).get("files", [])
+    if any("domain_rows" not in f for f in files):
+        raise MixError(
+            f"{key}: dataset {src.dataset!r}'s shards predate domain-pure packing (no domain_rows in its manifest): "
+            "rematerialize its shards and manifest"
+        )
+    return [
+        [fi, *f["domain_rows"][d]] for fi, f in enumerate(files) for d in src.domains or [] if d in f["domain_rows"]
+    ]
 
 
 def _slices(rows: np.ndarray, files: list[dict[str, Any]]) -> list[list[int]]:
@@ -228,7 +276,7 @@ def plan_mix(spec: MixSpec, lake: Path) -> dict[str, Any]:
     """The mix over the sources' published manifests: per phase and bucket the demand and what the bucket gives
     (rows as file slices and as a counter range of its seeded stream), tokens and loss tokens, epochs used,
     shortfalls, and each phase's exact row order. Pure: the same manifests give the same dict."""
-    sources = {b: _source(lake, b, s, spec.split, spec.seed) for b, s in spec.sources.items()}
+    sources = {b: _source(lake, b, s, spec.split, spec.seed, spec.name) for b, s in spec.sources.items()}
     buckets = list(sources)
     L = max(s["max_seq_len"] for s in sources.values())
     consumed = dict.fromkeys(buckets, 0)
@@ -254,6 +302,10 @@ def plan_mix(spec: MixSpec, lake: Path) -> dict[str, Any]:
                     epoch_orders[(b, e)] = order(n, src["seed"], e)
                 sel = pos // n == e
                 rows[sel] = epoch_orders[(b, e)][pos[sel] % n]
+            tokens = int(src["_tokens"][rows].sum()) if take else 0
+            loss = int(src["_loss"][rows].sum()) if take else 0
+            if src["_rowmap"] is not None:  # a domain bucket's rows, counted over its source's files
+                rows = src["_rowmap"][rows]
             taken[b] = rows
             per_bucket[b] = {
                 "weight": w,
@@ -264,8 +316,8 @@ def plan_mix(spec: MixSpec, lake: Path) -> dict[str, Any]:
                 "rows": take,
                 "shortfall_rows": capped - take,
                 "row_tokens": take * L,
-                "tokens": int(src["_tokens"][rows].sum()) if take else 0,
-                "loss_tokens": int(src["_loss"][rows].sum()) if take else 0,
+                "tokens": tokens,
+                "loss_tokens": loss,
                 "stream": {"start": consumed[b], "stop": consumed[b] + take},
                 "epochs": sorted({int(x) for x in (pos // n).tolist()}) if n else [],
                 "slices": _slices(rows, src["files"]),
@@ -279,7 +331,7 @@ def plan_mix(spec: MixSpec, lake: Path) -> dict[str, Any]:
                 "order": _interleave(taken, buckets),
             }
         )
-    return {
+    mix = {
         "version": MIX_VERSION,
         "mix": spec.name,
         "spec_hash": spec.fingerprint(),
@@ -291,7 +343,10 @@ def plan_mix(spec: MixSpec, lake: Path) -> dict[str, Any]:
         "total_tokens": spec.total_tokens,
         "lake": "../..",  # file and manifest paths are relative to the lake (two levels above mix.json)
         "order_scheme": "stream position s of bucket b: epoch s // rows, row reading.order(rows, seed, epoch)"
-        "[s % rows]; a phase's order lists [bucket index, row] with rows counted over the bucket's files in order",
+        "[s % rows]; a bucket narrowed to domains counts its rows over its `ranges` [file, start, stop) in order; "
+        "a phase's order lists [bucket index, row]: the index into bucket_order (mix.json's maps are key-sorted), "
+        "the row counted over the bucket's files in order",
+        "bucket_order": buckets,
         "sources": {b: {k: v for k, v in s.items() if not k.startswith("_")} for b, s in sources.items()},
         "buckets": {
             b: {
@@ -308,6 +363,13 @@ def plan_mix(spec: MixSpec, lake: Path) -> dict[str, Any]:
         },
         "phases": phases,
     }
+    manifests = {b: s["_manifest"] for b, s in sources.items()}
+    outputs: dict[str, Any] = {}
+    if "megatron_blend" in spec.outputs:
+        outputs["megatron_blend"] = megatron_blend(mix, manifests)
+    if "gpt_simple_curriculum" in spec.outputs:
+        outputs["gpt_simple_curriculum"] = gpt_simple_layout(mix, manifests)
+    return {**mix, **({"outputs": outputs} if outputs else {})}
 
 
 def _interleave(taken: dict[str, np.ndarray], buckets: list[str]) -> list[list[int]]:
@@ -337,4 +399,5 @@ def write_mix(spec: MixSpec, lake: Path, mix: dict[str, Any]) -> Path:
     final = mix_path(lake, spec.name).parent
     with staged_dir(final) as staging:
         write_json_atomic(staging / MIX_FILE, mix)
+        write_outputs(mix, lake, staging)
     return final / MIX_FILE

@@ -12,7 +12,8 @@ from typing import Any
 
 from prep_assets.core.invariants.common import Outcome
 from prep_assets.core.lake import read_json, sha256_file
-from prep_assets.core.mix import MixSpec, mix_path
+from prep_assets.core.mix import MixError, MixSpec, SourceSpec, domain_ranges, mix_path
+from prep_assets.core.mix_outputs import curriculum_demand
 
 EXHAUSTION_REMEDY = (
     "lower its weights or the phases' duration_tokens, raise its max_epochs, add drops to its dataset, or set "
@@ -87,13 +88,31 @@ def inventory(on: MixSubject) -> Outcome:
                     f"tokens × max_epochs {src['max_epochs']})",
                 }
             )
+    facts: dict[str, Any] = {}
+    if "gpt_simple_curriculum" in mix.get("outputs", {}):  # the curriculum as GPT-Simple's validator judges it
+        curriculum = curriculum_demand(mix)
+        facts["curriculum_shortfalls"] = {b: list(v) for b, v in curriculum.items()}
+        for b, (demand, have, missing) in curriculum.items():
+            short.append(
+                {
+                    "bucket": b,
+                    "dataset": mix["sources"][b]["dataset"],
+                    "demanded_tokens": demand,
+                    "available_tokens": have,
+                    "message": f"Curriculum demands {human(demand)} from bucket '{b}' but only {human(have)} "
+                    f"available ({human(missing)} short) in its GPT-Simple files (document tokens, as GPT-Simple's "
+                    "validator counts them)",
+                }
+            )
     if not short:
-        return Outcome(0, facts={"warnings": []})
+        return Outcome(0, facts={"warnings": [], **facts})
     messages = [s["message"] for s in short]
     if mix["allow_bucket_exhaustion"]:
         warnings = [f"{m}; allowed by allow_bucket_exhaustion: the bucket runs short" for m in messages]
-        return Outcome(0, short, {"warnings": warnings}, "WARNING: " + "; ".join(warnings))
-    return Outcome(len(short), short, {"warnings": []}, "; ".join(messages) + f". Remedy: {EXHAUSTION_REMEDY}")
+        return Outcome(0, short, {"warnings": warnings, **facts}, "WARNING: " + "; ".join(warnings))
+    return Outcome(
+        len(short), short, {"warnings": [], **facts}, "; ".join(messages) + f". Remedy: {EXHAUSTION_REMEDY}"
+    )
 
 
 def budgets(on: MixSubject) -> Outcome:
@@ -159,7 +178,25 @@ def rows_in_manifest(on: MixSubject) -> Outcome:
         for fi, last in _rows_of(on.mix)[b]:
             if not (0 <= fi < len(src["files"]) and last < src["files"][fi]["sequences"]):
                 offending.append({"bucket": b, "path": f"file {fi}", "why": f"row {last} outside the file"})
+        if "ranges" in src and manifest is not None:
+            offending += _outside_domains(on.mix, b, src, manifest)
     return Outcome(len(offending), offending)
+
+
+def _outside_domains(mix: dict[str, Any], b: str, src: dict[str, Any], manifest: dict[str, Any]) -> list[dict]:
+    """A bucket narrowed to domains: its ranges are still its manifest's, and every slice lies inside one."""
+    try:
+        now = domain_ranges(manifest, SourceSpec(dataset=src["dataset"], domains=src["domains"]), f"sources.{b}")
+    except MixError as exc:
+        return [{"bucket": b, "path": src["manifest"], "why": str(exc)}]
+    if now != src["ranges"]:
+        return [{"bucket": b, "path": src["manifest"], "why": "its domains' row ranges differ from the manifest's"}]
+    return [
+        {"bucket": b, "path": f"file {fi}", "why": f"rows [{start}, {stop}) outside the domains {src['domains']}"}
+        for phase in mix["phases"]
+        for fi, start, stop in phase["buckets"][b]["slices"]
+        if not any(r[0] == fi and r[1] <= start and stop <= r[2] for r in src["ranges"])
+    ]
 
 
 @dataclass(frozen=True)
@@ -191,7 +228,8 @@ MIX_GATES: tuple[MixGate, ...] = (
     MixGate("training_mix_train_only", "no validation or test row enters a training mix", train_only),
     MixGate(
         "training_mix_rows_in_manifest",
-        "every row of the mix is in its source manifest, in a file with the recorded sha256",
+        "every row of the mix is in its source manifest, in a file with the recorded sha256 (and, for a bucket "
+        "narrowed to domains, inside those domains' row ranges)",
         rows_in_manifest,
     ),
 )

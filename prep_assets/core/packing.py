@@ -34,6 +34,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -436,13 +437,19 @@ def plan_rows(
     units: np.ndarray | None = None,
     max_per_bin: int | None = None,
     shuffle_seed: int | tuple[int, ...] | None = None,
+    groups: np.ndarray | None = None,
 ) -> RowPlan:
     """Which piece of which example goes into which row, rows shuffled with the seed when one is given.
 
     Examples longer than `capacity` are an error unless the strategy is `full` or the overflow `window`
     (gold has already truncated or dropped them under the other policies). `units` (offsets over examples)
     keeps consecutive examples in one row (a preference pair); only for whole-example strategies. `loss_mask` and
-    `example_loss` decide which windows are kept (`window_pieces`).
+    `example_loss` decide which windows are kept (`window_pieces`). `groups` (a number per example, e.g. its
+    domain's) packs each group apart, groups in ascending order: a row holds one group, a group's rows are
+    contiguous, and the seed shuffles rows within their group only (`(*seed, group)`).
+
+    >>> plan_rows(np.array([3, 3, 2, 2]), capacity=5, strategy="ffd", groups=np.array([1, 0, 1, 0])).row_offsets
+    array([0, 2, 4])
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown packing strategy {strategy!r}; one of {STRATEGIES}")
@@ -450,10 +457,20 @@ def plan_rows(
     windowed = overflow == "window" and strategy != "full"
     if units is not None and len(units) != len(lengths) + 1 and (windowed or strategy == "full"):
         raise ValueError("multi-example units (preference pairs) cannot be split by `full` or windows")
+    group_ids = np.zeros(len(lengths), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64)
+    if len(group_ids) != len(lengths):
+        raise ValueError(f"groups has {len(group_ids)} numbers for {len(lengths)} examples")
     dropped = dropped_pieces = added = 0
+    parts: list[tuple[int, Bins]] = []  # (group, its bins over the pieces)
     if strategy == "full":
-        pieces, row_offsets = full_pieces(lengths, capacity, max_per_bin)
-        bins = [list(range(int(a), int(b))) for a, b in zip(row_offsets[:-1], row_offsets[1:])]
+        chunks, base = [], 0
+        for g in np.unique(group_ids).tolist():
+            idx = np.flatnonzero(group_ids == g)
+            p, row_offsets = full_pieces(lengths[idx], capacity, max_per_bin)
+            chunks.append(_Pieces(idx[p.example], p.start, p.length, p.masked))
+            parts.append((g, [list(range(base + int(a), base + int(b))) for a, b in pairwise(row_offsets.tolist())]))
+            base += len(p.example)
+        pieces = _concat_pieces(chunks) if len(chunks) != 1 else chunks[0]
     else:
         if windowed:
             _check_lengths(lengths, np.iinfo(np.int64).max)
@@ -461,10 +478,24 @@ def plan_rows(
             units = None
         else:
             pieces = _whole(_check_lengths(lengths, capacity))
-        bins = plan_unit_bins(pieces.length, units, capacity=capacity, strategy=strategy, max_per_bin=max_per_bin)
-    if shuffle_seed is not None and len(bins) > 1:
-        order = np.random.default_rng(shuffle_seed).permutation(len(bins))
-        bins = [bins[i] for i in order.tolist()]
+        piece_groups = group_ids[pieces.example]
+        for g in np.unique(piece_groups).tolist():
+            sel = np.flatnonzero(piece_groups == g)
+            local = plan_unit_bins(
+                pieces.length[sel],
+                _group_units(units, group_ids, g),
+                capacity=capacity,
+                strategy=strategy,
+                max_per_bin=max_per_bin,
+            )
+            parts.append((g, [sel[b].tolist() for b in local] if groups is not None else local))
+    bins: Bins = []
+    for g, part in parts:
+        if shuffle_seed is not None and len(part) > 1:
+            seed = shuffle_seed if groups is None else (*np.atleast_1d(shuffle_seed).tolist(), g)
+            order = np.random.default_rng(seed).permutation(len(part))
+            part = [part[i] for i in order.tolist()]
+        bins += part
     counts = np.fromiter((len(b) for b in bins), dtype=np.int64, count=len(bins))
     idx = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=int(counts.sum()))
     return RowPlan(
@@ -477,3 +508,22 @@ def plan_rows(
         dropped_pieces,
         added,
     )
+
+
+def _concat_pieces(chunks: list[_Pieces]) -> _Pieces:
+    if not chunks:
+        return _whole(np.zeros(0, dtype=np.int64))
+    return _Pieces(
+        *(np.concatenate([getattr(c, f) for c in chunks]) for f in ("example", "start", "length", "masked"))
+    )
+
+
+def _group_units(units: np.ndarray | None, groups: np.ndarray, g: int) -> np.ndarray | None:
+    """The units (offsets over examples) of group `g`'s examples, counted among them: a unit lies in one group."""
+    if units is None or len(units) == len(groups) + 1:
+        return None
+    sizes = np.diff(units)
+    first = groups[units[:-1]]
+    if not np.array_equal(np.repeat(first, sizes), groups):
+        raise ValueError("a packing unit (preference pair) spans two groups (domains)")
+    return offsets_from_lengths(sizes[first == g])

@@ -251,9 +251,10 @@ class MixRows:
             raise ReadError(f"{path}: no mix (give lake/_mixes/<name>/ or its mix.json)")
         data = json.loads(path.read_text(encoding="utf-8"))
         lake = path.parent / data["lake"]
-        self.buckets = list(data["sources"])
+        self.buckets = list(data.get("bucket_order", data["sources"]))  # what the order's bucket indices index
         self.sources: list[PackedRows] = []
-        for bucket, src in data["sources"].items():
+        for bucket in self.buckets:
+            src = data["sources"][bucket]
             rows = PackedRows(lake / src["manifest"], data["split"], verify=False)
             if [(f.sha256, f.rows) for f in rows.files] != [(f["sha256"], f["sequences"]) for f in src["files"]]:
                 raise ManifestMismatchError(

@@ -471,6 +471,15 @@ SHARD_SCHEMA = pa.schema(
     ]
 )
 
+# With `input.domain_key`: each row's domain (rows are domain-pure, a domain's rows contiguous in a file)
+SHARD_DOMAIN_FIELD = pa.field("domain", pa.string(), nullable=False)
+
+
+def shard_schema(domains: bool) -> pa.Schema:
+    """The shard columns: `SHARD_SCHEMA`, and the `domain` column for a dataset with `input.domain_key`."""
+    return SHARD_SCHEMA.append(SHARD_DOMAIN_FIELD) if domains else SHARD_SCHEMA
+
+
 # token_type_ids values (SambaNova-compatible)
 TYPE_PROMPT, TYPE_COMPLETION, TYPE_PADDING, TYPE_EOS = 0, 1, 2, 3
 SPLITS = ("train", "validation", "test")

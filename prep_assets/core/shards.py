@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from prep_assets.core.parquet_io import DEFAULT_BATCH, iter_batches
 from prep_assets.core.progress import Progress
 from prep_assets.core.record_types import record_type
 from prep_assets.core.records import (
+    DEFAULT_DOMAIN,
     SPLITS,
 )
 from prep_assets.core.rows import RowCounts, rows_from_values, segment_sources
@@ -72,10 +73,16 @@ def plan_split(
     loss_mask: Any,
     seed: tuple[int, ...] | None,
     example_loss: np.ndarray | None = None,
+    domains: Sequence[str | None] | None = None,
 ) -> RowPlan:
     """The row plan of one split's gold examples (`pair_ids` in gold order keep preference pairs together);
     `loss_mask` is the split's flat mask, or anything that slices into it (`FrontToBack`); `example_loss` the
-    examples' loss token counts, where known."""
+    examples' loss token counts, where known. With `input.domain_key`, each domain (`domains`: per example) is
+    packed apart, in sorted order, so a row is domain-pure and a domain's rows are contiguous (a mix can take them
+    as row ranges)."""
+    groups = None
+    if spec.input.domain_key is not None and domains is not None:
+        groups = domain_groups(domains)[1]
     return plan_rows(
         np.diff(offsets),
         capacity=spec.sequence.max_seq_len,
@@ -87,7 +94,16 @@ def plan_split(
         units=unit_offsets(pair_ids) if record_type(spec.input.type).paired else None,
         max_per_bin=spec.max_per_example,
         shuffle_seed=seed,
+        groups=groups,
     )
+
+
+def domain_groups(domains: Sequence[str | None]) -> tuple[list[str], np.ndarray]:
+    """The sorted domain names (`DEFAULT_DOMAIN` for none) and each example's index among them."""
+    named = [d if d is not None else DEFAULT_DOMAIN for d in domains]
+    names = sorted(set(named))
+    index = {d: i for i, d in enumerate(names)}
+    return names, np.fromiter((index[d] for d in named), dtype=np.int64, count=len(named))
 
 
 TABULAR_MANIFEST_KEYS = (
@@ -231,7 +247,9 @@ def build_packed_shards(
             for split_no, split in enumerate(SPLITS):
                 sg = spilled[split]
                 seed = (spec.packing.seed, split_no) if spec.shuffles_rows else None
-                plan = plan_split(spec, sg.pair_ids, sg.offsets, sg.spill.front_to_back("mask"), seed, sg.loss)
+                plan = plan_split(
+                    spec, sg.pair_ids, sg.offsets, sg.spill.front_to_back("mask"), seed, sg.loss, sg.domains
+                )
                 sg.spill.release()
                 examples = len(sg.offsets) - 1
                 if plan.num_rows or examples:

@@ -1,6 +1,7 @@
 """A `training_mix` asset per mix spec: plans the mix from its sources' manifests, publishes mix.json and shows the
 plan per phase; the mix's gates (`core.mix_gates`) are its blocking asset checks."""
 
+import base64
 from collections.abc import Iterator
 
 from dagster import (
@@ -21,6 +22,7 @@ from dagster import (
 from prep_assets.core.lake import sha256_file
 from prep_assets.core.mix import MIX_VERSION, MixSpec, mix_inputs_digest, plan_mix, write_mix
 from prep_assets.core.mix_gates import MIX_GATES, MixSubject
+from prep_assets.core.mix_plot import plot_caption, plot_mix
 from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.checks import outcome_result
 from prep_assets.defs.keys import DATASET_MANIFEST, mix_asset_key, mix_group
@@ -55,10 +57,17 @@ def phase_tables(mix: dict) -> dict[str, MetadataValue]:
     return tables
 
 
+def plot_markdown(mix: dict) -> MetadataValue:
+    """The planned vs achieved chart (`core.mix_plot`) inline, as a data: URI image with its caption."""
+    encoded = base64.b64encode(plot_mix(mix)).decode("ascii")
+    return MetadataValue.md(f"![planned vs achieved tokens](data:image/png;base64,{encoded})\n\n{plot_caption(mix)}")
+
+
 def mix_metadata(mix: dict, warnings: list[str]) -> dict[str, object]:
     buckets = mix["buckets"]
     return {
         **phase_tables(mix),
+        "planned_vs_achieved": plot_markdown(mix),
         "buckets": md_table([{"bucket": b, **f} for b, f in buckets.items()]),
         "shortfalls": md_table(
             [{"bucket": b, "shortfall_rows": f["shortfall_rows"]} for b, f in buckets.items() if f["shortfall_rows"]]

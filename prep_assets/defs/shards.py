@@ -16,7 +16,7 @@ from dagster import (
 from prep_assets.core.drops import superseded_drops
 from prep_assets.core.lake import DatasetPaths
 from prep_assets.core.manifest import build_manifest, manifest_partitions
-from prep_assets.core.records import SHARD_SCHEMA
+from prep_assets.core.records import shard_schema
 from prep_assets.core.shards import COUNTS, SPLIT_TABLES, UTILIZATIONS, ShardStats, metrics_markdown
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.defs.automation import layer_condition
@@ -75,7 +75,7 @@ def _shards_metadata(spec: DatasetSpec, paths: DatasetPaths, partition: str, sta
 
 SHARDS = LayerAsset(
     layer="shards",
-    schema=SHARD_SCHEMA,
+    schema=shard_schema(True),  # the domain column shown only for a dataset with input.domain_key
     upstream=(TOKENIZED_EXAMPLES, TOKENIZER),
     automation=lambda spec: layer_condition(),
     description=lambda spec: (

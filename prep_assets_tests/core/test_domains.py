@@ -3,8 +3,10 @@ routes examples in the `astrai_bin` format (AstrAI's bin storage, read back here
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,9 @@ import yaml
 from prep_assets.core.errors import SpecError
 from prep_assets.core.format_astrai import folder_of, shard_bounds
 from prep_assets.core.lake import read_json
+from prep_assets.core.mix import MixError, parse_mix, plan_mix, write_mix
+from prep_assets.core.mix_gates import judge_mix
+from prep_assets.core.reading import MixRows
 from prep_assets.core.spec import load_spec
 from prep_assets_tests.conftest import copy_sample_data
 from prep_assets_tests.core.helpers import run_core
@@ -159,3 +164,83 @@ def test_a_tabular_dataset_cannot_name_a_domain_key(tmp_path: Path):
     path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     with pytest.raises(SpecError, match="a tabular example assembles many records"):
         load_spec(path, data)
+
+
+def test_packed_rows_are_domain_pure_and_the_manifest_names_each_domains_row_range_per_file(run):
+    spec, result, lake = run
+    gold = {
+        g["example_id"]: g["domain"] or "__default__"
+        for g in pq.read_table(result["dirs"][2] / "examples.parquet").to_pylist()
+    }
+    manifest = read_json(lake / "manifest.json")
+    assert manifest["schema"]["domain"] == "string"
+    seen_rows = 0
+    for entry in manifest["splits"].values():
+        for f in entry["files"]:
+            table = pq.read_table(lake / f["path"], columns=["example_ids", "domain"]).to_pylist()
+            for row in table:  # every segment of a row is of the row's domain
+                assert {gold[e] for e in row["example_ids"]} == {row["domain"]}
+            column = [r["domain"] for r in table]
+            expected = {d: [column.index(d), len(column) - column[::-1].index(d)] for d in set(column)}
+            assert f["domain_rows"] == dict(sorted(expected.items()))
+            for d, (a, b) in f["domain_rows"].items():  # contiguous: the range holds only that domain
+                assert set(column[a:b]) == {d}
+            seen_rows += len(column)
+        domains_in_order = [d for f in entry["files"] for d in f["domain_rows"]]
+        assert sorted(domains_in_order) == domains_in_order  # packed in sorted domain order across files
+    assert seen_rows == sum(s["sequences"] for s in manifest["splits"].values())
+
+
+def _domain_mix(**sources: Any):
+    weights = dict.fromkeys(sources, 1.0)
+    doc = {"sources": sources, "weights": weights, "duration_tokens": 10**6, "allow_bucket_exhaustion": True}
+    return parse_mix(doc, path=Path("dm.yaml"), default_name="dm", datasets={"domains", "sample_instruct"})
+
+
+def test_a_mix_bucket_narrowed_to_domains_takes_only_their_rows(run):
+    spec, result, lake = run
+    m = _domain_mix(
+        wiki={"dataset": "domains", "domains": ["wiki"]}, rest={"dataset": "domains", "domains": ["web", "news"]}
+    )
+    plan = plan_mix(m, lake.parent)
+    path = write_mix(m, lake.parent, plan)
+    manifest = read_json(lake / "manifest.json")
+    train = manifest["splits"]["train"]["files"]
+    for bucket in ("wiki", "rest"):
+        src = plan["sources"][bucket]
+        expected = [[fi, *f["domain_rows"][d]] for fi, f in enumerate(train) for d in m.sources[bucket].domains or []
+                    if d in f["domain_rows"]]  # fmt: skip
+        assert src["ranges"] == expected and src["domains"] == m.sources[bucket].domains
+        assert src["rows"] == plan["buckets"][bucket]["inventory_rows"] == sum(b - a for _, a, b in expected) > 0
+        # the demand is above the inventory: the bucket gives each of its rows once, and only those
+        assert plan["buckets"][bucket]["rows"] == src["rows"]
+    gold = pq.read_table(result["dirs"][2] / "examples.parquet").to_pylist()
+    domain_of = {g["example_id"]: g["domain"] for g in gold}
+    rows = list(MixRows(path))
+    pairs = {(r["bucket"], domain_of[e]) for r in rows for e in r["example_ids"]}
+    assert pairs == {("wiki", "wiki"), ("rest", "web"), ("rest", "news")}
+    assert len(rows) == len({(r["bucket"], r["row_index"]) for r in rows})  # no row twice (max_epochs 1)
+    assert not [o.name for o in judge_mix(m, lake.parent) if not o.passed]
+
+    tampered = copy.deepcopy(plan)
+    wiki_files = {fi for fi, _, _ in tampered["sources"]["wiki"]["ranges"]}
+    other = next(fi for fi, f in enumerate(train) if "wiki" not in f["domain_rows"])
+    assert other not in wiki_files
+    tampered["phases"][0]["buckets"]["wiki"]["slices"].append([other, 0, 1])  # a row of another domain
+    bad = {o.name: o for o in judge_mix(m, lake.parent, tampered) if not o.passed}
+    assert "outside the domains ['wiki']" in str(bad["training_mix_rows_in_manifest"].offending)
+
+
+def test_a_mix_naming_an_unknown_domain_or_a_dataset_without_domains_is_an_error_naming_the_key(run):
+    spec, result, lake = run
+    with pytest.raises(MixError, match=r"mixes/dm.yaml: sources.code.domains: dataset 'domains' has no domain "
+                       r"\['code'\]; its domains: \['__default__', 'a/b c', 'news', 'web', 'wiki'\]"):  # fmt: skip
+        plan_mix(_domain_mix(code={"dataset": "domains", "domains": ["code"]}), lake.parent)
+    shutil.copytree(lake.parent / "domains", lake.parent / "sample_instruct", dirs_exist_ok=True)
+    plain = read_json(lake / "manifest.json")
+    plain.pop("domains")
+    (lake.parent / "sample_instruct" / "manifest.json").write_text(json.dumps(plain), encoding="utf-8")
+    with pytest.raises(
+        MixError, match="sources.x.domains: dataset 'sample_instruct' has no domains .set input.domain_key"
+    ):
+        plan_mix(_domain_mix(x={"dataset": "sample_instruct", "domains": ["wiki"]}), lake.parent)

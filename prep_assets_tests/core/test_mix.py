@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import copy
+import importlib
+import importlib.util
 import math
 import shutil
+import struct
+import sys
+import types
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -15,6 +23,8 @@ from prep_assets.core.errors import ShardIntegrityError, SpecError
 from prep_assets.core.lake import read_json
 from prep_assets.core.mix import bucket_seed, load_mix, parse_mix, plan_mix, scan_mixes, write_mix
 from prep_assets.core.mix_gates import judge_mix
+from prep_assets.core.mix_outputs import MixOutputError
+from prep_assets.core.mix_plot import PALETTE, PLANNED, plot_mix
 from prep_assets.core.reading import MixRows, PackedRows, order
 from prep_assets.core.spec import load_spec
 from prep_assets_tests.conftest import copy_sample_data
@@ -191,3 +201,147 @@ def test_the_loader_reads_a_mix_in_its_planned_order(lake_dir: Path) -> None:
             MixRows(path)
     finally:
         corrupt.write_bytes(saved)
+
+
+def text_mix(name: str, **raw: Any):
+    doc = {"sources": {"a": "sample_text", "b": {"dataset": "sample_text", "max_epochs": 2}}, **raw}
+    return parse_mix(doc, path=Path(f"{name}.yaml"), default_name=name, datasets=DATASETS)
+
+
+BLEND_PHASES = [
+    {"name": "p1", "duration_tokens": 4096, "weights": {"a": 1, "b": 1}},
+    {"name": "p2", "duration_tokens": 8192, "weights": {"a": 1, "b": 3}},
+]
+# a's cumulative demand 2048 + 4096 = 6144 tokens: its 24 rows × 256 hold it, its 5,840 document tokens do not
+CURRICULUM = [
+    {"name": "p1", "duration_tokens": 4096, "weights": {"a": 1, "b": 1}},
+    {"name": "p2", "duration_tokens": 8192, "weights": {"a": 1, "b": 1}},
+]
+
+
+def test_the_megatron_blend_weighs_each_phases_prefixes_by_share_and_tokens(lake_dir: Path) -> None:
+    lake = lake_dir / "lake"
+    spec = text_mix("blend", phases=BLEND_PHASES, outputs=["megatron_blend"])
+    path = write_mix(spec, lake, plan_mix(spec, lake))
+    plan = read_json(path)
+    entries = [e for e in read_json(lake / "sample_text/manifest.json")["splits"]["train"]["exports"]
+               if e["format"] == "megatron"]  # fmt: skip
+    assert len(entries) == 2  # one prefix per drop
+    total = sum(e["tokens"] for e in entries)
+    for phase, shares in (("p1", {"a": 0.5, "b": 0.5}), ("p2", {"a": 0.25, "b": 0.75})):
+        expected = [[round(shares[b] * e["tokens"] / total, 9), f"sample_text/{e['prefix']}"] for b in "ab"
+                    for e in entries]  # fmt: skip
+        assert plan["outputs"]["megatron_blend"]["phases"][phase] == expected
+        for _, prefix in expected:
+            assert (lake / f"{prefix}.bin").is_file() and (lake / f"{prefix}.idx").is_file()
+    lines = (path.parent / "megatron_blend.txt").read_text(encoding="utf-8").splitlines()
+    args = [line for line in lines if line.startswith("--data-path ")]
+    p2 = args[1].split()[1:]
+    assert len(args) == 2 and len(p2) == 8 and p2[1].endswith("/train/megatron/text_document")
+    assert math.isclose(sum(float(w) for w in p2[::2]), 1.0)
+
+    with pytest.raises(MixOutputError, match=r"source\(s\) instruct \(sample_instruct\) write no megatron output"):
+        plan_mix(mix("blend2.yaml", phases=TWO_PHASES, outputs=["megatron_blend"]), lake)
+
+
+def _idx_tokens(idx: Path) -> int:
+    """The token total of a GPT-Simple .idx (format_gpt_simple's layout): the last of its n + 1 offsets."""
+    raw = idx.read_bytes()
+    n = int.from_bytes(raw[12:16], "little")
+    return int.from_bytes(raw[16 + 8 * n : 24 + 8 * n], "little", signed=True)
+
+
+def test_the_gpt_simple_curriculum_layout_links_buckets_and_the_gate_counts_as_gpt_simple(lake_dir: Path) -> None:
+    lake = lake_dir / "lake"
+    spec = text_mix("curr", phases=CURRICULUM, outputs=["gpt_simple_curriculum"])
+    path = write_mix(spec, lake, plan_mix(spec, lake))
+    root = path.parent / "gpt_simple"
+    manifest = read_json(lake / "sample_text/manifest.json")
+    sources = {
+        split: sorted(
+            f["path"].rsplit("/", 1)[1]
+            for e in manifest["splits"][split]["exports"]
+            if e["format"] == "gpt_simple"
+            for f in e["files"]
+        )
+        for split in ("train", "validation")
+    }
+    assert sorted(p.name for p in (root / "train/a").iterdir()) == [f"sample_text-{n}" for n in sources["train"]]
+    assert sorted(p.name for p in (root / "train/b").iterdir()) == sorted(
+        [f"sample_text-{n}" for n in sources["train"]] + [f"sample_text-e1-{n}" for n in sources["train"]]
+    )  # max_epochs 2: the files twice, so GPT-Simple counts what the mix may use
+    assert sorted(p.name for p in (root / "val/a").iterdir()) == [f"sample_text-{n}" for n in sources["validation"]]
+    config = yaml.safe_load((root / "curriculum.yaml").read_text(encoding="utf-8"))["data"]
+    assert config["curriculum"] == [{"duration_tokens": 4096, "mix": {"a": 1, "b": 1}},
+                                    {"duration_tokens": 8192, "mix": {"a": 1, "b": 1}}]  # fmt: skip
+    assert (config["format"], config["max_length"], config["allow_bucket_exhaustion"]) == ("pretokenized", 256, False)
+    on_disk = {b: sum(_idx_tokens(p) for p in (root / "train" / b).glob("*.idx")) for b in "ab"}
+    assert on_disk == read_json(path)["outputs"]["gpt_simple_curriculum"]["tokens"]
+    inventory = {o.name: o for o in judge_mix(spec, lake)}["training_mix_inventory"]
+    assert on_disk["a"] < 6144 < on_disk["b"]
+    assert inventory.facts["curriculum_shortfalls"] == {"a": [6144.0, on_disk["a"], 6144.0 - on_disk["a"]]}
+    assert read_json(path)["buckets"]["a"]["shortfall_rows"] == 0  # the rows suffice
+    assert not inventory.passed and "Curriculum demands 6.1K from bucket 'a' but only 5.8K" in inventory.description
+    for f in root.rglob("*.bin"):  # hard links of the sources' bytes
+        assert f.stat().st_nlink >= 2
+    allowed = text_mix("curr", phases=CURRICULUM, outputs=["gpt_simple_curriculum"], allow_bucket_exhaustion=True)
+    outcome = {o.name: o for o in judge_mix(allowed, lake, plan_mix(allowed, lake))}["training_mix_inventory"]
+    assert outcome.passed and "Curriculum demands 6.1K from bucket 'a'" in outcome.facts["warnings"][0]
+
+
+@pytest.fixture
+def gpt_simple_validate() -> Iterator[Any]:
+    """gpt_simple.validate without the package's __init__ (which imports the trainer: torch, accelerate)."""
+    found = importlib.util.find_spec("gpt_simple")
+    if found is None or found.submodule_search_locations is None:
+        pytest.skip(
+            "gpt-simple-lm is not installed: it is not in the dev extra (it pins numpy<2.0, README's mixes "
+            "section); pip install --no-deps gpt-simple-lm==0.1.2 to run this comparison"
+        )
+    before = set(sys.modules)
+    package = types.ModuleType("gpt_simple")
+    package.__path__ = list(found.submodule_search_locations)
+    sys.modules["gpt_simple"] = package
+    try:
+        yield importlib.import_module("gpt_simple.validate")
+    finally:  # its modules leave with the test (they were imported beside no package __init__)
+        for name in set(sys.modules) - before:
+            if name.split(".")[0] == "gpt_simple":
+                del sys.modules[name]
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_gpt_simples_validator_reports_our_inventory_gates_shortfall(
+    lake_dir: Path, gpt_simple_validate: Any, allow: bool
+) -> None:
+    validate = gpt_simple_validate
+    lake = lake_dir / "lake"
+    spec = text_mix(f"gs{int(allow)}", phases=CURRICULUM, outputs=["gpt_simple_curriculum"],
+                    allow_bucket_exhaustion=allow)  # fmt: skip
+    path = write_mix(spec, lake, plan_mix(spec, lake))
+    cfg = validate.Config.from_file(path.parent / "gpt_simple" / "curriculum.yaml")
+    cfg.data.path = str(path.parent / "gpt_simple")
+    report = validate.ValidationReport()
+    info = validate._collect_data_info(cfg, report)
+    theirs = validate._compute_curriculum_demand(cfg, info, report)
+    assert not report.has_errors(), report.findings
+    ours = {o.name: o for o in judge_mix(spec, lake)}["training_mix_inventory"]
+    assert {b: list(v) for b, v in theirs["shortfall_by_bucket"].items()} == ours.facts["curriculum_shortfalls"]
+    assert list(ours.facts["curriculum_shortfalls"]) == ["a"]
+    assert report.has_budget_issues() is (not allow) and ours.passed is allow
+    their_message = next(f.message for f in report.findings if f.code == "curriculum.shortfall.a")
+    assert their_message.startswith("Curriculum demands 6.1K from bucket 'a' but only 5.8K available (304 short)")
+
+
+def test_the_plot_draws_planned_and_achieved_bars_to_scale_deterministically() -> None:
+    phase = {"name": "p", "buckets": {"a": {"demanded_tokens": 100, "row_tokens": 50}}}
+    plan = {"bucket_order": ["a"], "sources": {"a": {}}, "phases": [phase]}
+    data = plot_mix(plan)
+    assert data == plot_mix(copy.deepcopy(plan)) and data.startswith(b"\x89PNG\r\n\x1a\n")
+    width, height = struct.unpack(">II", data[16:24])
+    idat = data.index(b"IDAT")
+    (size,) = struct.unpack(">I", data[idat - 4 : idat])
+    raw = zlib.decompress(data[idat + 4 : idat + 4 + size])
+    pixels = np.frombuffer(raw, np.uint8).reshape(height, 1 + 3 * width)[:, 1:].reshape(height, width, 3)
+    column = {tuple(c): int((pixels == c).all(axis=2).sum(axis=0).max()) for c in (PLANNED, PALETTE[0])}
+    assert column[PLANNED] == 160 and column[PALETTE[0]] == 80  # planned is the tallest bar, achieved half

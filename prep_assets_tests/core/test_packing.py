@@ -351,3 +351,45 @@ def test_range_sums_in_small_spans_equal_one_cumulative_sum():
     cum = np.concatenate([[0], np.cumsum(values)])
     for span in (1, 137, 1 << 22):  # a span smaller than one range still takes that range whole
         assert (range_sums(values, lo, hi, span=span) == cum[hi] - cum[lo]).all()
+
+
+def _row_groups(plan: RowPlan, groups: np.ndarray) -> list[list[int]]:
+    return [
+        sorted({int(groups[e]) for e in plan.example[a:b]})
+        for a, b in zip(plan.row_offsets[:-1], plan.row_offsets[1:])
+    ]
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "ffd", "single", "full"])
+def test_groups_pack_each_group_apart_in_ascending_order_and_contiguous(strategy: str):
+    lengths = np.array([3, 3, 2, 2, 4, 1, 5, 2])
+    groups = np.array([2, 0, 2, 0, 1, 2, 0, 1])
+    plan = plan_rows(lengths, capacity=5, strategy=strategy, groups=groups, shuffle_seed=(7, 0))
+    per_row = _row_groups(plan, groups)
+    assert all(len(g) == 1 for g in per_row)  # a row holds one group
+    firsts = [g[0] for g in per_row]
+    assert firsts == sorted(firsts)  # groups in ascending order, each one run of rows
+    kept = np.bincount(plan.example, weights=plan.length, minlength=len(lengths))
+    assert kept.tolist() == lengths.tolist()  # every token of every example, once
+
+
+def test_one_group_plans_the_same_rows_as_no_groups():
+    lengths = np.array([5, 3, 4, 2, 6, 1, 7])
+    for strategy in ("bfd", "full"):
+        plain = plan_rows(lengths, capacity=8, strategy=strategy, shuffle_seed=3)
+        grouped = plan_rows(lengths, capacity=8, strategy=strategy, shuffle_seed=3, groups=np.zeros(7, np.int64))
+        assert (
+            plain.example.tolist() == grouped.example.tolist()
+            and plain.row_offsets.tolist() == grouped.row_offsets.tolist()
+        )
+
+
+def test_groups_keep_a_preference_pair_together_and_refuse_a_pair_across_groups():
+    lengths, units = np.array([2, 2, 3, 3]), np.array([0, 2, 4])
+    plan = plan_rows(lengths, capacity=6, strategy="ffd", units=units, groups=np.array([1, 1, 0, 0]))
+    assert [plan.example[a:b].tolist() for a, b in zip(plan.row_offsets[:-1], plan.row_offsets[1:])] == [
+        [2, 3],
+        [0, 1],
+    ]
+    with pytest.raises(ValueError, match="spans two groups"):
+        plan_rows(lengths, capacity=6, strategy="ffd", units=units, groups=np.array([1, 0, 0, 0]))

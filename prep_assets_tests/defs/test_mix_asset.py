@@ -75,10 +75,14 @@ def test_the_sample_mix_materializes_with_its_gates_and_reruns_byte_identically(
             "| text | 0.75 | 1536 | 1536 |" in shown["phase_warmup"]
             and "| instruct | 0.5 | 2048 | 2048 |" in (shown["phase_main"])
         )
+        plot = shown["planned_vs_achieved"]
+        assert plot.startswith("![planned vs achieved tokens](data:image/png;base64,iVBORw0KGgo")  # a PNG
+        assert "phases left to right (warmup, main)" in plot and "instruct `#1f77b4`" in plot
         first = mix_path(data / "lake", "sample_mix").read_bytes()
         assert mix_up_to_date(instance, spec, data / "lake")
         _, again = run_mix(data, "sample_mix", instance)
         assert again.success and mix_path(data / "lake", "sample_mix").read_bytes() == first
+        assert metadata(again)["planned_vs_achieved"] == plot  # the image's bytes too
 
 
 def test_a_shortfall_fails_the_blocking_gate_unless_exhaustion_is_allowed(data: Path) -> None:
