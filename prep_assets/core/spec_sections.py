@@ -127,6 +127,8 @@ class CleanSpec(_Strict):
     near: NearDedupSpec = NearDedupSpec()
     # keep records whose trained turn (completion, assistant message) is empty or whitespace only
     keep_empty_turns: bool = False
+    # AstrAI's `preprocessing.max_items`: at most this many kept records per drop, the rest rejected `max_items`
+    max_items: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _scope_needs_dedup(self) -> CleanSpec:
