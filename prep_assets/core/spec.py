@@ -30,12 +30,23 @@ from prep_assets.core.spec_sections import (
     MaskAction,
     OutputSpec,
     PackingSpec,
+    Recipe,
     SequenceSpec,
     SplitSpec,
     TabularSpec,
     TokenizerSpec,
     _Strict,
 )
+
+# What a recipe sets, per section, where the spec leaves a key unset (a key the spec gives wins).
+RECIPES: dict[str, dict[str, dict[str, Any]]] = {
+    "gdp": {
+        "input": {"space_separator": True},  # gdp separates prompt and completion by one space
+        "clean": {"normalize": False, "dedup": "none"},  # gdp tokenizes the text as it is, duplicates included
+        "sequence": {"max_seq_len": 2048},
+        "packing": {"strategy": "full", "shuffle": False},  # gdp's default `full`; rows in input order
+    },
+}
 
 DATASET_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
@@ -54,6 +65,20 @@ class DatasetSpec(_Strict):
     split: SplitSpec = SplitSpec()
     output: OutputSpec = OutputSpec()
     checks: ChecksSpec = ChecksSpec()
+    recipe: Recipe | None = None  # a seed system's defaults for every key the spec leaves unset (RECIPES)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe_defaults(cls, raw: Any) -> Any:
+        """`recipe: gdp`: gdp's behaviour for every key the spec does not set (docs/spec.md, "gdp recipe")."""
+        if not isinstance(raw, dict) or raw.get("recipe") not in RECIPES:
+            return raw
+        raw = dict(raw)
+        for section, defaults in RECIPES[raw["recipe"]].items():
+            current = raw.get(section) or {}
+            if isinstance(current, dict):
+                raw[section] = {**defaults, **current}
+        return raw
 
     @model_validator(mode="before")
     @classmethod
@@ -102,6 +127,8 @@ class DatasetSpec(_Strict):
                 "input.domain_key names a domain per record; a tabular example assembles many records, so it has "
                 "none: split the table into one dataset per domain instead"
             )
+        if kind.table_rows and self.recipe == "gdp":
+            raise ValueError("recipe: gdp prepares text and instruction data; tables have no gdp recipe")
         if kind.table_rows:
             self._check_tabular()
         elif self.tabular is not None:
@@ -190,8 +217,9 @@ class DatasetSpec(_Strict):
         that is no section names a derived property such as `gold_overflow`)."""
         data = self.model_dump(mode="json")
         for section, key, default in ADDED_KEYS:  # absent at its default: older specs keep their fingerprints
-            if isinstance(data.get(section), dict) and data[section].get(key, default) == default:
-                data[section].pop(key, None)
+            where = data if section is None else data.get(section)
+            if isinstance(where, dict) and where.get(key, default) == default:
+                where.pop(key, None)
 
         def value(k: str) -> Any:
             if "." in k:
@@ -206,7 +234,11 @@ class DatasetSpec(_Strict):
 
 # Keys added after specs were fingerprinted: left out of a fingerprint while at their default, so a spec that does
 # not use them keeps its code versions (and its layers stay fresh) across the upgrade.
-ADDED_KEYS: tuple[tuple[str, str, Any], ...] = (("clean", "max_items", None),)
+ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
+    ("clean", "max_items", None),
+    ("input", "space_separator", False),
+    (None, "recipe", None),
+)
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.
 # `checks` is in every layer: a changed threshold must re-judge every partition.
