@@ -324,7 +324,7 @@ GATES: tuple[Gate, ...] = (
         "packed_shards_tokens_conserved",
         "per split: shard tokens = gold tokens − tokens dropped by packing + window overlaps, both recomputed from "
         "gold in SQL and equal to the packer's own figures; every example placed as the strategy requires: whole "
-        "once (bfd/ffd/single), as exactly its windows with a loss token, or (full) tiled from token 0 to its "
+        "once (bfd/ffd/single/greedy), as exactly its windows with a loss token, or (full) tiled from token 0 to its "
         "end, in its own split",
         lambda on: inv.shards_tokens_conserved(on.shard_files, on.gold, layout(on.spec), _reported(on.shards)),
     ),

@@ -105,10 +105,13 @@ def example_pieces(
         return pieces
     inp = spec.input
     for turn in content["turns"]:
-        prompt = f"{inp.prompt_prefix}{turn['prompt']}{inp.prompt_postfix}"
+        source, completion = turn["prompt"], turn["completion"]
+        if inp.space_separator and source:  # gdp's rule; without a prompt no space is added (gdp adds one)
+            source, completion = source.rstrip(" "), " " + completion.lstrip(" ") if completion else completion
+        prompt = f"{inp.prompt_prefix}{source}{inp.prompt_postfix}"
         if prompt:
             pieces.append(Piece(_TEXT, prompt, 0, trained.prompt, TYPE_PROMPT))
-        pieces.append(Piece(_TEXT, turn["completion"], 0, trained.completion, TYPE_COMPLETION))
+        pieces.append(Piece(_TEXT, completion, 0, trained.completion, TYPE_COMPLETION))
         if info.add_eos:
             pieces.append(Piece(_SPECIAL, "", info.eos_id, trained.completion, TYPE_EOS))
     return pieces

@@ -41,7 +41,7 @@ import numpy as np
 from prep_assets.core.arrays import offsets_from_lengths, within_offsets
 
 Bins = list[list[int]]
-STRATEGIES = ("bfd", "ffd", "full", "single")
+STRATEGIES = ("bfd", "ffd", "full", "single", "greedy")
 
 
 def _check_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -249,7 +249,27 @@ def plan_single(lengths: np.ndarray, capacity: int, max_per_bin: int | None = No
     return [[i] for i in range(len(lengths))]
 
 
-PLANNERS = {"bfd": plan_bfd, "ffd": plan_ffd, "single": plan_single}
+def plan_greedy(lengths: np.ndarray, capacity: int, max_per_bin: int | None = None) -> Bins:
+    """Next fit in input order (gdp's `greedy`): an example joins the open row if it fits, else the row closes
+    and the example opens the next one; rows never reorder examples.
+
+    >>> plan_greedy(np.array([3, 4, 2, 5, 1]), 8)
+    [[0, 1], [2, 3, 4]]
+    """
+    lengths = _check_lengths(lengths, capacity)
+    limit = max_per_bin or capacity
+    bins: Bins = []
+    free = 0
+    for idx, need in enumerate(lengths.tolist()):
+        if not bins or need > free or len(bins[-1]) >= limit:
+            bins.append([])
+            free = capacity
+        bins[-1].append(idx)
+        free -= need
+    return bins
+
+
+PLANNERS = {"bfd": plan_bfd, "ffd": plan_ffd, "single": plan_single, "greedy": plan_greedy}
 
 
 def unit_offsets(keys: list[str | None]) -> np.ndarray:

@@ -173,6 +173,11 @@ def _clean_pass(
                     if verdict is not None:
                         reject(i, verdict.reason, verdict.detail, canonical)
                         continue
+                    if clean.max_items is not None and sum(splits.values()) >= clean.max_items:
+                        # before dedup, so a record over the cap never becomes the kept copy others point to
+                        cap = f"the drop has its {clean.max_items} kept records already (clean.max_items)"
+                        reject(i, "max_items", cap, canonical)
+                        continue
                     digest = content_digest(canonical)
                     if exact is not None:
                         first, in_earlier = exact.repeats(digest, canonical, record_id)

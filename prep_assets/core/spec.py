@@ -1,4 +1,5 @@
-"""Dataset specs: one YAML file per dataset, validated on load.
+"""Dataset specs: one YAML (or JSON) file per dataset, validated on load; an AstrAI pipeline config in JSON is
+translated first (core/spec_astrai.py).
 
 A spec is declarative like a training config. Unknown keys, wrong types and missing required
 fields are errors that name the file, the key path and what is allowed there.
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ValidationError, model_validator
 
 from prep_assets.core.errors import SpecError
 from prep_assets.core.record_types import TYPES, record_type
+from prep_assets.core.spec_astrai import AstraiConfig, is_astrai, spec_from_astrai
 from prep_assets.core.spec_sections import (
     AUTO_MAX_SEQUENCES,
     ChecksSpec,
@@ -28,12 +30,23 @@ from prep_assets.core.spec_sections import (
     MaskAction,
     OutputSpec,
     PackingSpec,
+    Recipe,
     SequenceSpec,
     SplitSpec,
     TabularSpec,
     TokenizerSpec,
     _Strict,
 )
+
+# What a recipe sets, per section, where the spec leaves a key unset (a key the spec gives wins).
+RECIPES: dict[str, dict[str, dict[str, Any]]] = {
+    "gdp": {
+        "input": {"space_separator": True},  # gdp separates prompt and completion by one space
+        "clean": {"normalize": False, "dedup": "none"},  # gdp tokenizes the text as it is, duplicates included
+        "sequence": {"max_seq_len": 2048},
+        "packing": {"strategy": "full", "shuffle": False},  # gdp's default `full`; rows in input order
+    },
+}
 
 DATASET_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
@@ -52,6 +65,20 @@ class DatasetSpec(_Strict):
     split: SplitSpec = SplitSpec()
     output: OutputSpec = OutputSpec()
     checks: ChecksSpec = ChecksSpec()
+    recipe: Recipe | None = None  # a seed system's defaults for every key the spec leaves unset (RECIPES)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe_defaults(cls, raw: Any) -> Any:
+        """`recipe: gdp`: gdp's behaviour for every key the spec does not set (docs/spec.md, "gdp recipe")."""
+        if not isinstance(raw, dict) or raw.get("recipe") not in RECIPES:
+            return raw
+        raw = dict(raw)
+        for section, defaults in RECIPES[raw["recipe"]].items():
+            current = raw.get(section) or {}
+            if isinstance(current, dict):
+                raw[section] = {**defaults, **current}
+        return raw
 
     @model_validator(mode="before")
     @classmethod
@@ -100,6 +127,8 @@ class DatasetSpec(_Strict):
                 "input.domain_key names a domain per record; a tabular example assembles many records, so it has "
                 "none: split the table into one dataset per domain instead"
             )
+        if kind.table_rows and self.recipe == "gdp":
+            raise ValueError("recipe: gdp prepares text and instruction data; tables have no gdp recipe")
         if kind.table_rows:
             self._check_tabular()
         elif self.tabular is not None:
@@ -187,6 +216,10 @@ class DatasetSpec(_Strict):
         """A stable hash of the named sections (all when none; `a.b` names one key of a section, and a name
         that is no section names a derived property such as `gold_overflow`)."""
         data = self.model_dump(mode="json")
+        for section, key, default in ADDED_KEYS:  # absent at its default: older specs keep their fingerprints
+            where = data if section is None else data.get(section)
+            if isinstance(where, dict) and where.get(key, default) == default:
+                where.pop(key, None)
 
         def value(k: str) -> Any:
             if "." in k:
@@ -198,6 +231,14 @@ class DatasetSpec(_Strict):
         blob = json.dumps(chosen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
+
+# Keys added after specs were fingerprinted: left out of a fingerprint while at their default, so a spec that does
+# not use them keeps its code versions (and its layers stay fresh) across the upgrade.
+ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
+    ("clean", "max_items", None),
+    ("input", "space_separator", False),
+    (None, "recipe", None),
+)
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.
 # `checks` is in every layer: a changed threshold must re-judge every partition.
@@ -322,13 +363,36 @@ def path_errors(spec: DatasetSpec, data_dir: Path) -> list[str]:
     return errors
 
 
-def load_spec(path: Path, data_dir: Path | None = None) -> DatasetSpec:
-    """Load and validate `<data dir>/datasets/<name>.yaml`, and check the paths it names."""
+def parse_astrai(raw: dict[str, Any], *, path: Path, default_name: str) -> DatasetSpec:
+    """Validate an AstrAI pipeline config against its own schema, then as the spec it translates to."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
-    spec = parse_spec(raw, path=path, default_name=path.stem)
+        cfg = AstraiConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError("\n".join(_format_error(path, e, AstraiConfig) for e in exc.errors())) from None
+    return parse_spec(spec_from_astrai(cfg), path=path, default_name=default_name)
+
+
+def load_spec(path: Path, data_dir: Path | None = None) -> DatasetSpec:
+    """Load and validate `<data dir>/datasets/<name>.yaml` (or `.json`: our keys, or an AstrAI pipeline config),
+    and check the paths it names."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    if path.suffix == ".json":
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise SpecError(f"{path}: not valid JSON: {exc}") from None
+    else:
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    if is_astrai(raw):
+        spec = parse_astrai(raw, path=path, default_name=path.stem)
+    else:
+        spec = parse_spec(raw, path=path, default_name=path.stem)
     errors = path_errors(spec, data_dir if data_dir is not None else path.resolve().parent.parent)
     if errors:
         raise SpecError("\n".join(f"{path}: {e}" for e in errors))
@@ -346,11 +410,19 @@ class SpecScan:
         return SpecScan([s for s in self.specs if s.name == name], {k: v for k, v in self.broken.items() if k == name})
 
 
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
 def scan_specs(datasets_dir: Path) -> SpecScan:
     """Every spec file under a `datasets/` folder: one broken file never hides the others."""
     specs: list[DatasetSpec] = []
     broken: dict[str, str] = {}
-    for path in sorted(datasets_dir.glob("*.yaml")) + sorted(datasets_dir.glob("*.yml")):
+    files = [p for ext in SPEC_SUFFIXES for p in sorted(datasets_dir.glob(f"*{ext}"))]
+    for path in files:
+        twins = [p.name for p in files if p.stem == path.stem]
+        if len(twins) > 1:
+            broken[path.stem] = f"{datasets_dir}: dataset {path.stem!r} has {len(twins)} spec files {twins}; keep one"
+            continue
         try:
             specs.append(load_spec(path, datasets_dir.parent))
         except SpecError as exc:

@@ -13,7 +13,8 @@ ColumnType = Literal["string", "int", "float"]
 AUTO_MAX_SEQUENCES = 10  # `max_sequences_per_example: auto` (Safe Synthesizer's default without DP)
 MaskAction = Literal["train", "mask"]
 Overflow = Literal["drop", "truncate_right", "truncate_left", "window"]
-PackingStrategy = Literal["bfd", "ffd", "full", "single"]
+PackingStrategy = Literal["bfd", "ffd", "full", "single", "greedy"]
+Recipe = Literal["gdp"]
 Layer = Literal["bronze", "silver", "gold", "shards"]
 
 # Which file suffixes each concrete format reads; `auto` picks by suffix.
@@ -40,6 +41,9 @@ class InputSpec(_Strict):
     prompt_separator: str = "\n\n"
     prompt_prefix: str = ""
     prompt_postfix: str = ""
+    # gdp's separator rule: the prompt's trailing spaces stripped, the completion's leading ones replaced by one
+    # space (gdp's default; its `--disable_space_separator` is `false` here); no space without a prompt
+    space_separator: bool = False
     # chat / preference: where the conversation is and how its roles are named (None = detect per record:
     # `messages` with role/content, or `conversations` with from/value, or a list of prompt/completion pairs)
     messages_key: str | None = None
@@ -127,6 +131,8 @@ class CleanSpec(_Strict):
     near: NearDedupSpec = NearDedupSpec()
     # keep records whose trained turn (completion, assistant message) is empty or whitespace only
     keep_empty_turns: bool = False
+    # AstrAI's `preprocessing.max_items`: at most this many kept records per drop, the rest rejected `max_items`
+    max_items: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _scope_needs_dedup(self) -> CleanSpec:

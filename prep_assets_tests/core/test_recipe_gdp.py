@@ -1,0 +1,111 @@
+"""`recipe: gdp` against gdp's own output: our rows, exported as gdp's HDF5, equal the arrays gdp wrote for the same
+input and `max_seq_length` (fixtures/gdp/, how they were made in its README)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from prep_assets.core.masking import example_pieces
+from prep_assets.core.packing import plan_greedy
+from prep_assets.core.spec import parse_spec
+from prep_assets_tests.conftest import make_spec, shared_path
+from prep_assets_tests.core.helpers import run_core
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gdp"
+
+
+def _head(src: Path, dest: Path, lines: int) -> None:
+    with src.open(encoding="utf-8") as f:
+        dest.write_text("".join(next(f) for _ in range(lines)), encoding="utf-8")
+
+
+def _gdp_rows(
+    tmp_path: Path, source: str, lines: int, sequence: dict[str, Any], packing: dict[str, Any]
+) -> tuple[dict[str, np.ndarray], int]:
+    raw = {
+        "recipe": "gdp",
+        "input": {"type": "instruction"},
+        "tokenizer": {"path": str(shared_path("tokenizers/gpt2"))},
+        "sequence": {"max_seq_len": 128, **sequence},
+        "packing": packing,
+        "output": {"formats": ["parquet", "hdf5"]},
+    }
+    spec = parse_spec(raw, path=Path("gdp.yaml"), default_name="gdp")
+    (tmp_path / "raw" / "gdp").mkdir(parents=True)
+    _head(shared_path(f"datasets/{source}"), tmp_path / "raw" / "gdp" / "head.jsonl", lines)
+    ((_, result),) = run_core(tmp_path, spec).items()
+    (hdf5,) = result["dirs"][3].glob("hdf5/train_*.hdf5")
+    with h5py.File(hdf5) as f:
+        return {k: f[k][:] for k in f}, result["gold"].rejects
+
+
+@pytest.mark.parametrize(
+    ("fixture", "sequence", "packing", "rejects"),
+    [
+        ("single_truncate_right", {"overflow": "truncate_right"}, {"strategy": "single"}, 2),
+        ("greedy_drop", {"overflow": "drop"}, {"strategy": "greedy"}, 2),
+    ],
+)
+def test_gdp_recipe_rows_equal_gdps_own_arrays(tmp_path: Path, fixture: str, sequence, packing, rejects: int):
+    ours, gold_rejects = _gdp_rows(tmp_path, "instruction/gdp_generative_tuning.jsonl", 8, sequence, packing)
+    assert gold_rejects == rejects  # what gdp drops silently (too long, or prompt only) is a counted reject here
+    expected = json.loads((FIXTURES / f"{fixture}.json").read_text(encoding="utf-8"))
+    assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
+    assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
+
+
+def test_recipe_gdp_sets_gdps_defaults_and_each_key_can_be_overridden():
+    spec = make_spec(recipe="gdp", input={"type": "instruction"})
+    assert spec.input.space_separator and spec.clean.normalization.nfc is False and spec.clean.dedup == "none"
+    assert spec.packing.strategy == "full" and spec.packing.shuffle is False and spec.sequence.max_seq_len == 2048
+    spec = make_spec(
+        recipe="gdp", input={"type": "instruction", "space_separator": False}, packing={"strategy": "greedy"}
+    )
+    assert not spec.input.space_separator and spec.packing.strategy == "greedy" and not spec.packing.shuffle
+
+
+def test_specs_without_a_recipe_keep_their_fingerprints():
+    spec = make_spec(input={"type": "instruction"})
+    assert (
+        "recipe" not in spec.fingerprint()
+        and spec.fingerprint() == make_spec(input={"type": "instruction"}).fingerprint()
+    )
+    dumped = json.dumps(spec.model_dump(mode="json"))
+    assert "space_separator" in dumped  # present in the spec, left out of the fingerprint at its default
+    assert spec.layer_version("gold") != make_spec(recipe="gdp", input={"type": "instruction"}).layer_version("gold")
+
+
+def test_greedy_is_next_fit_in_input_order():
+    assert plan_greedy(np.array([3, 4, 2, 5, 1]), 8) == [[0, 1], [2, 3, 4]]
+    assert plan_greedy(np.array([8, 1, 8]), 8) == [[0], [1], [2]]  # a row never reaches back
+    assert plan_greedy(np.array([1, 1, 1]), 8, max_per_bin=2) == [[0, 1], [2]]
+    assert plan_greedy(np.array([], dtype=np.int64), 8) == []
+
+
+def test_gdp_separator_strips_prompt_spaces_and_adds_one_before_the_completion_only_after_a_prompt():
+    spec = make_spec(recipe="gdp", input={"type": "instruction"})
+    texts = lambda c: [p.text for p in example_pieces(c, spec, _Info()) if p.text]  # noqa: E731
+    assert texts({"turns": [{"prompt": "Q:  ", "completion": "  A"}]}) == ["Q:", " A"]
+    assert texts({"turns": [{"prompt": "", "completion": "A"}]}) == ["A"]  # gdp would add a space here
+    assert texts({"turns": [{"prompt": "Q: ", "completion": ""}]}) == ["Q:"]  # no space for an empty completion
+
+
+class _Info:
+    class info:  # noqa: N801 (shaped like PinnedTokenizer.info)
+        add_bos, bos_id, add_eos, eos_id = False, None, True, 0
+
+
+def test_recipe_gdp_is_refused_for_tables():
+    with pytest.raises(Exception, match="tables have no gdp recipe"):
+        make_spec(recipe="gdp", input={"type": "tabular"})
+
+
+def test_fixtures_are_small_and_say_how_they_were_made():
+    assert all(p.stat().st_size < 8000 for p in FIXTURES.glob("*.json"))
+    assert "693d6e36835b3051298b026ead75832a5a61ffe3" in (FIXTURES / "README.md").read_text(encoding="utf-8")
