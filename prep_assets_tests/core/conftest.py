@@ -1,5 +1,7 @@
-"""Fixtures the gate tests share."""
+"""Fixtures the core tests share: a lake whose shards break three row-level gates; GPT-Simple's own modules."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,18 @@ def lake(tmp_path: Path):
     write_gold(paths.partition_dir("gold", "k"), [GOOD])
     spec = make_spec(sequence={"max_seq_len": 8})
     return spec, paths, [g for g in gates.gates_for(spec) if g.name in BY_ROWS]
+
+
+GPTS_VERSION = "0.1.2"  # gpt-simple-lm, whose readers and validator the GPT-Simple tests run
+
+
+@pytest.fixture(scope="session")
+def gpt_simple_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `gpt_simple` package folder of gpt-simple-lm installed without its dependencies into a scratch folder
+    (it pins numpy<2.0, so it is not in the dev extra); skips when it cannot be installed (no package index)."""
+    target = tmp_path_factory.mktemp("gpt_simple_lm")
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--target", str(target)]
+    done = subprocess.run([*cmd, f"gpt-simple-lm=={GPTS_VERSION}"], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        pytest.skip(f"gpt-simple-lm {GPTS_VERSION} could not be installed: {done.stderr.strip()[-300:]}")
+    return target / "gpt_simple"

@@ -1,20 +1,26 @@
 """Helpers the core test modules share: the layers run in core (no Dagster), a pinned tokenizer, silver of rows
-built here, bronze built in a child process, a Megatron index reader."""
+built here, bronze built in a child process, a Megatron index reader, GPT-Simple's own modules."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib
 import json
 import random
 import shutil
 import struct
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from prep_assets.core import gates
@@ -252,3 +258,26 @@ def gold_documents(gold_dir: Path) -> dict[str, list[list[int]]]:
     for row in pq.read_table(gold_dir / "examples.parquet", columns=["split", "token_ids"]).to_pylist():
         out.setdefault(row["split"], []).append(row["token_ids"])
     return out
+
+
+# ---------------------------------------------------------------- GPT-Simple's own modules
+
+
+@contextmanager
+def gpt_simple_modules(package_dir: Path, *names: str) -> Iterator[tuple[Any, ...]]:
+    """GPT-Simple's modules `names` (e.g. "validate"), imported without the package's `__init__` (it imports the
+    trainer: torch, accelerate); within the block only: every gpt_simple module leaves `sys.modules` after it."""
+    before = set(sys.modules)
+    package = ModuleType("gpt_simple")
+    package.__path__ = [str(package_dir)]
+    sys.modules["gpt_simple"] = package
+    try:
+        try:
+            modules = tuple(importlib.import_module(f"gpt_simple.{n}") for n in names)
+        except ImportError as exc:
+            pytest.skip(f"gpt_simple's modules {names} do not import here: {exc}")
+        yield modules
+    finally:
+        for name in set(sys.modules) - before:
+            if name.split(".")[0] == "gpt_simple":
+                del sys.modules[name]

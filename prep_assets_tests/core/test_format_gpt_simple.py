@@ -5,12 +5,9 @@ its windowing as the oracle for long documents, and its training dataset over th
 from __future__ import annotations
 
 import hashlib
-import importlib
 import random
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -19,34 +16,16 @@ import pytest
 from prep_assets.core.errors import SpecError
 from prep_assets.core.lake import read_json
 from prep_assets_tests.conftest import copy_sample_data
-from prep_assets_tests.core.helpers import gold_documents, run_core, sample_spec
+from prep_assets_tests.core.helpers import gold_documents, gpt_simple_modules, run_core, sample_spec
 
-GPTS_VERSION = "0.1.2"
 L_WINDOW, OVERLAP = 28, 8
 
 
 @pytest.fixture(scope="module")
-def gpts(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """GPT-Simple's `pretokenize` and `data` modules, from a copy installed (no dependencies) into a scratch
-    folder; skips when it cannot be installed (no local index) or imported (torch missing)."""
-    target = tmp_path_factory.mktemp("gpt_simple_lm")
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--target", str(target)]
-    done = subprocess.run([*cmd, f"gpt-simple-lm=={GPTS_VERSION}"], capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        pytest.skip(f"gpt-simple-lm {GPTS_VERSION} could not be installed: {done.stderr.strip()[-300:]}")
-    # the package's __init__ imports its trainer (accelerate, not needed here): load the data modules alone
-    package = ModuleType("gpt_simple")
-    package.__path__ = [str(target / "gpt_simple")]
-    saved = sys.modules.get("gpt_simple")
-    sys.modules["gpt_simple"] = package
-    try:
-        modules = [importlib.import_module(f"gpt_simple.{m}") for m in ("pretokenize", "data")]
-    except ImportError as exc:
-        pytest.skip(f"gpt_simple's data modules do not import here: {exc}")
-    finally:
-        if saved is not None:
-            sys.modules["gpt_simple"] = saved
-    return tuple(modules)
+def gpts(gpt_simple_dir: Path) -> Iterator[Any]:
+    """GPT-Simple's `pretokenize` and `data` modules, from gpt-simple-lm installed into a scratch folder."""
+    with gpt_simple_modules(gpt_simple_dir, "pretokenize", "data") as modules:
+        yield modules
 
 
 def _build(data_dir: Path, name: str, **changes: Any) -> tuple[Any, list[dict], Path]:

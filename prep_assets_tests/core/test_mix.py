@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
 import math
 import shutil
 import struct
-import sys
-import types
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +24,7 @@ from prep_assets.core.mix_plot import PALETTE, PLANNED, plot_mix
 from prep_assets.core.reading import MixRows, PackedRows, order
 from prep_assets.core.spec import load_spec
 from prep_assets_tests.conftest import copy_sample_data
-from prep_assets_tests.core.helpers import run_core
+from prep_assets_tests.core.helpers import gpt_simple_modules, run_core
 
 DATASETS = {"sample_instruct", "sample_text", "sample_chat"}
 
@@ -290,24 +286,10 @@ def test_the_gpt_simple_curriculum_layout_links_buckets_and_the_gate_counts_as_g
 
 
 @pytest.fixture
-def gpt_simple_validate() -> Iterator[Any]:
-    """gpt_simple.validate without the package's __init__ (which imports the trainer: torch, accelerate)."""
-    found = importlib.util.find_spec("gpt_simple")
-    if found is None or found.submodule_search_locations is None:
-        pytest.skip(
-            "gpt-simple-lm is not installed: it is not in the dev extra (it pins numpy<2.0, README's mixes "
-            "section); pip install --no-deps gpt-simple-lm==0.1.2 to run this comparison"
-        )
-    before = set(sys.modules)
-    package = types.ModuleType("gpt_simple")
-    package.__path__ = list(found.submodule_search_locations)
-    sys.modules["gpt_simple"] = package
-    try:
-        yield importlib.import_module("gpt_simple.validate")
-    finally:  # its modules leave with the test (they were imported beside no package __init__)
-        for name in set(sys.modules) - before:
-            if name.split(".")[0] == "gpt_simple":
-                del sys.modules[name]
+def gpt_simple_validate(gpt_simple_dir: Path) -> Iterator[Any]:
+    """GPT-Simple's `validate` module, from gpt-simple-lm installed into a scratch folder."""
+    with gpt_simple_modules(gpt_simple_dir, "validate") as (validate,):
+        yield validate
 
 
 @pytest.mark.parametrize("allow", [False, True])
