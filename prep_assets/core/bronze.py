@@ -213,6 +213,7 @@ def build_raw_records(
                     max_line_bytes=spec.input.max_line_bytes,
                     acct=acct,
                     max_gzip_ratio=spec.input.max_gzip_ratio,
+                    keep_line_ends=spec.input.keep_line_ends,
                 ):
                     if isinstance(item, RawReject):
                         reject(item.line, item.byte_offset, item.reason, item.detail, item.excerpt)

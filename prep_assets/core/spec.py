@@ -41,7 +41,8 @@ from prep_assets.core.spec_sections import (
 # What a recipe sets, per section, where the spec leaves a key unset (a key the spec gives wins).
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "gdp": {
-        "input": {"space_separator": True},  # gdp separates prompt and completion by one space
+        # gdp separates prompt and completion by one space, and tokenizes a .txt line with its newline
+        "input": {"space_separator": True, "keep_line_ends": True},
         "clean": {"normalize": False, "dedup": "none"},  # gdp tokenizes the text as it is, duplicates included
         "sequence": {"max_seq_len": 2048},
         "packing": {"strategy": "full", "shuffle": False},  # gdp's default `full`; rows in input order
@@ -237,6 +238,7 @@ class DatasetSpec(_Strict):
 ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("clean", "max_items", None),
     ("input", "space_separator", False),
+    ("input", "keep_line_ends", False),
     (None, "recipe", None),
 )
 

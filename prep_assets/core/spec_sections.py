@@ -44,6 +44,8 @@ class InputSpec(_Strict):
     # gdp's separator rule: the prompt's trailing spaces stripped, the completion's leading ones replaced by one
     # space (gdp's default; its `--disable_space_separator` is `false` here); no space without a prompt
     space_separator: bool = False
+    # txt: each line keeps its line end (`\n`; `\r\n` read as `\n`), as gdp reads a .txt file (`recipe: gdp`)
+    keep_line_ends: bool = False
     # chat / preference: where the conversation is and how its roles are named (None = detect per record:
     # `messages` with role/content, or `conversations` with from/value, or a list of prompt/completion pairs)
     messages_key: str | None = None

@@ -13,6 +13,7 @@ import pytest
 
 from prep_assets.core.masking import example_pieces
 from prep_assets.core.packing import plan_greedy
+from prep_assets.core.readers import Accounting, read_drop
 from prep_assets.core.spec import parse_spec
 from prep_assets_tests.conftest import make_spec, shared_path
 from prep_assets_tests.core.helpers import run_core
@@ -20,29 +21,43 @@ from prep_assets_tests.core.helpers import run_core
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gdp"
 
 
-def _head(src: Path, dest: Path, lines: int) -> None:
-    with src.open(encoding="utf-8") as f:
-        dest.write_text("".join(next(f) for _ in range(lines)), encoding="utf-8")
+def _lines(source: str, numbers: list[int]) -> str:
+    """Lines of a shared file by their 1-based numbers, in file order, each with its line end."""
+    with shared_path(f"datasets/{source}").open(encoding="utf-8", newline="") as f:
+        return "".join(line for i, line in enumerate(f, 1) if i in numbers)
 
 
 def _gdp_rows(
-    tmp_path: Path, source: str, lines: int, sequence: dict[str, Any], packing: dict[str, Any]
+    tmp_path: Path,
+    text: str,
+    sequence: dict[str, Any],
+    packing: dict[str, Any],
+    *,
+    input_type: str = "instruction",
+    suffix: str = "jsonl",
+    **sections: Any,
 ) -> tuple[dict[str, np.ndarray], int]:
+    """Our rows of `text` (one drop) under `recipe: gdp`, read back from the hdf5 export; and gold's rejects."""
     raw = {
         "recipe": "gdp",
-        "input": {"type": "instruction"},
+        "input": {"type": input_type},
         "tokenizer": {"path": str(shared_path("tokenizers/gpt2"))},
         "sequence": {"max_seq_len": 128, **sequence},
         "packing": packing,
         "output": {"formats": ["parquet", "hdf5"]},
+        **sections,
     }
     spec = parse_spec(raw, path=Path("gdp.yaml"), default_name="gdp")
     (tmp_path / "raw" / "gdp").mkdir(parents=True)
-    _head(shared_path(f"datasets/{source}"), tmp_path / "raw" / "gdp" / "head.jsonl", lines)
+    (tmp_path / "raw" / "gdp" / f"head.{suffix}").write_bytes(text.encode("utf-8"))
     ((_, result),) = run_core(tmp_path, spec).items()
     (hdf5,) = result["dirs"][3].glob("hdf5/train_*.hdf5")
     with h5py.File(hdf5) as f:
         return {k: f[k][:] for k in f}, result["gold"].rejects
+
+
+def _expected(fixture: str) -> list[dict[str, list[int]]]:
+    return json.loads((FIXTURES / f"{fixture}.json").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize(
@@ -53,11 +68,31 @@ def _gdp_rows(
     ],
 )
 def test_gdp_recipe_rows_equal_gdps_own_arrays(tmp_path: Path, fixture: str, sequence, packing, rejects: int):
-    ours, gold_rejects = _gdp_rows(tmp_path, "instruction/gdp_generative_tuning.jsonl", 8, sequence, packing)
+    head = _lines("instruction/gdp_generative_tuning.jsonl", list(range(1, 9)))
+    ours, gold_rejects = _gdp_rows(tmp_path, head, sequence, packing)
     assert gold_rejects == rejects  # what gdp drops silently (too long, or prompt only) is a counted reject here
-    expected = json.loads((FIXTURES / f"{fixture}.json").read_text(encoding="utf-8"))
+    expected = _expected(fixture)
     assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
     assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
+
+
+def test_gdp_full_on_text_lines_keeps_each_lines_newline_before_the_eos(tmp_path: Path):
+    text = _lines("text/gdp_pretraining.txt", [17, 23, 40, 65, 86])
+    ours, rejects = _gdp_rows(tmp_path, text, {}, {}, input_type="text", suffix="txt")
+    expected = _expected("full")
+    assert rejects == 0
+    assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
+    assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
+
+
+def test_line_ends_are_kept_only_where_asked(tmp_path: Path):
+    """`recipe: gdp` sets input.keep_line_ends; without it a text line is read without its end, as before."""
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"one\r\ntwo\n\nthree")
+    read = lambda **kw: [i.value for i in read_drop(path, "txt", max_line_bytes=1024, acct=Accounting(), **kw)]  # noqa: E731
+    assert read() == ["one", "two", "three"]
+    assert read(keep_line_ends=True) == ["one\n", "two\n", "three"]  # a blank line stays blank, never a record
+    assert make_spec(recipe="gdp").input.keep_line_ends and not make_spec().input.keep_line_ends
 
 
 def test_recipe_gdp_sets_gdps_defaults_and_each_key_can_be_overridden():
