@@ -15,6 +15,7 @@ MaskAction = Literal["train", "mask"]
 Overflow = Literal["drop", "truncate_right", "truncate_left", "window"]
 PackingStrategy = Literal["bfd", "ffd", "full", "single", "greedy"]
 Recipe = Literal["gdp"]
+Boundary = Literal["jsonl", "prompt_completion_pair"]  # gdp's --packing_boundary / --attention_boundary values
 Layer = Literal["bronze", "silver", "gold", "shards"]
 
 # Which file suffixes each concrete format reads; `auto` picks by suffix.
@@ -222,6 +223,24 @@ class PackingSpec(_Strict):
 
     seed: int = 0
     shuffle: bool = True
+    # gdp's --packing_boundary / --attention_boundary: a record (`jsonl`, one line) or each of its prompt/completion
+    # pairs (`prompt_completion_pair`) is the unit rows take whole / the span tokens attend within; equal for now
+    packing_boundary: Boundary = "jsonl"
+    attention_boundary: Boundary = "jsonl"
+
+    @model_validator(mode="after")
+    def _boundaries(self) -> PackingSpec:
+        if self.packing_boundary != self.attention_boundary:
+            raise ValueError(
+                f"packing_boundary {self.packing_boundary} with attention_boundary {self.attention_boundary}: "
+                "only equal boundaries are reproduced (both jsonl, or both prompt_completion_pair)"
+            )
+        if self.packing_boundary == "prompt_completion_pair" and self.strategy == "full":
+            raise ValueError(
+                "packing_boundary prompt_completion_pair packs each pair whole: use strategy greedy, single, bfd "
+                "or ffd (full cuts examples across rows)"
+            )
+        return self
 
 
 class TabularSpec(_Strict):

@@ -9,6 +9,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core.masking import example_pieces
@@ -16,7 +17,7 @@ from prep_assets.core.packing import plan_greedy
 from prep_assets.core.readers import Accounting, read_drop
 from prep_assets.core.spec import parse_spec
 from prep_assets_tests.conftest import make_spec, shared_path
-from prep_assets_tests.core.helpers import run_core
+from prep_assets_tests.core.helpers import failed_gates, run_core
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gdp"
 
@@ -83,6 +84,59 @@ def test_gdp_full_on_text_lines_keeps_each_lines_newline_before_the_eos(tmp_path
     assert rejects == 0
     assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
     assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
+
+
+def test_gdp_prompt_completion_pair_boundaries_pack_a_lines_pairs_as_separate_units_in_order(tmp_path: Path):
+    text = _lines("dialogue/gdp_dialogue.jsonl", [1, 2, 3, 4])
+    boundaries = {"packing_boundary": "prompt_completion_pair", "attention_boundary": "prompt_completion_pair"}
+    ours, rejects = _gdp_rows(tmp_path, text, {"overflow": "drop"}, {"strategy": "greedy", **boundaries})
+    expected = _expected("pair_boundary")
+    assert rejects == 0
+    assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
+    assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]  # every pair's EOS is 3
+
+
+def test_a_too_long_pair_is_counted_and_its_record_kept_by_its_other_pairs(tmp_path: Path):
+    long = " ".join(["word"] * 200)
+    lines = [
+        [{"prompt": "Q1", "completion": "A1"}, {"prompt": "Q2", "completion": long}],  # one pair too long
+        [{"prompt": long, "completion": "A"}],  # its only pair too long: the record is a reject
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    boundaries = {"packing_boundary": "prompt_completion_pair", "attention_boundary": "prompt_completion_pair"}
+    raw = {
+        "recipe": "gdp",
+        "input": {"type": "instruction"},
+        "tokenizer": {"path": str(shared_path("tokenizers/gpt2"))},
+    }
+    spec = parse_spec(
+        {**raw, "sequence": {"max_seq_len": 64}, "packing": {"strategy": "greedy", **boundaries}},
+        path=Path("gdp.yaml"),
+        default_name="gdp",
+    )
+    (tmp_path / "raw" / "gdp").mkdir(parents=True)
+    (tmp_path / "raw" / "gdp" / "d.jsonl").write_text(text, encoding="utf-8")
+    ((key, result),) = run_core(tmp_path, spec).items()
+    gold = result["gold"]
+    assert (gold.examples, gold.rejects, gold.pairs_rejected_by_reason) == (1, 1, {"too_long": 1})
+    rejects = pq.read_table(result["dirs"][2] / "rejects.parquet").to_pylist()
+    assert [(r["source_line"], r["reason"]) for r in rejects] == [(2, "too_long")]
+    assert rejects[0]["detail"].startswith("all 1 pairs rejected; pair 1:")
+    assert pq.read_table(result["dirs"][2] / "examples.parquet").column("example_id").to_pylist() == [f"{key}:1/1"]
+    failed = {name for name, _ in failed_gates(spec, tmp_path, key)}  # one of two records rejected: rates fail
+    assert failed <= {"tokenized_examples_reject_rate", "packed_shards_utilization"}, failed
+
+
+def test_boundaries_must_be_equal_and_pairs_need_whole_example_packing():
+    pair = "prompt_completion_pair"
+    with pytest.raises(Exception, match="only equal boundaries"):
+        make_spec(input={"type": "instruction"}, packing={"packing_boundary": pair})
+    with pytest.raises(Exception, match="full cuts examples"):
+        make_spec(
+            recipe="gdp", input={"type": "instruction"}, packing={"packing_boundary": pair, "attention_boundary": pair}
+        )
+    with pytest.raises(Exception, match="has no prompt/completion pairs"):
+        make_spec(packing={"strategy": "greedy", "packing_boundary": pair, "attention_boundary": pair})
 
 
 def test_line_ends_are_kept_only_where_asked(tmp_path: Path):
