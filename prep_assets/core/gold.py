@@ -35,11 +35,13 @@ from prep_assets.core.parquet_io import DEFAULT_BATCH, ParquetSink, gc_paused, i
 from prep_assets.core.progress import Progress
 from prep_assets.core.record_types import shape_of
 from prep_assets.core.records import (
+    CATEGORY,
     DEFAULT_DOMAIN,
     GOLD_REJECT_SCHEMA,
-    GOLD_SCHEMA,
+    NO_CATEGORY,
     SPLITS,
     TYPE_PROMPT,
+    gold_schema,
 )
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.stats import LayerStats, figure
@@ -136,12 +138,12 @@ def _record_examples(
     # caller would otherwise keep the generators, and a prefetch or an encode, alive)
     with (
         closing(iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=[*cols, "domain"])) as read,
-        closing(tokenize_batches(_units(read, spec.pair_units), spec, pt, chat)) as stream,
+        closing(tokenize_batches(_units(read, spec), spec, pt, chat)) as stream,
     ):
         progress = Progress(
             f"gold {silver_dir.name}: tokenizing", pq.ParquetFile(silver_dir / RECORDS).metadata.num_rows
         )
-        for (batch, pair_units), unit_tb in stream:
+        for (batch, pair_units, categories), unit_tb in stream:
             progress.advance(batch.num_rows)
             tb, pair_number, record_ids = (
                 pair_units.to_records(unit_tb, tally) if pair_units is not None else (unit_tb, None, None)
@@ -201,8 +203,9 @@ def _record_examples(
                         ),
                         "group_keys": pa.nulls(len(tb.kept), pa.list_(pa.string())),
                         "domain": batch.column("domain").take(take),
+                        **({CATEGORY: pa.array(categories[tb.kept])} if categories is not None else {}),
                     },
-                    schema=GOLD_SCHEMA,
+                    schema=ex_sink.schema,
                 )
             )
             tally.lengths.append(lengths)
@@ -213,17 +216,22 @@ def _record_examples(
             tally.totals["prompt_tokens"] += int(n_prompt.sum())
 
 
-def _units(
-    read: Iterator[pa.RecordBatch], pair_units: bool
-) -> Iterator[tuple[tuple[pa.RecordBatch, _PairUnits | None], list[dict[str, Any]]]]:
-    """Each silver batch with what gold tokenizes of it: its records' contents, or their pairs (`_PairUnits`)."""
+_Key = tuple[pa.RecordBatch, "_PairUnits | None", "np.ndarray | None"]
+
+
+def _units(read: Iterator[pa.RecordBatch], spec: DatasetSpec) -> Iterator[tuple[_Key, list[dict[str, Any]]]]:
+    """Each silver batch with what gold tokenizes of it: its records' contents, or their pairs (`_PairUnits`);
+    with `input.categories`, its records' category ids too."""
     for batch in read:
         contents = [loads_json(c) for c in batch.column("content").to_pylist()]
-        if pair_units:
+        categories = None
+        if spec.input.categories is not None:
+            categories = np.array([c.get(CATEGORY, NO_CATEGORY) for c in contents], dtype=np.int32)
+        if spec.pair_units:
             units = _PairUnits.of(contents)
-            yield (batch, units), units.contents
+            yield (batch, units, categories), units.contents
         else:
-            yield (batch, None), contents
+            yield (batch, None, categories), contents
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,7 +276,9 @@ def build_tokenized_examples(
     with staged_dir(out_dir) as stage:
         comp = spec.output.compression
         with (
-            ParquetSink(stage / EXAMPLES, GOLD_SCHEMA, compression=comp, row_group_size=4096) as ex_sink,
+            ParquetSink(
+                stage / EXAMPLES, gold_schema(spec.input.categories is not None), compression=comp, row_group_size=4096
+            ) as ex_sink,
             ParquetSink(stage / REJECTS, GOLD_REJECT_SCHEMA, compression=comp) as rej_sink,
         ):
             tabular: dict[str, Any] | None = None

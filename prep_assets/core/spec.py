@@ -133,6 +133,11 @@ class DatasetSpec(_Strict):
                 f"packing.packing_boundary prompt_completion_pair splits instruction records into their pairs; "
                 f"input.type {self.input.type} has no prompt/completion pairs"
             )
+        if self.input.categories is not None and (kind.shape not in ("text", "turns") or self.output.categories):
+            raise ValueError(
+                "input.categories names gdp's categories of text and instruction records (and replaces "
+                "output.categories, which maps domains)"
+            )
         if kind.table_rows and self.recipe == "gdp":
             raise ValueError("recipe: gdp prepares text and instruction data; tables have no gdp recipe")
         if kind.table_rows:
@@ -251,6 +256,8 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("clean", "max_items", None),
     ("input", "space_separator", False),
     ("input", "keep_line_ends", False),
+    ("input", "categories", None),
+    ("input", "category_key", "category"),
     ("packing", "packing_boundary", "jsonl"),
     ("packing", "attention_boundary", "jsonl"),
     (None, "recipe", None),

@@ -62,11 +62,17 @@ class InputSpec(_Strict):
     # the record field naming its domain (a string): it travels with the record to gold, is counted per domain
     # in the manifest and routes records in the formats that group by domain (`astrai_bin`)
     domain_key: str | None = None
+    # gdp's --categories_path list (inline): a record's `category_key` value names one of them; its position is the
+    # `category_id` gold keeps and the hdf5 output writes per token (gdp's category_ids); no value: -1
+    categories: list[str] | None = None
+    category_key: str = "category"  # the key gdp reads
 
     @model_validator(mode="after")
     def _check_keys(self) -> InputSpec:
         if isinstance(self.prompt_key, list) and not self.prompt_key:
             raise ValueError("prompt_key: give a key or a non-empty list of keys")
+        if self.categories is not None and (not self.categories or len(set(self.categories)) < len(self.categories)):
+            raise ValueError("categories: a non-empty list of distinct category names")
         return self
 
     @property

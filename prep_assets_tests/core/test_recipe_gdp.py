@@ -52,7 +52,7 @@ def _gdp_rows(
     (tmp_path / "raw" / "gdp").mkdir(parents=True)
     (tmp_path / "raw" / "gdp" / f"head.{suffix}").write_bytes(text.encode("utf-8"))
     ((_, result),) = run_core(tmp_path, spec).items()
-    (hdf5,) = result["dirs"][3].glob("hdf5/train_*.hdf5")
+    (hdf5,) = result["dirs"][3].glob("hdf5/train_*.hdf5")  # `categories.json`: gdp's train_1_of_1.hdf5
     with h5py.File(hdf5) as f:
         return {k: f[k][:] for k in f}, result["gold"].rejects
 
@@ -137,6 +137,46 @@ def test_boundaries_must_be_equal_and_pairs_need_whole_example_packing():
         )
     with pytest.raises(Exception, match="has no prompt/completion pairs"):
         make_spec(packing={"strategy": "greedy", "packing_boundary": pair, "attention_boundary": pair})
+
+
+CATEGORIES = ["example_category_1", "example_category_2", "example_category_3"]
+
+
+def test_gdp_categories_reach_the_hdf5_category_ids(tmp_path: Path):
+    text = _lines("instruction/gdp_category_ids.jsonl", list(range(1, 9)))
+    categories = {"categories": CATEGORIES, "category_key": "category_id"}  # the shared file's key (gdp's: category)
+    ours, rejects = _gdp_rows(
+        tmp_path, text, {"overflow": "drop"}, {"strategy": "greedy"}, input={"type": "instruction", **categories}
+    )
+    expected = _expected("categories")
+    assert rejects == 2  # too long, as gdp drops them
+    for key in ("input_ids", "token_type_ids", "category_ids"):
+        assert ours[key].tolist() == [r[key] for r in expected], key
+    gold = pq.read_table(next((tmp_path / "lake").rglob("gold/*/examples.parquet")))
+    assert set(gold.column("category_id").to_pylist()) <= {0, 1, 2}
+
+
+def test_an_unknown_or_mixed_category_is_a_reject_with_its_reason(tmp_path: Path):
+    lines = [
+        {"prompt": "Q", "completion": "A", "category": "b"},
+        {"prompt": "Q", "completion": "A", "category": "z"},  # not listed
+        [{"prompt": "Q", "completion": "A", "category": "a"}, {"prompt": "Q", "completion": "A", "category": "b"}],
+        {"prompt": "Q", "completion": "A"},  # names none: -1
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    spec = make_spec(
+        "gdp",
+        recipe="gdp",
+        input={"type": "instruction", "categories": ["a", "b"]},
+        tokenizer={"path": str(shared_path("tokenizers/gpt2"))},
+        packing={"strategy": "greedy"},
+    )
+    (tmp_path / "raw" / "gdp").mkdir(parents=True)
+    (tmp_path / "raw" / "gdp" / "d.jsonl").write_text(text, encoding="utf-8")
+    ((_, result),) = run_core(tmp_path, spec).items()
+    assert result["bronze"].rejects_by_reason == {"mixed_categories": 1, "unknown_category": 1}
+    gold = pq.read_table(result["dirs"][2] / "examples.parquet")
+    assert gold.column("category_id").to_pylist() == [1, -1]
 
 
 def test_line_ends_are_kept_only_where_asked(tmp_path: Path):
