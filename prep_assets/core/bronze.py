@@ -29,12 +29,13 @@ from prep_assets.core.record_types import record_type
 from prep_assets.core.records import (
     BRONZE_REJECT_SCHEMA,
     BRONZE_SCHEMA,
+    CATEGORY,
     Extractor,
     Invalid,
     TabularExtractor,
 )
 from prep_assets.core.spec import DatasetSpec
-from prep_assets.core.spec_sections import TabularSpec
+from prep_assets.core.spec_sections import InputSpec, TabularSpec
 from prep_assets.core.stats import LayerStats, figure
 from prep_assets.core.tabular import infer_column_types
 
@@ -83,6 +84,27 @@ def record_domain(value: Any, key: str) -> tuple[str | None, str | None]:
     if domain is None or isinstance(domain, str) and domain:
         return domain, None
     return None, f"{key!r} must be a non-empty string to name a domain, not {json.dumps(domain)[:60]}"
+
+
+def record_category(value: Any, spec: InputSpec) -> tuple[int | None, str | None, str | None]:
+    """gdp's category of a record (`input.category_key` of the line, of each pair of a dialogue): its id (the
+    position in `input.categories`; None when the record names none), or a reject's reason and detail."""
+    assert spec.categories is not None
+    key, names = spec.category_key, spec.categories
+    items = value if isinstance(value, list) else [value]
+    found = {item[key] for item in items if isinstance(item, dict) and item.get(key) is not None}
+    if len(found) > 1:
+        return (
+            None,
+            "mixed_categories",
+            f"the pairs of the line name {len(found)} categories {sorted(map(str, found))}",
+        )
+    if not found:
+        return None, None, None
+    (name,) = found
+    if name not in names:
+        return None, "unknown_category", f"{key!r} is {json.dumps(name)[:60]}, not one of input.categories {names}"
+    return names.index(name), None, None
 
 
 def _shown(text: str) -> str:
@@ -213,6 +235,7 @@ def build_raw_records(
                     max_line_bytes=spec.input.max_line_bytes,
                     acct=acct,
                     max_gzip_ratio=spec.input.max_gzip_ratio,
+                    keep_line_ends=spec.input.keep_line_ends,
                 ):
                     if isinstance(item, RawReject):
                         reject(item.line, item.byte_offset, item.reason, item.detail, item.excerpt)
@@ -221,6 +244,13 @@ def build_raw_records(
                     if isinstance(content, Invalid):
                         reject(item.line, item.byte_offset, content.reason, content.detail, item.text)
                         continue
+                    if spec.input.categories is not None:  # gdp's category travels in the content to gold
+                        category, reason, detail = record_category(item.value, spec.input)
+                        if reason is not None:
+                            reject(item.line, item.byte_offset, reason, detail or "", item.text)
+                            continue
+                        if category is not None:
+                            content = {**content, CATEGORY: category}
                     try:
                         canonical = canonical_json(content)
                     except (ValueError, RecursionError) as exc:

@@ -40,7 +40,8 @@ COLUMNS: dict[str, str] = {
     "group_key": "Tabular: the group that could not fit in one example (null otherwise).",
     # gold
     "example_id": (
-        "Stable id of the training example: its record id (preference: `<record_id>/chosen` or `/rejected`)."
+        "Stable id of the training example: its record id (preference: `<record_id>/chosen` or `/rejected`; "
+        "packing_boundary prompt_completion_pair: `<record_id>/<pair number>`)."
     ),
     "token_ids": "Token ids of the example, per the pinned tokenizer (BOS/EOS included).",
     "loss_mask": "Per token: 1 = a loss target (trained), 0 = masked (prompt, system, padding).",
@@ -52,7 +53,10 @@ COLUMNS: dict[str, str] = {
     "branch": "Preference: chosen or rejected.",
     "shared_prefix_tokens": "Preference: tokens of the pair's identical masked prompt, shared by both branches.",
     "domain": "The record's domain: the value of its `input.domain_key` field (null: it names none).",
-    "record_ids": "Tabular: the records of the example, in order (its provenance columns are the first one's).",
+    "record_ids": (
+        "Tabular: the records of the example, in order (its provenance columns are the first one's). "
+        "Pair examples: [] after the record's first kept pair (the record is counted once)."
+    ),
     "group_keys": "Tabular: the group of each BOS/EOS unit of the example (null in flat mode).",
     # shards
     "input_ids": "Token ids of the packed row: exactly `sequence.max_seq_len`, padded with the pad id.",

@@ -47,7 +47,7 @@ from prep_assets.core.errors import DropError
 from prep_assets.core.exports import file_entry
 from prep_assets.core.parquet_io import iter_batches
 from prep_assets.core.record_types import record_type
-from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS
+from prep_assets.core.records import CATEGORY, TYPE_COMPLETION, TYPE_EOS
 from prep_assets.core.tokenizer import is_tokenizer_file
 
 if TYPE_CHECKING:
@@ -84,10 +84,9 @@ def gdp_token_types(token_type_ids: np.ndarray, segment_ids: np.ndarray) -> np.n
 
 
 def category_map(spec: DatasetSpec | None) -> dict[str, int] | None:
-    """gdp's category ids (the list's positions) of `output.categories`; None without categories."""
-    if spec is None or spec.output.categories is None:
-        return None
-    return {name: i for i, name in enumerate(spec.output.categories)}
+    """gdp's category ids (the list's positions) of `input.categories` or `output.categories`; None without."""
+    names = None if spec is None else spec.input.categories or spec.output.categories
+    return None if names is None else {name: i for i, name in enumerate(names)}
 
 
 def category_of(domain: str | None, ids: dict[str, int]) -> int:
@@ -99,10 +98,10 @@ def category_of(domain: str | None, ids: dict[str, int]) -> int:
     return ids[domain]
 
 
-def row_categories(rows: PackedRows, domains: Sequence[str | None], ids: dict[str, int]) -> np.ndarray:
+def row_categories(rows: PackedRows, per_example: Sequence[int]) -> np.ndarray:
     """Per token of rows `(n, L)`: its example's category id (gdp's layout), -1 on padding."""
     n, L = rows.num_rows, rows.row_len
-    per_segment = np.array([category_of(domains[e], ids) for e in rows.example_order], dtype=np.int32)
+    per_segment = np.array([per_example[e] for e in rows.example_order], dtype=np.int32).reshape(-1)
     segments = rows.segment_ids[: n * L].reshape(n, L).astype(np.int64)
     index = rows.seg_offsets[:n, None] + segments - 1  # the segment's index in the chunk (padding: segment 0)
     out = np.full((n, L), NO_CATEGORY, dtype=np.int32)
@@ -143,6 +142,7 @@ class Hdf5Rows:
         self.categories = category_map(target.spec)
         self.names = DATASETS + ((CATEGORY_IDS,) if self.categories is not None else ())
         self.rows = 0
+        self._domain_ids: list[int] | None = None
         self.file: h5py.File | None = None
         self.as_jsonl = self.split == "test" and target.spec is not None and target.spec.output.hdf5_test_jsonl
         if not self.as_jsonl:
@@ -163,12 +163,21 @@ class Hdf5Rows:
             ),
         }
         if self.categories is not None:
-            values[CATEGORY_IDS] = row_categories(rows, self.target.domains, self.categories)
+            values[CATEGORY_IDS] = row_categories(rows, self.example_categories())
         for name, block in values.items():
             ds = self.file[name]
             ds.resize(self.rows + n, axis=0)
             ds[self.rows : self.rows + n] = block
         self.rows += n
+
+    def example_categories(self) -> Sequence[int]:
+        """Each example's category id: gold's `category_id` (`input.categories`), else its domain's."""
+        if self.target.categories is not None:
+            return self.target.categories
+        assert self.categories is not None
+        if self._domain_ids is None:
+            self._domain_ids = [category_of(d, self.categories) for d in self.target.domains]
+        return self._domain_ids
 
     def close(self) -> dict[str, Any]:
         n = max(1, math.ceil(self.rows / self.target.rows_per_file))
@@ -266,9 +275,13 @@ def _write_test_jsonl(target: PartitionTarget, n: int) -> list[dict[str, Any]]:
         with open(dest / name, "w", encoding="utf-8", newline="\n") as f:
             for _ in range(size):
                 content, domain = next(records)
-                if ids is not None:
+                record = json.loads(content)
+                listed = target.spec.input.categories
+                if listed is not None:  # gdp's category as the record named it
+                    domain = listed[record[CATEGORY]] if CATEGORY in record else None
+                elif ids is not None:
                     category_of(domain, ids)  # a domain missing from the list is an error, as in the rows
-                line = gdp_record(json.loads(content), domain if ids is not None else None)
+                line = gdp_record(record, domain if ids is not None else None)
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
     return [file_entry(dest / name, f"{HDF5_DIR}/{TEST_DIR}/{name}") for name in names]
 

@@ -54,6 +54,7 @@ class SplitTarget:
     partition: str = ""  # the partition the split belongs to (names files that may share a folder)
     spec: DatasetSpec | None = None  # the dataset spec (a format's own `output` options)
     domains: Sequence[str | None] = ()  # the split's examples' domains in gold order (`PackedRows.example_order`)
+    categories: Sequence[int] | None = None  # their gdp category ids (`input.categories`), in the same order
 
 
 @dataclass(frozen=True)

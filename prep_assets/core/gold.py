@@ -7,8 +7,9 @@ its whole partition into a staging directory that replaces the previous output i
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +30,18 @@ from prep_assets.core.lake import (
     staged_dir,
     write_json_atomic,
 )
-from prep_assets.core.masking import tokenize_batches
+from prep_assets.core.masking import TokenizedBatch, tokenize_batches
 from prep_assets.core.parquet_io import DEFAULT_BATCH, ParquetSink, gc_paused, iter_batches
 from prep_assets.core.progress import Progress
 from prep_assets.core.record_types import shape_of
 from prep_assets.core.records import (
+    CATEGORY,
     DEFAULT_DOMAIN,
     GOLD_REJECT_SCHEMA,
-    GOLD_SCHEMA,
+    NO_CATEGORY,
     SPLITS,
     TYPE_PROMPT,
+    gold_schema,
 )
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.stats import LayerStats, figure
@@ -68,6 +71,7 @@ class _GoldTally:
     overflow_by_split: Counter[str] = field(default_factory=Counter)
     lengths: list[np.ndarray] = field(default_factory=list)
     by_domain: dict[str, Counter[str]] = field(default_factory=dict)  # with input.domain_key: examples, tokens
+    pairs_rejected: Counter[str] = field(default_factory=Counter)  # pair units: rejected pairs of kept records
 
     def count_domains(self, domains: list[str | None], lengths: np.ndarray, n_loss: np.ndarray) -> None:
         for domain, n, loss in zip(domains, lengths.tolist(), n_loss.tolist(), strict=True):
@@ -75,6 +79,46 @@ class _GoldTally:
             c["examples"] += 1
             c["tokens"] += n
             c["loss_tokens"] += loss
+
+
+@dataclass(frozen=True)
+class _PairUnits:
+    """A batch's records split into their prompt/completion pairs (gdp's prompt_completion_pair boundary): one
+    content per pair, `owner` its record's index in the batch, `number` its place in the record (from 1)."""
+
+    contents: list[dict[str, Any]]
+    owner: np.ndarray
+    number: np.ndarray
+
+    @classmethod
+    def of(cls, contents: list[dict[str, Any]]) -> _PairUnits:
+        sizes = [len(c["turns"]) for c in contents]
+        pairs = [{"turns": [t]} for c in contents for t in c["turns"]]
+        owner = np.repeat(np.arange(len(contents)), sizes)
+        number = np.concatenate([np.arange(1, n + 1) for n in sizes]) if sizes else np.zeros(0, dtype=np.int64)
+        return cls(pairs, owner, number)
+
+    def to_records(self, tb: TokenizedBatch, tally: _GoldTally) -> tuple[TokenizedBatch, np.ndarray, pa.Array]:
+        """The pairs' batch as the records': kept pairs name their record (`kept`), a record all of whose pairs are
+        rejected is one reject (its first pair's reason); a rejected pair of a kept record is counted by reason
+        in `pairs_rejected_by_reason`. Also each kept pair's number and its `record_ids` (null for a record's first
+        kept pair, [] for the later ones: gold's accounting counts the record once)."""
+        records = self.owner[tb.kept]
+        first = np.ones(len(records), dtype=bool)
+        first[1:] = records[1:] != records[:-1]
+        kept_records = set(records.tolist())
+        rejects: list[tuple[int, str, str, int]] = []
+        for e, reason, detail, n in tb.rejects:
+            record, number = int(self.owner[e]), int(self.number[e])
+            if record in kept_records:
+                tally.pairs_rejected[reason] += 1
+            elif not rejects or rejects[-1][0] != record:
+                total = int(np.count_nonzero(self.owner == record))
+                rejects.append((record, reason, f"all {total} pairs rejected; pair {number}: {detail}", n))
+        lost = [(int(self.owner[e]), n) for e, n in tb.lost or []]
+        record_ids = pa.array([None if f else [] for f in first.tolist()], pa.list_(pa.string()))
+        mapped = replace(tb, kept=records, rejects=rejects, lost=lost)
+        return mapped, self.number[tb.kept], record_ids
 
 
 def _record_examples(
@@ -87,26 +131,23 @@ def _record_examples(
     batch_size: int,
     tally: _GoldTally,
 ) -> None:
-    """One gold example per silver record (two per preference pair), tokenized and written batch by batch."""
+    """One gold example per silver record (two per preference pair; one per prompt/completion pair under gdp's
+    prompt_completion_pair boundary), tokenized and written batch by batch."""
     cols = ["record_id", "drop", "source_file", "source_line", "byte_offset", "split", "content"]
     # closed on the way out, error or not, so their worker threads stop with the step (a traceback kept by the
     # caller would otherwise keep the generators, and a prefetch or an encode, alive)
     with (
         closing(iter_batches(silver_dir / RECORDS, batch_size=batch_size, columns=[*cols, "domain"])) as read,
-        closing(
-            tokenize_batches(
-                ((batch, [loads_json(c) for c in batch.column("content").to_pylist()]) for batch in read),
-                spec,
-                pt,
-                chat,
-            )
-        ) as stream,
+        closing(tokenize_batches(_units(read, spec), spec, pt, chat)) as stream,
     ):
         progress = Progress(
             f"gold {silver_dir.name}: tokenizing", pq.ParquetFile(silver_dir / RECORDS).metadata.num_rows
         )
-        for batch, tb in stream:
+        for (batch, pair_units, categories), unit_tb in stream:
             progress.advance(batch.num_rows)
+            tb, pair_number, record_ids = (
+                pair_units.to_records(unit_tb, tally) if pair_units is not None else (unit_tb, None, None)
+            )
             tally.totals["tokens_dropped_by_overflow"] += tb.tokens_dropped
             tally.totals["examples_split_at_turn_boundary"] += tb.split_at_turn_boundary
             record_split = batch.column("split").to_pylist()
@@ -137,6 +178,8 @@ def _record_examples(
             pair_id = branch = pa.nulls(len(tb.kept), pa.string())
             shared = pa.nulls(len(tb.kept), pa.int32())
             example_id = kept.column("record_id")
+            if pair_number is not None:  # `<record_id>/<pair number>`
+                example_id = pc.binary_join_element_wise(example_id, pa.array(pair_number.astype(str)), "/")
             if tb.branches is not None and tb.shared_prefix is not None:
                 pair_id, branch = example_id, pa.array(tb.branches, pa.string())
                 shared = pa.array(tb.shared_prefix.astype(np.int32))
@@ -155,11 +198,14 @@ def _record_examples(
                         "pair_id": pair_id,
                         "branch": branch,
                         "shared_prefix_tokens": shared,
-                        "record_ids": pa.nulls(len(tb.kept), pa.list_(pa.string())),
+                        "record_ids": (
+                            record_ids if record_ids is not None else pa.nulls(len(tb.kept), pa.list_(pa.string()))
+                        ),
                         "group_keys": pa.nulls(len(tb.kept), pa.list_(pa.string())),
                         "domain": batch.column("domain").take(take),
+                        **({CATEGORY: pa.array(categories[tb.kept])} if categories is not None else {}),
                     },
-                    schema=GOLD_SCHEMA,
+                    schema=ex_sink.schema,
                 )
             )
             tally.lengths.append(lengths)
@@ -168,6 +214,24 @@ def _record_examples(
             tally.totals["tokens"] += int(lengths.sum())
             tally.totals["loss_tokens"] += int(n_loss.sum())
             tally.totals["prompt_tokens"] += int(n_prompt.sum())
+
+
+_Key = tuple[pa.RecordBatch, "_PairUnits | None", "np.ndarray | None"]
+
+
+def _units(read: Iterator[pa.RecordBatch], spec: DatasetSpec) -> Iterator[tuple[_Key, list[dict[str, Any]]]]:
+    """Each silver batch with what gold tokenizes of it: its records' contents, or their pairs (`_PairUnits`);
+    with `input.categories`, its records' category ids too."""
+    for batch in read:
+        contents = [loads_json(c) for c in batch.column("content").to_pylist()]
+        categories = None
+        if spec.input.categories is not None:
+            categories = np.array([c.get(CATEGORY, NO_CATEGORY) for c in contents], dtype=np.int32)
+        if spec.pair_units:
+            units = _PairUnits.of(contents)
+            yield (batch, units, categories), units.contents
+        else:
+            yield (batch, None, categories), contents
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,6 +256,8 @@ class GoldStats(LayerStats):
     tabular: dict[str, Any] | None = figure(optional=True)  # tables: how rows were assembled into examples
     # with input.domain_key: per domain (DEFAULT_DOMAIN for records naming none) examples, tokens, loss tokens
     domains: dict[str, dict[str, int]] | None = figure("domains", table="domain_counts", optional=True)
+    # packing_boundary prompt_completion_pair: pairs rejected inside records kept for their other pairs
+    pairs_rejected_by_reason: dict[str, int] | None = figure("pairs_rejected_by_reason", table="counts", optional=True)
 
 
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> GoldStats:
@@ -210,7 +276,9 @@ def build_tokenized_examples(
     with staged_dir(out_dir) as stage:
         comp = spec.output.compression
         with (
-            ParquetSink(stage / EXAMPLES, GOLD_SCHEMA, compression=comp, row_group_size=4096) as ex_sink,
+            ParquetSink(
+                stage / EXAMPLES, gold_schema(spec.input.categories is not None), compression=comp, row_group_size=4096
+            ) as ex_sink,
             ParquetSink(stage / REJECTS, GOLD_REJECT_SCHEMA, compression=comp) as rej_sink,
         ):
             tabular: dict[str, Any] | None = None
@@ -247,6 +315,7 @@ def build_tokenized_examples(
             domains=(
                 {d: dict(c) for d, c in sorted(tally.by_domain.items())} if spec.input.domain_key is not None else None
             ),
+            pairs_rejected_by_reason=dict(sorted(tally.pairs_rejected.items())) if spec.pair_units else None,
         )
         write_json_atomic(stage / STATS, stats.as_json())
     return stats

@@ -140,9 +140,17 @@ def _open_stream(path: Path, fmt: str) -> IO[bytes]:
 
 
 def read_lines(
-    path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting, max_gzip_ratio: float = 100.0
+    path: Path,
+    fmt: str,
+    *,
+    max_line_bytes: int,
+    acct: Accounting,
+    max_gzip_ratio: float = 100.0,
+    keep_line_ends: bool = False,
 ) -> Iterator[RawItem | RawReject]:
-    """JSONL / JSONL.gz / TXT: one record per line. A .gz drop stops at `gzip_limit` decompressed bytes."""
+    """JSONL / JSONL.gz / TXT: one record per line. A .gz drop stops at `gzip_limit` decompressed bytes. With
+    `keep_line_ends` a TXT line's value ends with `\n` where the line had an end (`\n` or `\r\n`), as gdp reads
+    text; the record's raw text and hash stay the line's."""
     as_json = fmt != "txt"
     offset = 0
     line_no = 0
@@ -217,6 +225,8 @@ def read_lines(
                     acct.rejected += 1
                     yield RawReject(line_no, start, reason, detail, excerpt_of(text))
                     continue
+            elif keep_line_ends and raw.endswith(b"\n"):
+                value = text + "\n"
             else:
                 value = text
             acct.parsed += 1
@@ -338,14 +348,15 @@ def _skip_ws(text: str, pos: int) -> int:
 
 
 def read_drop(
-    path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting, max_gzip_ratio: float = 100.0
+    path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting, max_gzip_ratio: float = 100.0, **lines: bool
 ) -> Iterator[RawItem | RawReject]:
+    """A drop's items and rejects, by format; `lines` are the line reader's switches (`keep_line_ends`)."""
     if fmt == "parquet":
         return read_parquet(path, acct=acct)
     if fmt == "csv":
         return read_csv(path, max_line_bytes=max_line_bytes, acct=acct)
     if fmt in ("jsonl", "jsonl.gz", "txt"):
-        return read_lines(path, fmt, max_line_bytes=max_line_bytes, acct=acct, max_gzip_ratio=max_gzip_ratio)
+        return read_lines(path, fmt, max_line_bytes=max_line_bytes, acct=acct, max_gzip_ratio=max_gzip_ratio, **lines)
     if fmt == "json":
         return read_json_array(path, max_bytes=max(max_line_bytes, 1 << 30), acct=acct)
     raise DropError(f"{path}: no reader for format {fmt!r}")

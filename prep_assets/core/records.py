@@ -446,6 +446,17 @@ GOLD_SCHEMA = pa.schema(
     ]
 )
 
+# gdp's categories (`input.categories`): the id a record's content carries from bronze to gold, gold's column
+CATEGORY = "category_id"
+NO_CATEGORY = -1  # gdp's id of padding and of a record naming no category
+CATEGORY_FIELD = pa.field(CATEGORY, pa.int32(), nullable=False)
+
+
+def gold_schema(categories: bool) -> pa.Schema:
+    """Gold's columns: `GOLD_SCHEMA`, and `category_id` for a dataset with `input.categories`."""
+    return GOLD_SCHEMA.append(CATEGORY_FIELD) if categories else GOLD_SCHEMA
+
+
 GOLD_REJECT_SCHEMA = pa.schema(
     [
         *PROVENANCE_FIELDS,

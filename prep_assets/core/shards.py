@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from prep_assets.core.arrays import flat_values, offsets_from_lengths, percentiles, segment_sums
 from prep_assets.core.errors import DropError
@@ -39,6 +40,7 @@ from prep_assets.core.parquet_io import DEFAULT_BATCH, iter_batches
 from prep_assets.core.progress import Progress
 from prep_assets.core.record_types import record_type
 from prep_assets.core.records import (
+    CATEGORY,
     DEFAULT_DOMAIN,
     SPLITS,
 )
@@ -133,6 +135,7 @@ class _SplitGold:
     pair_ids: list[str | None]
     loss: np.ndarray  # loss tokens per example (summed as it was spilled)
     domains: list[str | None]
+    categories: list[int] | None = None  # gdp's category id per example (`input.categories`)
 
     def id_chunks(self, tokens: int = 1 << 22) -> Iterator[np.ndarray]:
         """The token ids front to back, a chunk at a time (the pages of the one before dropped)."""
@@ -158,12 +161,14 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
     out: dict[str, dict[str, Any]] = {
         s: {
             "spill": TokenSpill(spill / f"{s}.tokens"),
-            **{k: [] for k in ("lengths", "loss", "ids", "pairs", "domains")},
+            **{k: [] for k in ("lengths", "loss", "ids", "pairs", "domains", "categories")},
         }
         for s in SPLITS
     }
     try:
         cols = ["example_id", "split", "token_ids", "loss_mask", "token_type_ids", "pair_id", "domain"]
+        categorized = CATEGORY in pq.read_schema(gold_path).names
+        cols += [CATEGORY] if categorized else []
         for batch in iter_batches(gold_path, batch_size=batch_size, columns=cols):
             splits = batch.column("split")
             for split in SPLITS:
@@ -182,6 +187,7 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
                 acc["ids"].append(sub.column("example_id"))
                 acc["pairs"] += sub.column("pair_id").to_pylist()
                 acc["domains"] += sub.column("domain").to_pylist()
+                acc["categories"] += sub.column(CATEGORY).to_pylist() if categorized else []
         result = {}
         for split, acc in out.items():
             acc["spill"].seal()
@@ -189,7 +195,8 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
             loss = np.concatenate(acc["loss"]) if acc["loss"] else np.zeros(0, dtype=np.int64)
             ids = pa.concat_arrays(acc["ids"]) if acc["ids"] else pa.array([], pa.string())
             offsets = offsets_from_lengths(lengths)
-            result[split] = _SplitGold(acc["spill"], offsets, ids, acc["pairs"], loss, acc["domains"])
+            categories = acc["categories"] if categorized else None
+            result[split] = _SplitGold(acc["spill"], offsets, ids, acc["pairs"], loss, acc["domains"], categories)
         return result
     except BaseException:
         for acc in out.values():
@@ -267,6 +274,7 @@ def build_packed_shards(
                     partition=out_dir.name,
                     spec=spec,
                     domains=sg.domains,
+                    categories=sg.categories,
                 )
                 sinks = {
                     f.name: f.open(target)

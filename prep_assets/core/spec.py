@@ -41,7 +41,8 @@ from prep_assets.core.spec_sections import (
 # What a recipe sets, per section, where the spec leaves a key unset (a key the spec gives wins).
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "gdp": {
-        "input": {"space_separator": True},  # gdp separates prompt and completion by one space
+        # gdp separates prompt and completion by one space, and tokenizes a .txt line with its newline
+        "input": {"space_separator": True, "keep_line_ends": True},
         "clean": {"normalize": False, "dedup": "none"},  # gdp tokenizes the text as it is, duplicates included
         "sequence": {"max_seq_len": 2048},
         "packing": {"strategy": "full", "shuffle": False},  # gdp's default `full`; rows in input order
@@ -127,6 +128,16 @@ class DatasetSpec(_Strict):
                 "input.domain_key names a domain per record; a tabular example assembles many records, so it has "
                 "none: split the table into one dataset per domain instead"
             )
+        if self.pair_units and kind.shape != "turns":
+            raise ValueError(
+                f"packing.packing_boundary prompt_completion_pair splits instruction records into their pairs; "
+                f"input.type {self.input.type} has no prompt/completion pairs"
+            )
+        if self.input.categories is not None and (kind.shape not in ("text", "turns") or self.output.categories):
+            raise ValueError(
+                "input.categories names gdp's categories of text and instruction records (and replaces "
+                "output.categories, which maps domains)"
+            )
         if kind.table_rows and self.recipe == "gdp":
             raise ValueError("recipe: gdp prepares text and instruction data; tables have no gdp recipe")
         if kind.table_rows:
@@ -173,6 +184,11 @@ class DatasetSpec(_Strict):
         if self.packing.strategy == "full" or self.sequence.overflow == "window":
             return "keep"
         return self.sequence.overflow
+
+    @property
+    def pair_units(self) -> bool:
+        """Whether gold makes an example of each prompt/completion pair (gdp's prompt_completion_pair boundary)."""
+        return self.packing.packing_boundary == "prompt_completion_pair"
 
     @property
     def splits_examples(self) -> bool:
@@ -224,19 +240,26 @@ class DatasetSpec(_Strict):
         def value(k: str) -> Any:
             if "." in k:
                 section, key = k.split(".", 1)
-                return data[section][key]
+                return data[section].get(key, _ABSENT)  # absent: an added key at its default (ADDED_KEYS)
             return data[k] if k in data else getattr(self, k)
 
-        chosen = {k: value(k) for k in (sections or tuple(sorted(data)))}
+        chosen = {k: v for k in (sections or tuple(sorted(data))) if (v := value(k)) is not _ABSENT}
         blob = json.dumps(chosen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
+
+_ABSENT = object()
 
 # Keys added after specs were fingerprinted: left out of a fingerprint while at their default, so a spec that does
 # not use them keeps its code versions (and its layers stay fresh) across the upgrade.
 ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("clean", "max_items", None),
     ("input", "space_separator", False),
+    ("input", "keep_line_ends", False),
+    ("input", "categories", None),
+    ("input", "category_key", "category"),
+    ("packing", "packing_boundary", "jsonl"),
+    ("packing", "attention_boundary", "jsonl"),
     (None, "recipe", None),
 )
 
@@ -262,6 +285,7 @@ LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
         "sequence.max_seq_len",
         "gold_overflow",
         "tabular_packing",
+        "packing.packing_boundary",  # prompt_completion_pair: an example per pair
     ),
     "shards": (*_CLEANED, "mask", "mask_default", "tokenizer", "sequence", "packing", "output"),
 }

@@ -15,6 +15,7 @@ MaskAction = Literal["train", "mask"]
 Overflow = Literal["drop", "truncate_right", "truncate_left", "window"]
 PackingStrategy = Literal["bfd", "ffd", "full", "single", "greedy"]
 Recipe = Literal["gdp"]
+Boundary = Literal["jsonl", "prompt_completion_pair"]  # gdp's --packing_boundary / --attention_boundary values
 Layer = Literal["bronze", "silver", "gold", "shards"]
 
 # Which file suffixes each concrete format reads; `auto` picks by suffix.
@@ -44,6 +45,8 @@ class InputSpec(_Strict):
     # gdp's separator rule: the prompt's trailing spaces stripped, the completion's leading ones replaced by one
     # space (gdp's default; its `--disable_space_separator` is `false` here); no space without a prompt
     space_separator: bool = False
+    # txt: each line keeps its line end (`\n`; `\r\n` read as `\n`), as gdp reads a .txt file (`recipe: gdp`)
+    keep_line_ends: bool = False
     # chat / preference: where the conversation is and how its roles are named (None = detect per record:
     # `messages` with role/content, or `conversations` with from/value, or a list of prompt/completion pairs)
     messages_key: str | None = None
@@ -59,11 +62,17 @@ class InputSpec(_Strict):
     # the record field naming its domain (a string): it travels with the record to gold, is counted per domain
     # in the manifest and routes records in the formats that group by domain (`astrai_bin`)
     domain_key: str | None = None
+    # gdp's --categories_path list (inline): a record's `category_key` value names one of them; its position is the
+    # `category_id` gold keeps and the hdf5 output writes per token (gdp's category_ids); no value: -1
+    categories: list[str] | None = None
+    category_key: str = "category"  # the key gdp reads
 
     @model_validator(mode="after")
     def _check_keys(self) -> InputSpec:
         if isinstance(self.prompt_key, list) and not self.prompt_key:
             raise ValueError("prompt_key: give a key or a non-empty list of keys")
+        if self.categories is not None and (not self.categories or len(set(self.categories)) < len(self.categories)):
+            raise ValueError("categories: a non-empty list of distinct category names")
         return self
 
     @property
@@ -220,6 +229,24 @@ class PackingSpec(_Strict):
 
     seed: int = 0
     shuffle: bool = True
+    # gdp's --packing_boundary / --attention_boundary: a record (`jsonl`, one line) or each of its prompt/completion
+    # pairs (`prompt_completion_pair`) is the unit rows take whole / the span tokens attend within; equal for now
+    packing_boundary: Boundary = "jsonl"
+    attention_boundary: Boundary = "jsonl"
+
+    @model_validator(mode="after")
+    def _boundaries(self) -> PackingSpec:
+        if self.packing_boundary != self.attention_boundary:
+            raise ValueError(
+                f"packing_boundary {self.packing_boundary} with attention_boundary {self.attention_boundary}: "
+                "only equal boundaries are reproduced (both jsonl, or both prompt_completion_pair)"
+            )
+        if self.packing_boundary == "prompt_completion_pair" and self.strategy == "full":
+            raise ValueError(
+                "packing_boundary prompt_completion_pair packs each pair whole: use strategy greedy, single, bfd "
+                "or ffd (full cuts examples across rows)"
+            )
+        return self
 
 
 class TabularSpec(_Strict):

@@ -9,40 +9,56 @@ from typing import Any
 
 import h5py
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core.masking import example_pieces
 from prep_assets.core.packing import plan_greedy
+from prep_assets.core.readers import Accounting, read_drop
 from prep_assets.core.spec import parse_spec
 from prep_assets_tests.conftest import make_spec, shared_path
-from prep_assets_tests.core.helpers import run_core
+from prep_assets_tests.core.helpers import failed_gates, run_core
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gdp"
 
 
-def _head(src: Path, dest: Path, lines: int) -> None:
-    with src.open(encoding="utf-8") as f:
-        dest.write_text("".join(next(f) for _ in range(lines)), encoding="utf-8")
+def _lines(source: str, numbers: list[int]) -> str:
+    """Lines of a shared file by their 1-based numbers, in file order, each with its line end."""
+    with shared_path(f"datasets/{source}").open(encoding="utf-8", newline="") as f:
+        return "".join(line for i, line in enumerate(f, 1) if i in numbers)
 
 
 def _gdp_rows(
-    tmp_path: Path, source: str, lines: int, sequence: dict[str, Any], packing: dict[str, Any]
+    tmp_path: Path,
+    text: str,
+    sequence: dict[str, Any],
+    packing: dict[str, Any],
+    *,
+    input_type: str = "instruction",
+    suffix: str = "jsonl",
+    **sections: Any,
 ) -> tuple[dict[str, np.ndarray], int]:
+    """Our rows of `text` (one drop) under `recipe: gdp`, read back from the hdf5 export; and gold's rejects."""
     raw = {
         "recipe": "gdp",
-        "input": {"type": "instruction"},
+        "input": {"type": input_type},
         "tokenizer": {"path": str(shared_path("tokenizers/gpt2"))},
         "sequence": {"max_seq_len": 128, **sequence},
         "packing": packing,
         "output": {"formats": ["parquet", "hdf5"]},
+        **sections,
     }
     spec = parse_spec(raw, path=Path("gdp.yaml"), default_name="gdp")
     (tmp_path / "raw" / "gdp").mkdir(parents=True)
-    _head(shared_path(f"datasets/{source}"), tmp_path / "raw" / "gdp" / "head.jsonl", lines)
+    (tmp_path / "raw" / "gdp" / f"head.{suffix}").write_bytes(text.encode("utf-8"))
     ((_, result),) = run_core(tmp_path, spec).items()
-    (hdf5,) = result["dirs"][3].glob("hdf5/train_*.hdf5")
+    (hdf5,) = result["dirs"][3].glob("hdf5/train_*.hdf5")  # `categories.json`: gdp's train_1_of_1.hdf5
     with h5py.File(hdf5) as f:
         return {k: f[k][:] for k in f}, result["gold"].rejects
+
+
+def _expected(fixture: str) -> list[dict[str, list[int]]]:
+    return json.loads((FIXTURES / f"{fixture}.json").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize(
@@ -53,11 +69,124 @@ def _gdp_rows(
     ],
 )
 def test_gdp_recipe_rows_equal_gdps_own_arrays(tmp_path: Path, fixture: str, sequence, packing, rejects: int):
-    ours, gold_rejects = _gdp_rows(tmp_path, "instruction/gdp_generative_tuning.jsonl", 8, sequence, packing)
+    head = _lines("instruction/gdp_generative_tuning.jsonl", list(range(1, 9)))
+    ours, gold_rejects = _gdp_rows(tmp_path, head, sequence, packing)
     assert gold_rejects == rejects  # what gdp drops silently (too long, or prompt only) is a counted reject here
-    expected = json.loads((FIXTURES / f"{fixture}.json").read_text(encoding="utf-8"))
+    expected = _expected(fixture)
     assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
     assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
+
+
+def test_gdp_full_on_text_lines_keeps_each_lines_newline_before_the_eos(tmp_path: Path):
+    text = _lines("text/gdp_pretraining.txt", [17, 23, 40, 65, 86])
+    ours, rejects = _gdp_rows(tmp_path, text, {}, {}, input_type="text", suffix="txt")
+    expected = _expected("full")
+    assert rejects == 0
+    assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
+    assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
+
+
+def test_gdp_prompt_completion_pair_boundaries_pack_a_lines_pairs_as_separate_units_in_order(tmp_path: Path):
+    text = _lines("dialogue/gdp_dialogue.jsonl", [1, 2, 3, 4])
+    boundaries = {"packing_boundary": "prompt_completion_pair", "attention_boundary": "prompt_completion_pair"}
+    ours, rejects = _gdp_rows(tmp_path, text, {"overflow": "drop"}, {"strategy": "greedy", **boundaries})
+    expected = _expected("pair_boundary")
+    assert rejects == 0
+    assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
+    assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]  # every pair's EOS is 3
+
+
+def test_a_too_long_pair_is_counted_and_its_record_kept_by_its_other_pairs(tmp_path: Path):
+    long = " ".join(["word"] * 200)
+    lines = [
+        [{"prompt": "Q1", "completion": "A1"}, {"prompt": "Q2", "completion": long}],  # one pair too long
+        [{"prompt": long, "completion": "A"}],  # its only pair too long: the record is a reject
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    boundaries = {"packing_boundary": "prompt_completion_pair", "attention_boundary": "prompt_completion_pair"}
+    raw = {
+        "recipe": "gdp",
+        "input": {"type": "instruction"},
+        "tokenizer": {"path": str(shared_path("tokenizers/gpt2"))},
+    }
+    spec = parse_spec(
+        {**raw, "sequence": {"max_seq_len": 64}, "packing": {"strategy": "greedy", **boundaries}},
+        path=Path("gdp.yaml"),
+        default_name="gdp",
+    )
+    (tmp_path / "raw" / "gdp").mkdir(parents=True)
+    (tmp_path / "raw" / "gdp" / "d.jsonl").write_text(text, encoding="utf-8")
+    ((key, result),) = run_core(tmp_path, spec).items()
+    gold = result["gold"]
+    assert (gold.examples, gold.rejects, gold.pairs_rejected_by_reason) == (1, 1, {"too_long": 1})
+    rejects = pq.read_table(result["dirs"][2] / "rejects.parquet").to_pylist()
+    assert [(r["source_line"], r["reason"]) for r in rejects] == [(2, "too_long")]
+    assert rejects[0]["detail"].startswith("all 1 pairs rejected; pair 1:")
+    assert pq.read_table(result["dirs"][2] / "examples.parquet").column("example_id").to_pylist() == [f"{key}:1/1"]
+    failed = {name for name, _ in failed_gates(spec, tmp_path, key)}  # one of two records rejected: rates fail
+    assert failed <= {"tokenized_examples_reject_rate", "packed_shards_utilization"}, failed
+
+
+def test_boundaries_must_be_equal_and_pairs_need_whole_example_packing():
+    pair = "prompt_completion_pair"
+    with pytest.raises(Exception, match="only equal boundaries"):
+        make_spec(input={"type": "instruction"}, packing={"packing_boundary": pair})
+    with pytest.raises(Exception, match="full cuts examples"):
+        make_spec(
+            recipe="gdp", input={"type": "instruction"}, packing={"packing_boundary": pair, "attention_boundary": pair}
+        )
+    with pytest.raises(Exception, match="has no prompt/completion pairs"):
+        make_spec(packing={"strategy": "greedy", "packing_boundary": pair, "attention_boundary": pair})
+
+
+CATEGORIES = ["example_category_1", "example_category_2", "example_category_3"]
+
+
+def test_gdp_categories_reach_the_hdf5_category_ids(tmp_path: Path):
+    text = _lines("instruction/gdp_category_ids.jsonl", list(range(1, 9)))
+    categories = {"categories": CATEGORIES, "category_key": "category_id"}  # the shared file's key (gdp's: category)
+    ours, rejects = _gdp_rows(
+        tmp_path, text, {"overflow": "drop"}, {"strategy": "greedy"}, input={"type": "instruction", **categories}
+    )
+    expected = _expected("categories")
+    assert rejects == 2  # too long, as gdp drops them
+    for key in ("input_ids", "token_type_ids", "category_ids"):
+        assert ours[key].tolist() == [r[key] for r in expected], key
+    gold = pq.read_table(next((tmp_path / "lake").rglob("gold/*/examples.parquet")))
+    assert set(gold.column("category_id").to_pylist()) <= {0, 1, 2}
+
+
+def test_an_unknown_or_mixed_category_is_a_reject_with_its_reason(tmp_path: Path):
+    lines = [
+        {"prompt": "Q", "completion": "A", "category": "b"},
+        {"prompt": "Q", "completion": "A", "category": "z"},  # not listed
+        [{"prompt": "Q", "completion": "A", "category": "a"}, {"prompt": "Q", "completion": "A", "category": "b"}],
+        {"prompt": "Q", "completion": "A"},  # names none: -1
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    spec = make_spec(
+        "gdp",
+        recipe="gdp",
+        input={"type": "instruction", "categories": ["a", "b"]},
+        tokenizer={"path": str(shared_path("tokenizers/gpt2"))},
+        packing={"strategy": "greedy"},
+    )
+    (tmp_path / "raw" / "gdp").mkdir(parents=True)
+    (tmp_path / "raw" / "gdp" / "d.jsonl").write_text(text, encoding="utf-8")
+    ((_, result),) = run_core(tmp_path, spec).items()
+    assert result["bronze"].rejects_by_reason == {"mixed_categories": 1, "unknown_category": 1}
+    gold = pq.read_table(result["dirs"][2] / "examples.parquet")
+    assert gold.column("category_id").to_pylist() == [1, -1]
+
+
+def test_line_ends_are_kept_only_where_asked(tmp_path: Path):
+    """`recipe: gdp` sets input.keep_line_ends; without it a text line is read without its end, as before."""
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"one\r\ntwo\n\nthree")
+    read = lambda **kw: [i.value for i in read_drop(path, "txt", max_line_bytes=1024, acct=Accounting(), **kw)]  # noqa: E731
+    assert read() == ["one", "two", "three"]
+    assert read(keep_line_ends=True) == ["one\n", "two\n", "three"]  # a blank line stays blank, never a record
+    assert make_spec(recipe="gdp").input.keep_line_ends and not make_spec().input.keep_line_ends
 
 
 def test_recipe_gdp_sets_gdps_defaults_and_each_key_can_be_overridden():
