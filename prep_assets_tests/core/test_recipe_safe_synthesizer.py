@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from prep_assets.core.errors import SpecError
 from prep_assets_tests.conftest import make_spec, shared_path
 from prep_assets_tests.core.helpers import run_core, write_raw
 
@@ -79,3 +80,42 @@ def test_recipe_safe_synthesizer_equals_its_assembler(tmp_path: Path, name: str)
     assert ours == expected
     if "initial_prefill" in fx:
         assert r["gold"].tabular["initial_prefill"] == fx["initial_prefill"]
+
+
+def _spec(**tabular):
+    return make_spec("ss", recipe="safe_synthesizer", input={"type": "tabular"}, tabular=tabular)
+
+
+def test_recipe_sets_ss_defaults_and_a_spec_key_wins():
+    spec = _spec(float_digits=6)
+    assert spec.tabular is not None
+    assert (spec.tabular.prompt, spec.tabular.record_encoding, spec.tabular.assembly) == (
+        "safe_synthesizer",
+        "standalone",
+        "safe_synthesizer",
+    )
+    assert spec.tabular.float_digits == 6
+    assert spec.sequence.max_seq_len == 2048
+
+
+def test_max_sequences_per_example_auto_is_one_under_differential_privacy():
+    assert _spec().max_per_example == 10
+    assert _spec(differential_privacy=True).max_per_example == 1
+
+
+def test_recipe_safe_synthesizer_is_refused_for_text():
+    with pytest.raises(SpecError, match="safe_synthesizer prepares tables"):
+        make_spec("ss", recipe="safe_synthesizer", input={"type": "text"})
+
+
+def test_ss_sampling_passes():
+    import numpy as np
+
+    from prep_assets.core.tabular import group_passes, safe_synthesizer_prefill, sample_passes, sequence_passes
+
+    rng = np.random.default_rng(0)
+    passes = sample_passes(4, 6, rng)  # 1.5 passes: one whole permutation, then the first 2 of another
+    assert [sorted(p) for p in passes] == [[0, 1, 2, 3], sorted(passes[1])] and len(passes[1]) == 2
+    assert list(map(list, sequence_passes(4, 6))) == [[0, 1, 2, 3], [0, 1]]
+    assert [len(p) for p in group_passes([3, 1], 6, np.random.default_rng(0))][0] == 2
+    assert safe_synthesizer_prefill(["a", "b", "c", "d"]) == " a\nb\nc\n"
