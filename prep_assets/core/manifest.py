@@ -161,6 +161,10 @@ def _merge_tabular(acc: dict[str, Any] | None, part: dict[str, Any]) -> dict[str
         acc = {**part, "initial_prefill": {} if part["mode"] == "sequential" else None}
     if acc["initial_prefill"] is None:
         return acc
+    if any(isinstance(v, str) for v in (part.get("initial_prefill") or {}).values()):
+        # assembly safe_synthesizer: SS's one string per group, from the first partition that has the group
+        acc["initial_prefill"] = {**part["initial_prefill"], **acc["initial_prefill"]}
+        return acc
     gathered = {g: list(v) for g, v in acc["initial_prefill"].items()}
     for group, records in (part.get("initial_prefill") or {}).items():
         gathered.setdefault(group, []).extend(records)

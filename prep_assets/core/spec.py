@@ -47,6 +47,16 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         "sequence": {"max_seq_len": 2048},
         "packing": {"strategy": "full", "shuffle": False},  # gdp's default `full`; rows in input order
     },
+    "safe_synthesizer": {  # docs/spec.md, "Safe Synthesizer recipe"
+        "tabular": {
+            "prompt": "safe_synthesizer",
+            "record_encoding": "standalone",
+            "float_digits": 10,  # pandas' to_json double_precision
+            "key_columns_first": True,
+            "assembly": "safe_synthesizer",
+        },
+        "sequence": {"max_seq_len": 2048},  # TinyLlama's context
+    },
 }
 
 DATASET_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -140,6 +150,8 @@ class DatasetSpec(_Strict):
             )
         if kind.table_rows and self.recipe == "gdp":
             raise ValueError("recipe: gdp prepares text and instruction data; tables have no gdp recipe")
+        if not kind.table_rows and self.recipe == "safe_synthesizer":
+            raise ValueError("recipe: safe_synthesizer prepares tables (input.type tabular)")
         if kind.table_rows:
             self._check_tabular()
         elif self.tabular is not None:
@@ -175,6 +187,8 @@ class DatasetSpec(_Strict):
         """`packing.max_sequences_per_example` resolved: auto = 10; unset = no limit (tabular: auto)."""
         n = self.packing.max_sequences_per_example
         if n == "auto" or (n is None and record_type(self.input.type).table_rows):
+            if self.tabular is not None and self.tabular.differential_privacy:
+                return 1  # Safe Synthesizer: one unit per example for per-example gradient clipping
             return AUTO_MAX_SEQUENCES
         return n
 
@@ -261,6 +275,13 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("packing", "packing_boundary", "jsonl"),
     ("packing", "attention_boundary", "jsonl"),
     (None, "recipe", None),
+    ("tabular", "prompt", "schema"),
+    ("tabular", "record_encoding", "continuation"),
+    ("tabular", "float_digits", None),
+    ("tabular", "key_columns_first", False),
+    ("tabular", "assembly", "default"),
+    ("tabular", "num_input_records_to_sample", None),
+    ("tabular", "differential_privacy", False),
 )
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.

@@ -10,11 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 InputFormat = Literal["auto", "jsonl", "jsonl.gz", "json", "txt", "csv", "parquet"]
 TabularMode = Literal["flat", "grouped", "sequential"]
 ColumnType = Literal["string", "int", "float"]
+TabularPrompt = Literal["schema", "safe_synthesizer"]
+TabularAssembly = Literal["default", "safe_synthesizer"]
+RecordEncoding = Literal["continuation", "standalone"]
 AUTO_MAX_SEQUENCES = 10  # `max_sequences_per_example: auto` (Safe Synthesizer's default without DP)
 MaskAction = Literal["train", "mask"]
 Overflow = Literal["drop", "truncate_right", "truncate_left", "window"]
 PackingStrategy = Literal["bfd", "ffd", "full", "single", "greedy"]
-Recipe = Literal["gdp"]
+Recipe = Literal["gdp", "safe_synthesizer"]
 Boundary = Literal["jsonl", "prompt_completion_pair"]  # gdp's --packing_boundary / --attention_boundary values
 Layer = Literal["bronze", "silver", "gold", "shards"]
 
@@ -263,6 +266,14 @@ class TabularSpec(_Strict):
     # the tokens wrapping each unit of records; default: the tokenizer's BOS (its EOS if it has none) and EOS
     bos_token: str | None = None
     eos_token: str | None = None
+    # Safe Synthesizer's behaviours (docs/spec.md, "Safe Synthesizer recipe"); `recipe: safe_synthesizer` sets them
+    prompt: TabularPrompt = "schema"  # safe_synthesizer: "[INST] Generate a JSONL dataset ... [/INST]" + BOS/EOS
+    record_encoding: RecordEncoding = "continuation"  # standalone: each record line tokenized on its own
+    float_digits: int | None = Field(default=None, ge=1, le=15)  # floats rounded to this many decimals (SS: 10)
+    key_columns_first: bool = False  # sequential: group_by then order_by lead each record and the prompt
+    assembly: TabularAssembly = "default"  # safe_synthesizer: SS's group order, RNG and passes
+    num_input_records_to_sample: int | None = Field(default=None, gt=0)  # assembly safe_synthesizer only
+    differential_privacy: bool = False  # max_sequences_per_example auto -> 1
 
     @model_validator(mode="after")
     def _keys(self) -> TabularSpec:
@@ -275,6 +286,10 @@ class TabularSpec(_Strict):
             raise ValueError("grouped mode needs group_by")
         if mode == "flat" and (self.group_by is not None or self.order_by is not None):
             raise ValueError("flat mode shuffles single records: group_by/order_by need mode grouped or sequential")
+        if self.num_input_records_to_sample is not None and self.assembly != "safe_synthesizer":
+            raise ValueError(
+                "num_input_records_to_sample is Safe Synthesizer's sampling: it needs assembly safe_synthesizer"
+            )
         return self
 
     @property

@@ -59,14 +59,39 @@ def render_record(row: dict[str, Any], columns: list[str]) -> str:
     return render_values(columns, [row.get(c) for c in columns])
 
 
-def render_values(columns: list[str], values: list[Any]) -> str:
-    """`render_record` of a record stored as parallel column/value lists (the tabular content shape)."""
-    return json.dumps(
-        {c: json_value(v) for c, v in zip(columns, values, strict=True)},
-        ensure_ascii=False,
-        separators=(",", ":"),
-        allow_nan=False,
-    )
+def render_values(columns: list[str], values: list[Any], float_digits: int | None = None) -> str:
+    """`render_record` of a record stored as parallel column/value lists (the tabular content shape).
+
+    With `float_digits` (Safe Synthesizer: 10, its pandas `to_json` precision), floats are rounded to that many
+    decimals and `/` is written `\\/`, as pandas writes them."""
+    if float_digits is None:
+        return json.dumps(
+            {c: json_value(v) for c, v in zip(columns, values, strict=True)},
+            ensure_ascii=False,
+            separators=(",", ":"),
+            allow_nan=False,
+        )
+    row = {c: _rounded(json_value(v), float_digits) for c, v in zip(columns, values, strict=True)}
+    return json.dumps(row, ensure_ascii=False, separators=(",", ":"), allow_nan=False).replace("/", "\\/")
+
+
+def _rounded(value: Any, digits: int) -> Any:
+    return round(value, digits) if isinstance(value, float) else value
+
+
+SS_INSTRUCTION = "Generate a JSONL dataset with the following columns: "
+
+
+def safe_synthesizer_prompt(columns: list[str]) -> str:
+    """Safe Synthesizer's schema prompt for its TinyLlama/Mistral metadata (the model's BOS/EOS go around it)."""
+    schema = ",".join(f"{json.dumps(c, ensure_ascii=False)}:<unk>" for c in columns)
+    return f"[INST] {SS_INSTRUCTION} {schema} [/INST]"
+
+
+def key_columns_first(columns: list[str], group_by: str | None, order_by: str | None) -> list[str]:
+    """Safe Synthesizer's sequential column order: group_by, then order_by, then the rest in schema order."""
+    first = [c for c in (group_by, order_by) if c is not None and c in columns]
+    return first + [c for c in columns if c not in first]
 
 
 # ---------------------------------------------------------------- CSV cell types
@@ -326,6 +351,11 @@ def _seed(seed: Seed) -> int | list[int]:
 def plan_flat(record_tokens: list[int], budget: int, max_per: int, seed: Seed) -> list[Example]:
     """Shuffle, then fill each example until max_per records or the next record would not fit."""
     order = np.random.default_rng(_seed(seed)).permutation(len(record_tokens)).tolist()
+    return fill_flat(order, record_tokens, budget, max_per)
+
+
+def fill_flat(order: list[int], record_tokens: list[int], budget: int, max_per: int) -> list[Example]:
+    """Records in `order` (indices may repeat) packed greedily under one BOS/EOS pair per example."""
     examples: list[Example] = []
     unit: list[int] = []
     used = 2  # BOS + EOS
@@ -346,15 +376,21 @@ def plan_grouped(
 ) -> list[Example]:
     """Groups (each a unit with its own BOS/EOS) shuffled, then packed greedily, at most max_per per example."""
     order = np.random.default_rng(_seed(seed)).permutation(len(groups)).tolist()
+    return fill_grouped([groups[g] for g in order], record_tokens, budget, max_per)
+
+
+def fill_grouped(groups: list[list[int]], record_tokens: list[int], budget: int, max_per: int) -> list[Example]:
+    """Groups in the given order packed greedily, each its own BOS/EOS unit: prompt + every unit with its
+    BOS/EOS stays within max_seq_len (budget = max_seq_len - prompt)."""
     examples: list[Example] = []
     units: list[list[int]] = []
     used = 0
-    for g in order:
-        need = 2 + sum(record_tokens[i] for i in groups[g])
+    for group in groups:
+        need = 2 + sum(record_tokens[i] for i in group)
         if units and (len(units) == max_per or used + need > budget):
             examples.append(Example(units, budget))
             units, used = [], 0
-        units.append(list(groups[g]))
+        units.append(list(group))
         used += need
     if units:
         examples.append(Example(units, budget))
@@ -380,6 +416,51 @@ def plan_sequential(
                 k += 1
             examples.append(Example([unit], limit))
     return examples
+
+
+# ---------------------------------------------------------------- Safe Synthesizer's sampling
+
+
+def sample_passes(n: int, num_to_sample: int | None, rng: np.random.Generator) -> list[list[int]]:
+    """Safe Synthesizer's `num_input_records_to_sample` over n items: int(k) passes, each a fresh permutation,
+    then the first ceil(frac(k) x n) of one more, where k = num_to_sample / n (None: one pass)."""
+    fraction = 1.0 if num_to_sample is None else num_to_sample / n
+    whole, part = int(fraction), fraction - int(fraction)
+    passes = [rng.permutation(n).tolist() for _ in range(whole)]
+    if part > 0:
+        passes.append(rng.permutation(n).tolist()[: math.ceil(part * n)])
+    return passes
+
+
+def group_passes(sizes: list[int], num_to_sample: int | None, rng: np.random.Generator) -> list[list[int]]:
+    """The grouped form: whole passes over the groups; the last part takes shuffled groups until their records
+    reach ceil(frac(k) x records)."""
+    total = sum(sizes)
+    fraction = 1.0 if num_to_sample is None else num_to_sample / total
+    whole, part = int(fraction), fraction - int(fraction)
+    passes = [rng.permutation(len(sizes)).tolist() for _ in range(whole)]
+    if part > 0:
+        order = rng.permutation(len(sizes)).tolist()
+        need, seen = math.ceil(part * total), 0
+        for k, g in enumerate(order):
+            seen += sizes[g]
+            if seen >= need:
+                passes.append(order[: k + 1])
+                break
+    return passes
+
+
+def sequence_passes(n: int, num_to_sample: int | None) -> list[range]:
+    """The sequential form: passes over the ordered records, never shuffled; the last part is their first
+    ceil(frac(k) x n). A new pass flushes the example being filled (SS's dataset-restart flush)."""
+    fraction = 1.0 if num_to_sample is None else num_to_sample / n
+    whole, part = int(fraction), fraction - int(fraction)
+    return [range(n)] * whole + ([range(math.ceil(part * n))] if part > 0 else [])
+
+
+def safe_synthesizer_prefill(lines: list[str]) -> str:
+    """The single string Safe Synthesizer stores per group: a space, then the first 3 lines, each newline-ended."""
+    return " " + "".join(line + "\n" for line in lines[:INITIAL_PREFILL_RECORDS])
 
 
 def initial_prefill(groups: dict[str, list[str]], order_by: str | None = None) -> dict[str, list[str]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -36,15 +36,23 @@ from prep_assets.core.tabular import (
     UNORDERABLE_VALUE,
     Example,
     OrderKeys,
+    fill_flat,
+    fill_grouped,
     group_label,
+    group_passes,
     group_records,
     initial_prefill,
+    key_columns_first,
     order_keys,
     plan_flat,
     plan_grouped,
     plan_sequential,
     render_values,
+    safe_synthesizer_prefill,
+    safe_synthesizer_prompt,
+    sample_passes,
     schema_prompt,
+    sequence_passes,
 )
 from prep_assets.core.tokenizer import PinnedTokenizer
 
@@ -92,8 +100,15 @@ def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedT
     for c in contents:
         if c["columns"] != columns:  # one drop has one schema (bronze keeps it); guard the assumption
             raise ValueError(f"records of one drop with different columns: {c['columns']} != {columns}")
-    lines = [render_values(columns, c["values"]) for c in contents]
-    ids = pt.encode_batch([line + "\n" for line in lines], continuation=True)
+    values = [c["values"] for c in contents]
+    if tab.key_columns_first and tab.resolved_mode == "sequential":
+        ordered = key_columns_first(columns, tab.group_by, tab.order_by)
+        values = [[v[columns.index(c)] for c in ordered] for v in values]
+        contents = [{"columns": ordered, "values": v} for v in values]
+        columns = ordered
+    lines = [render_values(columns, v, tab.float_digits) for v in values]
+    standalone = tab.record_encoding == "standalone"  # SS tokenizes each record line on its own
+    ids = pt.encode_batch([line + "\n" for line in lines], continuation=not standalone)
     keys = order = None
     if tab.group_by is not None:
         gi = columns.index(tab.group_by)
@@ -111,6 +126,7 @@ class _Assembled:
     prefill: dict[str, list[str]]
     examples_per_group: Counter[str]
     group_tokens: list[int]
+    ss_prefill: dict[str, str] = field(default_factory=dict)  # assembly safe_synthesizer: one string per group
 
 
 def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: int) -> _Assembled:
@@ -121,6 +137,7 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
     mode = tab.resolved_mode
     out = _Assembled([], [], {}, Counter(), [])
     splits = rows.table.column("split").to_pylist()
+    ss_rng = np.random.default_rng(spec.packing.seed)  # SS: one generator for the train, then the other splits
     for split_no, split in enumerate(SPLITS):
         idx = [i for i, s in enumerate(splits) if s == split]
         if not idx:
@@ -150,6 +167,9 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
             else:
                 fits.append(i)
         seed = (spec.packing.seed, split_no)
+        if tab.assembly == "safe_synthesizer":
+            _assemble_ss(spec, tab, rows, fits, idx, split, ss_rng, budget, out, prompt_tokens)
+            continue
         if mode == "flat":
             plan = plan_flat([rows.lengths[i] for i in fits], budget, max_per, seed)
             out.examples += [(split, Example([[fits[k] for k in u] for u in ex.units], ex.budget)) for ex in plan]
@@ -159,17 +179,7 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
         groups = [[idx[k] for k in g] for g in local]
         out.group_tokens += [prompt_tokens + 2 + sum(rows.lengths[i] for i in g) for g in groups]
         if mode == "grouped":
-            placeable = []
-            for g in groups:
-                need = prompt_tokens + 2 + sum(rows.lengths[i] for i in g)
-                if need <= L:
-                    placeable.append(g)
-                    continue
-                detail = (
-                    f"group {rows.keys[g[0]]!r} needs {need} tokens (schema prompt {prompt_tokens} + "
-                    f"{len(g)} records {need - prompt_tokens - 2} + BOS/EOS 2) > max_seq_len {L}"
-                )
-                out.rejects += [(i, GROUP_OVER_BUDGET, detail, need, rows.keys[i]) for i in g]
+            placeable = _placeable_groups(groups, rows, prompt_tokens, L, out)
             plan = plan_grouped(placeable, rows.lengths, budget, max_per, seed)
         else:
             rng = np.random.default_rng([spec.packing.seed, split_no]) if split == "train" else None
@@ -188,16 +198,121 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
     return out
 
 
+def _placeable_groups(
+    groups: list[list[int]], rows: _Rows, prompt_tokens: int, L: int, out: _Assembled
+) -> list[list[int]]:
+    """The groups that fit max_seq_len with the prompt and their BOS/EOS; every record of another is a reject."""
+    assert rows.keys is not None
+    placeable = []
+    for g in groups:
+        need = prompt_tokens + 2 + sum(rows.lengths[i] for i in g)
+        if need <= L:
+            placeable.append(g)
+            continue
+        detail = (
+            f"group {rows.keys[g[0]]!r} needs {need} tokens (schema prompt {prompt_tokens} + "
+            f"{len(g)} records {need - prompt_tokens - 2} + BOS/EOS 2) > max_seq_len {L}"
+        )
+        out.rejects += [(i, GROUP_OVER_BUDGET, detail, need, rows.keys[i]) for i in g]
+    return placeable
+
+
+def _ss_prompt_ids(text: str, pt: PinnedTokenizer) -> list[int]:
+    """SS's prompt as its tokenizer call reads it: each `<unk>` is the unknown token (a special token, split off
+    before the text between is encoded); elsewhere special-token text stays text."""
+    unk = pt.hf.get_vocab().get("<unk>")
+    if unk is None:
+        return pt.encode_batch([text])[0]
+    first, *rest = text.split("<unk>")
+    ids = pt.encode_batch([first])[0]
+    for piece, seg in zip(rest, pt.encode_batch(rest, continuation=True), strict=True):
+        ids += [unk, *(seg if piece else [])]
+    return ids
+
+
+def _ss_group_sort_key(value: Any) -> tuple[int, Any]:
+    """pandas' groupby order of group values: numbers numerically, then text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value)
+    return (1, group_label(value))
+
+
+def _assemble_ss(
+    spec: DatasetSpec,
+    tab: TabularSpec,
+    rows: _Rows,
+    fits: list[int],
+    idx: list[int],
+    split: str,
+    rng: np.random.Generator,
+    budget: int,
+    out: _Assembled,
+    prompt_tokens: int,
+) -> None:
+    """Safe Synthesizer's assembly of one split (docs/spec.md, "Safe Synthesizer recipe"): groups in sorted key
+    order, one seeded generator, `num_input_records_to_sample` passes over the training split."""
+    max_per = spec.max_per_example
+    assert max_per is not None
+    L = spec.sequence.max_seq_len
+    mode = tab.resolved_mode
+    sample = tab.num_input_records_to_sample if split == "train" else None
+    if mode == "flat":
+        order = [fits[k] for p in sample_passes(len(fits), sample, rng) for k in p] if fits else []
+        out.examples += [(split, ex) for ex in fill_flat(order, rows.lengths, budget, max_per)]
+        return
+    assert rows.keys is not None
+    gi = rows.columns.index(tab.group_by) if tab.group_by is not None else None
+    local = group_records([rows.keys[i] for i in idx], [rows.order.keys[i] for i in idx] if rows.order else None)
+    groups = [[idx[k] for k in g] for g in local]
+    if gi is not None:
+        first_values = {g[0]: json.loads(rows.lines[g[0]])[rows.columns[gi]] for g in groups}
+        groups.sort(key=lambda g: _ss_group_sort_key(first_values[g[0]]))
+    out.group_tokens += [prompt_tokens + 2 + sum(rows.lengths[i] for i in g) for g in groups]
+    if mode == "grouped":
+        placeable = _placeable_groups(groups, rows, prompt_tokens, L, out)
+        if placeable:
+            passes = group_passes([len(g) for g in placeable], sample, rng)
+            order = [placeable[k] for p in passes for k in p]
+            plan = fill_grouped(order, rows.lengths, budget, max_per)
+        else:
+            plan = []
+    else:
+        fitting = set(fits)
+        sequence = [i for g in groups for i in g if i in fitting]
+        runs: list[list[int]] = []
+        for p in sequence_passes(len(sequence), sample) if sequence else []:
+            for pos, k in enumerate(p):  # a pass starts a new run: SS's dataset-restart flush
+                i = sequence[k]
+                if pos and rows.keys[runs[-1][-1]] == rows.keys[i]:
+                    runs[-1].append(i)
+                else:
+                    runs.append([i])
+        plan = plan_sequential(runs, rows.lengths, budget, max_per, rng if split == "train" else None)
+        if split == "train":
+            seen: dict[str, list[str]] = {}
+            for i in sequence:
+                seen.setdefault(rows.keys[i], []).append(rows.lines[i])
+            out.ss_prefill.update({g: safe_synthesizer_prefill(lines) for g, lines in seen.items()})
+    for ex in plan:
+        out.examples.append((split, ex))
+        for u in ex.units:
+            out.examples_per_group[rows.keys[u[0]]] += 1
+
+
 def build_tabular_examples(
     spec: DatasetSpec, silver_records: Path, pt: PinnedTokenizer, ex_sink: ParquetSink, rej_sink: ParquetSink
 ) -> dict[str, Any]:
     """Write one drop's tabular examples and budget rejects; return the gold stats' figures."""
     tab = spec.tabular or TabularSpec()
     rows = _load(spec, tab, silver_records, pt)
-    head = [pt.info.bos_id] if pt.info.add_bos and pt.info.bos_id is not None else []
-    prompt_text = schema_prompt(rows.columns)
-    prompt_ids = head + pt.encode_batch([prompt_text])[0]
     bos, eos = unit_token_ids(tab, pt)
+    if tab.prompt == "safe_synthesizer":  # SS's TinyLlama/Mistral metadata: the prompt between BOS and EOS
+        prompt_text = safe_synthesizer_prompt(rows.columns)
+        prompt_ids = [bos, *_ss_prompt_ids(prompt_text, pt), eos]
+    else:
+        head = [pt.info.bos_id] if pt.info.add_bos and pt.info.bos_id is not None else []
+        prompt_text = schema_prompt(rows.columns)
+        prompt_ids = head + pt.encode_batch([prompt_text])[0]
     asm = _assemble(spec, tab, rows, len(prompt_ids))
 
     # pieces of every example in order: (token ids, loss mask, token type)
@@ -317,7 +432,11 @@ def build_tabular_examples(
             "groups_per_example": percentiles(units) if grouped else None,
             "examples_per_group": percentiles(list(asm.examples_per_group.values())) if grouped else None,
             "over_budget": _largest(asm.rejects),
-            "initial_prefill": initial_prefill(asm.prefill) if tab.resolved_mode == "sequential" else None,
+            "initial_prefill": (
+                (asm.ss_prefill if tab.assembly == "safe_synthesizer" else initial_prefill(asm.prefill))
+                if tab.resolved_mode == "sequential"
+                else None
+            ),
         },
     }
 
