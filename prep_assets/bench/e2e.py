@@ -71,7 +71,7 @@ def _anchors(corpus: Path, tokenizer: Path) -> dict[str, tuple[int, float]]:
 
 
 def bench_e2e(args: argparse.Namespace) -> int:
-    source, tokenizer = Path(args.source), Path(args.tokenizer)
+    source, tokenizer = Path(args.source), Path(args.tokenizer).resolve()  # the spec reads it from the data dir
     if _missing(source, tokenizer):
         return 2
     work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "prep_assets_bench_e2e"

@@ -68,7 +68,7 @@ def bench_longdoc(args: argparse.Namespace) -> int:
 
     import yaml
 
-    tokenizer = Path(args.tokenizer)
+    tokenizer = Path(args.tokenizer).resolve()  # the spec reads it from the data dir
     if _missing(tokenizer):
         return 2
     work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "prep_assets_bench_longdoc"

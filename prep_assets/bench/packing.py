@@ -25,7 +25,7 @@ from prep_assets.core.tokenizer import load_pinned_info
 
 
 def bench_packing(args: argparse.Namespace) -> int:
-    source, tokenizer = Path(args.source), Path(args.tokenizer)
+    source, tokenizer = Path(args.source), Path(args.tokenizer).resolve()  # the spec reads it from the data dir
     if _missing(source, tokenizer):
         return 2
     work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "prep_assets_bench"
