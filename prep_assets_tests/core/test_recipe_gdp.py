@@ -96,6 +96,18 @@ def test_gdp_prompt_completion_pair_boundaries_pack_a_lines_pairs_as_separate_un
     assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]  # every pair's EOS is 3
 
 
+def test_the_text_endoftext_in_content_is_encoded_as_text_never_as_the_eos(tmp_path: Path):
+    """gdp's `encode` turns the text `<|endoftext|>` into a real EOS (50256); ours encodes its characters."""
+    text = json.dumps({"prompt": "Say <|endoftext|> now", "completion": "ok<|endoftext|>"}) + "\n"
+    ours, rejects = _gdp_rows(tmp_path, text, {"overflow": "drop"}, {"strategy": "single"})
+    prompt = [25515, 1279, 91, 437, 1659, 5239, 91, 29, 783]  # "Say", " <", "|", "end", "of", "text", "|", ">", " now"
+    completion = [12876, 27, 91, 437, 1659, 5239, 91, 29]  # " ok", "<", "|", "end", "of", "text", "|", ">"
+    ids = prompt + completion + [50256]  # the only EOS: the one ending the example
+    assert rejects == 0
+    assert ours["input_ids"].tolist() == [ids + [50256] * (128 - len(ids))]
+    assert ours["token_type_ids"].tolist() == [[0] * 9 + [1] * 8 + [3] + [2] * (128 - len(ids))]
+
+
 def test_a_too_long_pair_is_counted_and_its_record_kept_by_its_other_pairs(tmp_path: Path):
     long = " ".join(["word"] * 200)
     lines = [
