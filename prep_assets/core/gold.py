@@ -213,6 +213,7 @@ def _record_examples(
                 tally.count_domains(batch.column("domain").take(take).to_pylist(), lengths, n_loss)
             tally.totals["tokens"] += int(lengths.sum())
             tally.totals["loss_tokens"] += int(n_loss.sum())
+            tally.totals["examples_without_trained_tokens"] += int(np.count_nonzero(n_loss == 0))
             tally.totals["prompt_tokens"] += int(n_prompt.sum())
 
 
@@ -258,6 +259,8 @@ class GoldStats(LayerStats):
     domains: dict[str, dict[str, int]] | None = figure("domains", table="domain_counts", optional=True)
     # packing_boundary prompt_completion_pair: pairs rejected inside records kept for their other pairs
     pairs_rejected_by_reason: dict[str, int] | None = figure("pairs_rejected_by_reason", table="counts", optional=True)
+    # sequence.keep_prompt_only_sequences (gdp's flag): examples kept although no token of theirs is trained
+    examples_without_trained_tokens: int | None = figure("num_examples_without_trained_tokens", optional=True)
 
 
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> GoldStats:
@@ -316,6 +319,9 @@ def build_tokenized_examples(
                 {d: dict(c) for d, c in sorted(tally.by_domain.items())} if spec.input.domain_key is not None else None
             ),
             pairs_rejected_by_reason=dict(sorted(tally.pairs_rejected.items())) if spec.pair_units else None,
+            examples_without_trained_tokens=(
+                totals["examples_without_trained_tokens"] if spec.sequence.keep_prompt_only_sequences else None
+            ),
         )
         write_json_atomic(stage / STATS, stats.as_json())
     return stats

@@ -44,7 +44,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         # gdp separates prompt and completion by one space, and tokenizes a .txt line with its newline
         "input": {"space_separator": True, "keep_line_ends": True},
         "clean": {"normalize": False, "dedup": "none"},  # gdp tokenizes the text as it is, duplicates included
-        "sequence": {"max_seq_len": 2048},
+        "sequence": {"max_seq_len": 2048, "keep_prompt_only_sequences": False},  # gdp drops prompt-only rows
         "packing": {"strategy": "full", "shuffle": False},  # gdp's default `full`; rows in input order
     },
     "safe_synthesizer": {  # docs/spec.md, "Safe Synthesizer recipe"
@@ -89,6 +89,20 @@ class DatasetSpec(_Strict):
             current = raw.get(section) or {}
             if isinstance(current, dict):
                 raw[section] = {**defaults, **current}
+        return raw
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_only_keeps_empty_turns(cls, raw: Any) -> Any:
+        """gdp's --keep_prompt_only_sequences also keeps a pair whose completion is empty (its prompt alone):
+        `clean.keep_empty_turns` follows `sequence.keep_prompt_only_sequences` unless the spec sets it."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("sequence"), dict):
+            return raw
+        if raw["sequence"].get("keep_prompt_only_sequences") is not True:
+            return raw
+        clean = raw.get("clean") or {}
+        if isinstance(clean, dict) and "keep_empty_turns" not in clean:
+            raw = {**raw, "clean": {**clean, "keep_empty_turns": True}}
         return raw
 
     @model_validator(mode="before")
@@ -274,6 +288,7 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("input", "category_key", "category"),
     ("packing", "packing_boundary", "jsonl"),
     ("packing", "attention_boundary", "jsonl"),
+    ("sequence", "keep_prompt_only_sequences", False),
     (None, "recipe", None),
     ("tabular", "prompt", "schema"),
     ("tabular", "record_encoding", "continuation"),
@@ -307,6 +322,7 @@ LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
         "gold_overflow",
         "tabular_packing",
         "packing.packing_boundary",  # prompt_completion_pair: an example per pair
+        "sequence.keep_prompt_only_sequences",  # examples with no trained token kept, not rejected
     ),
     "shards": (*_CLEANED, "mask", "mask_default", "tokenizer", "sequence", "packing", "output"),
 }

@@ -207,6 +207,9 @@ class SequenceSpec(_Strict):
     overflow: Overflow = "drop"
     # window: tokens each window repeats from the previous one (masked); at most max_seq_len / 2
     overlap: int = Field(default=0, ge=0)
+    # gdp's --keep_prompt_only_sequences: keep an example with no trained token (a prompt truncated to nothing
+    # of its completion, a prompt whose completion is empty) instead of rejecting it `no_trained_tokens`
+    keep_prompt_only_sequences: bool = False
 
     @model_validator(mode="after")
     def _overlap(self) -> SequenceSpec:

@@ -66,6 +66,13 @@ def _expected(fixture: str) -> list[dict[str, list[int]]]:
     [
         ("single_truncate_right", {"overflow": "truncate_right"}, {"strategy": "single"}, 2),
         ("greedy_drop", {"overflow": "drop"}, {"strategy": "greedy"}, 2),
+        # gdp's --keep_prompt_only_sequences: the two prompts truncated to no completion stay, as rows
+        (
+            "single_truncate_right_keep_prompt_only",
+            {"overflow": "truncate_right", "keep_prompt_only_sequences": True},
+            {"strategy": "single"},
+            0,
+        ),
     ],
 )
 def test_gdp_recipe_rows_equal_gdps_own_arrays(tmp_path: Path, fixture: str, sequence, packing, rejects: int):
@@ -106,6 +113,41 @@ def test_the_text_endoftext_in_content_is_encoded_as_text_never_as_the_eos(tmp_p
     assert rejects == 0
     assert ours["input_ids"].tolist() == [ids + [50256] * (128 - len(ids))]
     assert ours["token_type_ids"].tolist() == [[0] * 9 + [1] * 8 + [3] + [2] * (128 - len(ids))]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_prompt_only_examples_are_rejected_or_kept_and_counted(tmp_path: Path, keep: bool):
+    """gdp's keep_prompt_only_sequences: false (gdp's default) rejects a prompt truncated to no completion and a
+    pair whose completion is empty; true keeps both (the empty completion's prompt too) and counts them."""
+    lines = [
+        {"prompt": " ".join(["word"] * 40), "completion": "A"},  # truncated to its prompt only
+        {"prompt": "Q", "completion": ""},  # an empty completion: its prompt alone
+        {"prompt": "Q", "completion": "A"},
+    ]
+    spec = make_spec(
+        "gdp",
+        recipe="gdp",
+        input={"type": "instruction"},
+        tokenizer={"path": str(shared_path("tokenizers/gpt2"))},
+        sequence={"max_seq_len": 16, "overflow": "truncate_right", "keep_prompt_only_sequences": keep},
+        packing={"strategy": "single"},
+    )
+    assert spec.clean.keep_empty_turns is keep
+    (tmp_path / "raw" / "gdp").mkdir(parents=True)
+    (tmp_path / "raw" / "gdp" / "d.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    ((key, result),) = run_core(tmp_path, spec).items()
+    gold = result["gold"]
+    if keep:
+        assert (gold.examples, gold.rejects, gold.examples_without_trained_tokens) == (3, 0, 1)
+        assert result["silver"].rejects == 0
+    else:
+        assert (gold.examples, gold.rejects_by_reason, gold.examples_without_trained_tokens) == (
+            1,
+            {"no_trained_tokens": 1},
+            None,
+        )
+        assert result["silver"].rejects_by_reason == {"empty_completion": 1}
+    assert not [g for g, _ in failed_gates(spec, tmp_path, key) if "rate" not in g and "utilization" not in g]
 
 
 def test_a_too_long_pair_is_counted_and_its_record_kept_by_its_other_pairs(tmp_path: Path):
