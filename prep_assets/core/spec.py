@@ -45,7 +45,8 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         "input": {"space_separator": True, "keep_line_ends": True},
         "clean": {"normalize": False, "dedup": "none"},  # gdp tokenizes the text as it is, duplicates included
         "sequence": {"max_seq_len": 2048, "keep_prompt_only_sequences": False},  # gdp drops prompt-only rows
-        "packing": {"strategy": "full", "shuffle": False},  # gdp's default `full`; rows in input order
+        # gdp's default `full`; rows in input order; under greedy, an example dropped as too long closes the row
+        "packing": {"strategy": "full", "shuffle": False, "close_row_at_dropped": True},
     },
     "safe_synthesizer": {  # docs/spec.md, "Safe Synthesizer recipe"
         "tabular": {
@@ -166,6 +167,11 @@ class DatasetSpec(_Strict):
             raise ValueError("recipe: gdp prepares text and instruction data; tables have no gdp recipe")
         if not kind.table_rows and self.recipe == "safe_synthesizer":
             raise ValueError("recipe: safe_synthesizer prepares tables (input.type tabular)")
+        if self.packing.close_row_at_dropped and kind.shape not in ("text", "turns"):
+            raise ValueError(
+                "packing.close_row_at_dropped is gdp's greedy, for text and instruction records; "
+                f"input.type {self.input.type} packs other units"
+            )
         if kind.table_rows:
             self._check_tabular()
         elif self.tabular is not None:
@@ -289,6 +295,7 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("packing", "packing_boundary", "jsonl"),
     ("packing", "attention_boundary", "jsonl"),
     ("sequence", "keep_prompt_only_sequences", False),
+    ("packing", "close_row_at_dropped", False),
     (None, "recipe", None),
     ("tabular", "prompt", "schema"),
     ("tabular", "record_encoding", "continuation"),
@@ -323,6 +330,7 @@ LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
         "tabular_packing",
         "packing.packing_boundary",  # prompt_completion_pair: an example per pair
         "sequence.keep_prompt_only_sequences",  # examples with no trained token kept, not rejected
+        "packing.close_row_at_dropped",  # gold marks the examples after a dropped one
     ),
     "shards": (*_CLEANED, "mask", "mask_default", "tokenizer", "sequence", "packing", "output"),
 }

@@ -239,6 +239,9 @@ class PackingSpec(_Strict):
     # pairs (`prompt_completion_pair`) is the unit rows take whole / the span tokens attend within; equal for now
     packing_boundary: Boundary = "jsonl"
     attention_boundary: Boundary = "jsonl"
+    # greedy: an example gold dropped as too long (overflow drop) closes the open row, as gdp's greedy meets it
+    # (it never fits); gold then marks each example that follows a dropped one of its split (`recipe: gdp`)
+    close_row_at_dropped: bool = False
 
     @model_validator(mode="after")
     def _boundaries(self) -> PackingSpec:

@@ -84,6 +84,19 @@ def test_gdp_recipe_rows_equal_gdps_own_arrays(tmp_path: Path, fixture: str, seq
     assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
 
 
+def test_an_example_dropped_as_too_long_closes_greedys_open_row_as_in_gdp(tmp_path: Path):
+    """Lines of 33, 1118, 46, 505, 55 and 21 tokens: gdp's greedy closes its row at each too-long line, so the 46
+    does not join the 33 nor the 55 the 46: rows 33 | 46 | 55 + 21 (kept ones alone would pack 33 + 46 | 55 + 21)."""
+    head = _lines("instruction/gdp_generative_tuning.jsonl", [2, 3, 4, 6, 20, 21])
+    ours, rejects = _gdp_rows(tmp_path, head, {"overflow": "drop"}, {"strategy": "greedy"})
+    expected = _expected("greedy_drop_closes")
+    assert rejects == 2
+    assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
+    assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
+    gold = pq.read_table(next((tmp_path / "lake").rglob("gold/*/examples.parquet")))
+    assert gold.column("after_dropped").to_pylist() == [False, True, True, False]
+
+
 def test_gdp_full_on_text_lines_keeps_each_lines_newline_before_the_eos(tmp_path: Path):
     text = _lines("text/gdp_pretraining.txt", [17, 23, 40, 65, 86])
     ours, rejects = _gdp_rows(tmp_path, text, {}, {}, input_type="text", suffix="txt")
@@ -269,6 +282,16 @@ def test_greedy_is_next_fit_in_input_order():
     assert plan_greedy(np.array([8, 1, 8]), 8) == [[0], [1], [2]]  # a row never reaches back
     assert plan_greedy(np.array([1, 1, 1]), 8, max_per_bin=2) == [[0, 1], [2]]
     assert plan_greedy(np.array([], dtype=np.int64), 8) == []
+
+
+def test_greedy_closes_the_open_row_before_an_example_that_follows_a_dropped_one():
+    closes = np.array([False, True, False, True, False])
+    assert plan_greedy(np.array([2, 2, 2, 2, 2]), 8, closes=closes) == [[0], [1, 2], [3, 4]]
+    assert plan_greedy(np.array([5, 2, 2]), 8, closes=np.array([True, False, False])) == [[0, 1], [2]]  # none open
+    assert plan_greedy(np.array([2, 2, 2]), 8, max_per_bin=1, closes=np.array([0, 1, 0])) == [[0], [1], [2]]
+    with pytest.raises(ValueError, match="closes has 2 flags for 3 examples"):
+        plan_greedy(np.array([2, 2, 2]), 8, closes=np.array([0, 1]))
+    assert make_spec(recipe="gdp").packing.close_row_at_dropped and not make_spec().packing.close_row_at_dropped
 
 
 def test_gdp_separator_strips_prompt_spaces_and_adds_one_before_the_completion_only_after_a_prompt():
