@@ -248,8 +248,9 @@ GATES: tuple[Gate, ...] = (
     Gate(
         "gold",
         "tokenized_examples_have_loss_tokens",
-        "every example has ≥ 1 loss token",
+        "every example has ≥ 1 loss token (unless `sequence.keep_prompt_only_sequences` keeps them)",
         GoldRows(lambda on: inv.loss_tokens_rule()),
+        applies=lambda s: not s.sequence.keep_prompt_only_sequences,
     ),
     Gate(
         "gold",

@@ -35,6 +35,7 @@ from prep_assets.core.parquet_io import DEFAULT_BATCH, ParquetSink, gc_paused, i
 from prep_assets.core.progress import Progress
 from prep_assets.core.record_types import shape_of
 from prep_assets.core.records import (
+    AFTER_DROPPED,
     CATEGORY,
     DEFAULT_DOMAIN,
     GOLD_REJECT_SCHEMA,
@@ -72,6 +73,22 @@ class _GoldTally:
     lengths: list[np.ndarray] = field(default_factory=list)
     by_domain: dict[str, Counter[str]] = field(default_factory=dict)  # with input.domain_key: examples, tokens
     pairs_rejected: Counter[str] = field(default_factory=Counter)  # pair units: rejected pairs of kept records
+    dropped_in: set[str] = field(default_factory=set)  # splits with a dropped example since their last kept one
+
+    def after_dropped(self, tb: TokenizedBatch, unit_splits: list[str]) -> np.ndarray:
+        """Per kept unit of `tb`, in order: whether a unit of its split was dropped as too long since the split's
+        previous kept unit (across batches); what gdp's greedy closes its open row at."""
+        dropped = [(int(e), True) for e, reason, *_ in tb.rejects if reason == "too_long"]
+        out = np.zeros(len(tb.kept), dtype=bool)
+        j = 0
+        for e, is_drop in sorted([*dropped, *((int(e), False) for e in tb.kept.tolist())]):
+            if is_drop:
+                self.dropped_in.add(unit_splits[e])
+            else:
+                out[j] = unit_splits[e] in self.dropped_in
+                self.dropped_in.discard(unit_splits[e])
+                j += 1
+        return out
 
     def count_domains(self, domains: list[str | None], lengths: np.ndarray, n_loss: np.ndarray) -> None:
         for domain, n, loss in zip(domains, lengths.tolist(), n_loss.tolist(), strict=True):
@@ -145,6 +162,11 @@ def _record_examples(
         )
         for (batch, pair_units, categories), unit_tb in stream:
             progress.advance(batch.num_rows)
+            after_dropped = None
+            if spec.packing.close_row_at_dropped:
+                splits = batch.column("split").to_pylist()
+                unit_splits = splits if pair_units is None else [splits[r] for r in pair_units.owner.tolist()]
+                after_dropped = tally.after_dropped(unit_tb, unit_splits)
             tb, pair_number, record_ids = (
                 pair_units.to_records(unit_tb, tally) if pair_units is not None else (unit_tb, None, None)
             )
@@ -204,6 +226,7 @@ def _record_examples(
                         "group_keys": pa.nulls(len(tb.kept), pa.list_(pa.string())),
                         "domain": batch.column("domain").take(take),
                         **({CATEGORY: pa.array(categories[tb.kept])} if categories is not None else {}),
+                        **({AFTER_DROPPED: pa.array(after_dropped)} if after_dropped is not None else {}),
                     },
                     schema=ex_sink.schema,
                 )
@@ -213,6 +236,7 @@ def _record_examples(
                 tally.count_domains(batch.column("domain").take(take).to_pylist(), lengths, n_loss)
             tally.totals["tokens"] += int(lengths.sum())
             tally.totals["loss_tokens"] += int(n_loss.sum())
+            tally.totals["examples_without_trained_tokens"] += int(np.count_nonzero(n_loss == 0))
             tally.totals["prompt_tokens"] += int(n_prompt.sum())
 
 
@@ -258,6 +282,8 @@ class GoldStats(LayerStats):
     domains: dict[str, dict[str, int]] | None = figure("domains", table="domain_counts", optional=True)
     # packing_boundary prompt_completion_pair: pairs rejected inside records kept for their other pairs
     pairs_rejected_by_reason: dict[str, int] | None = figure("pairs_rejected_by_reason", table="counts", optional=True)
+    # sequence.keep_prompt_only_sequences (gdp's flag): examples kept although no token of theirs is trained
+    examples_without_trained_tokens: int | None = figure("num_examples_without_trained_tokens", optional=True)
 
 
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> GoldStats:
@@ -277,7 +303,10 @@ def build_tokenized_examples(
         comp = spec.output.compression
         with (
             ParquetSink(
-                stage / EXAMPLES, gold_schema(spec.input.categories is not None), compression=comp, row_group_size=4096
+                stage / EXAMPLES,
+                gold_schema(spec.input.categories is not None, spec.packing.close_row_at_dropped),
+                compression=comp,
+                row_group_size=4096,
             ) as ex_sink,
             ParquetSink(stage / REJECTS, GOLD_REJECT_SCHEMA, compression=comp) as rej_sink,
         ):
@@ -316,6 +345,9 @@ def build_tokenized_examples(
                 {d: dict(c) for d, c in sorted(tally.by_domain.items())} if spec.input.domain_key is not None else None
             ),
             pairs_rejected_by_reason=dict(sorted(tally.pairs_rejected.items())) if spec.pair_units else None,
+            examples_without_trained_tokens=(
+                totals["examples_without_trained_tokens"] if spec.sequence.keep_prompt_only_sequences else None
+            ),
         )
         write_json_atomic(stage / STATS, stats.as_json())
     return stats

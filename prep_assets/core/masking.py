@@ -180,7 +180,14 @@ def _assemble(prep: _Prepared, encoded: _Encoded, spec: DatasetSpec, pt: PinnedT
     lengths = np.bincount(owner, weights=piece_lens, minlength=n).astype(np.int64)
     head = 1 if pt.info.add_bos and pt.info.bos_id is not None else 0
     return apply_overflow(
-        ids, mask, types, lengths, policy=spec.gold_overflow, max_len=spec.sequence.max_seq_len, head=head
+        ids,
+        mask,
+        types,
+        lengths,
+        policy=spec.gold_overflow,
+        max_len=spec.sequence.max_seq_len,
+        head=head,
+        keep_untrained=spec.sequence.keep_prompt_only_sequences,
     )
 
 
@@ -353,6 +360,7 @@ def _tokenize_chat(
         head=heads,
         limits=limits,
         pairs=paired,
+        keep_untrained=spec.sequence.keep_prompt_only_sequences,
     )
     src = np.array(source, dtype=np.int64)
     seen: set[int] = set()
@@ -404,13 +412,15 @@ def apply_overflow(
     head: int | np.ndarray = 0,
     limits: np.ndarray | None = None,
     pairs: bool = False,
+    keep_untrained: bool = False,
 ) -> TokenizedBatch:
     """Cut or drop examples longer than their limit, mask each first token, reject untrainable ones.
 
     `policy` is drop, truncate_right, truncate_left or keep (no limit: `full` packing and windows split
     long examples later). The limit is `max_len` unless `limits` gives one per example. `head` tokens (the
     BOS) always stay at the front: truncate_left keeps them plus the last tokens. With `pairs`, examples 2k
-    and 2k+1 are one pair: when one is rejected both are (the reject names the branch).
+    and 2k+1 are one pair: when one is rejected both are (the reject names the branch). `keep_untrained` (gdp's
+    keep_prompt_only_sequences) keeps an example left without a trained token instead of rejecting it.
     """
     n = len(lengths)
     limit = np.full(n, max_len, dtype=np.int64) if limits is None else limits.astype(np.int64)
@@ -449,7 +459,7 @@ def apply_overflow(
     out_mask[firsts] = 0
     loss = segment_sums(out_mask, out_offsets)
     dropped = over if policy == "drop" else np.zeros(n, dtype=bool)
-    for i in np.flatnonzero((loss == 0) & ~dropped):
+    for i in np.flatnonzero((loss == 0) & ~dropped & (not keep_untrained)):
         cause = (
             f"truncated to {int(max_len[i])} (sequence.overflow {policy}), none of the trained tokens is left"
             if over[i]

@@ -249,19 +249,28 @@ def plan_single(lengths: np.ndarray, capacity: int, max_per_bin: int | None = No
     return [[i] for i in range(len(lengths))]
 
 
-def plan_greedy(lengths: np.ndarray, capacity: int, max_per_bin: int | None = None) -> Bins:
+def plan_greedy(
+    lengths: np.ndarray, capacity: int, max_per_bin: int | None = None, *, closes: np.ndarray | None = None
+) -> Bins:
     """Next fit in input order (gdp's `greedy`): an example joins the open row if it fits, else the row closes
-    and the example opens the next one; rows never reorder examples.
+    and the example opens the next one; rows never reorder examples. `closes` (a flag per example) closes the
+    open row before the flagged ones: where gold dropped an example too long for any row, which gdp's greedy
+    meets as not fitting.
 
     >>> plan_greedy(np.array([3, 4, 2, 5, 1]), 8)
     [[0, 1], [2, 3, 4]]
+    >>> plan_greedy(np.array([3, 4, 2, 5, 1]), 8, closes=np.array([0, 0, 0, 1, 0]))
+    [[0, 1], [2], [3, 4]]
     """
     lengths = _check_lengths(lengths, capacity)
     limit = max_per_bin or capacity
+    close = np.zeros(len(lengths), dtype=bool) if closes is None else np.asarray(closes, dtype=bool)
+    if len(close) != len(lengths):
+        raise ValueError(f"closes has {len(close)} flags for {len(lengths)} examples")
     bins: Bins = []
     free = 0
-    for idx, need in enumerate(lengths.tolist()):
-        if not bins or need > free or len(bins[-1]) >= limit:
+    for idx, (need, closed) in enumerate(zip(lengths.tolist(), close.tolist(), strict=True)):
+        if not bins or need > free or len(bins[-1]) >= limit or closed:
             bins.append([])
             free = capacity
         bins[-1].append(idx)
@@ -279,13 +288,24 @@ def unit_offsets(keys: list[str | None]) -> np.ndarray:
 
 
 def plan_unit_bins(
-    lengths: np.ndarray, units: np.ndarray | None, *, capacity: int, strategy: str, max_per_bin: int | None = None
+    lengths: np.ndarray,
+    units: np.ndarray | None,
+    *,
+    capacity: int,
+    strategy: str,
+    max_per_bin: int | None = None,
+    closes: np.ndarray | None = None,
 ) -> Bins:
     """Bins over units of consecutive items (offsets `units`; None = every item alone): a unit never spans rows.
 
-    `max_per_bin` still counts items: a bin takes at most max_per_bin // (largest unit) units.
+    `max_per_bin` still counts items: a bin takes at most max_per_bin // (largest unit) units. `closes` (per
+    item, `greedy` only, items alone) closes the open row before the flagged items (`plan_greedy`).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
+    if closes is not None:
+        if strategy != "greedy" or not (units is None or len(units) == len(lengths) + 1):
+            raise ValueError("closes applies to greedy packing of single examples only")
+        return plan_greedy(lengths, capacity, max_per_bin, closes=closes)
     if units is None or len(units) == len(lengths) + 1:
         return PLANNERS[strategy](lengths, capacity, max_per_bin)
     sizes = np.diff(units)
@@ -458,6 +478,7 @@ def plan_rows(
     max_per_bin: int | None = None,
     shuffle_seed: int | tuple[int, ...] | None = None,
     groups: np.ndarray | None = None,
+    closes: np.ndarray | None = None,
 ) -> RowPlan:
     """Which piece of which example goes into which row, rows shuffled with the seed when one is given.
 
@@ -466,7 +487,8 @@ def plan_rows(
     keeps consecutive examples in one row (a preference pair); only for whole-example strategies. `loss_mask` and
     `example_loss` decide which windows are kept (`window_pieces`). `groups` (a number per example, e.g. its
     domain's) packs each group apart, groups in ascending order: a row holds one group, a group's rows are
-    contiguous, and the seed shuffles rows within their group only (`(*seed, group)`).
+    contiguous, and the seed shuffles rows within their group only (`(*seed, group)`). `closes` (per example,
+    `greedy`): the open row closes before the flagged examples (`plan_greedy`).
 
     >>> plan_rows(np.array([3, 3, 2, 2]), capacity=5, strategy="ffd", groups=np.array([1, 0, 1, 0])).row_offsets
     array([0, 2, 4])
@@ -507,6 +529,7 @@ def plan_rows(
                 capacity=capacity,
                 strategy=strategy,
                 max_per_bin=max_per_bin,
+                closes=None if closes is None or windowed else np.asarray(closes, dtype=bool)[pieces.example[sel]],
             )
             parts.append((g, [sel[b].tolist() for b in local] if groups is not None else local))
     bins: Bins = []

@@ -450,11 +450,17 @@ GOLD_SCHEMA = pa.schema(
 CATEGORY = "category_id"
 NO_CATEGORY = -1  # gdp's id of padding and of a record naming no category
 CATEGORY_FIELD = pa.field(CATEGORY, pa.int32(), nullable=False)
+# packing.close_row_at_dropped: whether gold dropped an example (too long) of this example's split since the
+# split's previous kept example; gdp's greedy closes its open row there
+AFTER_DROPPED = "after_dropped"
+AFTER_DROPPED_FIELD = pa.field(AFTER_DROPPED, pa.bool_(), nullable=False)
 
 
-def gold_schema(categories: bool) -> pa.Schema:
-    """Gold's columns: `GOLD_SCHEMA`, and `category_id` for a dataset with `input.categories`."""
-    return GOLD_SCHEMA.append(CATEGORY_FIELD) if categories else GOLD_SCHEMA
+def gold_schema(categories: bool, after_dropped: bool = False) -> pa.Schema:
+    """Gold's columns: `GOLD_SCHEMA`, `category_id` for a dataset with `input.categories`, and `after_dropped`
+    with `packing.close_row_at_dropped`."""
+    schema = GOLD_SCHEMA.append(CATEGORY_FIELD) if categories else GOLD_SCHEMA
+    return schema.append(AFTER_DROPPED_FIELD) if after_dropped else schema
 
 
 GOLD_REJECT_SCHEMA = pa.schema(

@@ -40,6 +40,7 @@ from prep_assets.core.parquet_io import DEFAULT_BATCH, iter_batches
 from prep_assets.core.progress import Progress
 from prep_assets.core.record_types import record_type
 from prep_assets.core.records import (
+    AFTER_DROPPED,
     CATEGORY,
     DEFAULT_DOMAIN,
     SPLITS,
@@ -76,12 +77,13 @@ def plan_split(
     seed: tuple[int, ...] | None,
     example_loss: np.ndarray | None = None,
     domains: Sequence[str | None] | None = None,
+    after_dropped: np.ndarray | None = None,
 ) -> RowPlan:
     """The row plan of one split's gold examples (`pair_ids` in gold order keep preference pairs together);
     `loss_mask` is the split's flat mask, or anything that slices into it (`FrontToBack`); `example_loss` the
     examples' loss token counts, where known. With `input.domain_key`, each domain (`domains`: per example) is
     packed apart, in sorted order, so a row is domain-pure and a domain's rows are contiguous (a mix can take them
-    as row ranges)."""
+    as row ranges). `after_dropped` (gold's marks, packing.close_row_at_dropped) closes greedy's open row."""
     groups = None
     if spec.input.domain_key is not None and domains is not None:
         groups = domain_groups(domains)[1]
@@ -97,6 +99,7 @@ def plan_split(
         max_per_bin=spec.max_per_example,
         shuffle_seed=seed,
         groups=groups,
+        closes=after_dropped if spec.packing.strategy == "greedy" and spec.sequence.overflow == "drop" else None,
     )
 
 
@@ -136,6 +139,7 @@ class _SplitGold:
     loss: np.ndarray  # loss tokens per example (summed as it was spilled)
     domains: list[str | None]
     categories: list[int] | None = None  # gdp's category id per example (`input.categories`)
+    after_dropped: np.ndarray | None = None  # per example: gold dropped one before it (packing.close_row_at_dropped)
 
     def id_chunks(self, tokens: int = 1 << 22) -> Iterator[np.ndarray]:
         """The token ids front to back, a chunk at a time (the pages of the one before dropped)."""
@@ -161,7 +165,7 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
     out: dict[str, dict[str, Any]] = {
         s: {
             "spill": TokenSpill(spill / f"{s}.tokens"),
-            **{k: [] for k in ("lengths", "loss", "ids", "pairs", "domains", "categories")},
+            **{k: [] for k in ("lengths", "loss", "ids", "pairs", "domains", "categories", "after_dropped")},
         }
         for s in SPLITS
     }
@@ -169,6 +173,8 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
         cols = ["example_id", "split", "token_ids", "loss_mask", "token_type_ids", "pair_id", "domain"]
         categorized = CATEGORY in pq.read_schema(gold_path).names
         cols += [CATEGORY] if categorized else []
+        marked = AFTER_DROPPED in pq.read_schema(gold_path).names
+        cols += [AFTER_DROPPED] if marked else []
         for batch in iter_batches(gold_path, batch_size=batch_size, columns=cols):
             splits = batch.column("split")
             for split in SPLITS:
@@ -188,6 +194,7 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
                 acc["pairs"] += sub.column("pair_id").to_pylist()
                 acc["domains"] += sub.column("domain").to_pylist()
                 acc["categories"] += sub.column(CATEGORY).to_pylist() if categorized else []
+                acc["after_dropped"] += sub.column(AFTER_DROPPED).to_pylist() if marked else []
         result = {}
         for split, acc in out.items():
             acc["spill"].seal()
@@ -196,7 +203,10 @@ def _spill_gold(gold_path: Path, spill: Path, batch_size: int) -> dict[str, _Spl
             ids = pa.concat_arrays(acc["ids"]) if acc["ids"] else pa.array([], pa.string())
             offsets = offsets_from_lengths(lengths)
             categories = acc["categories"] if categorized else None
-            result[split] = _SplitGold(acc["spill"], offsets, ids, acc["pairs"], loss, acc["domains"], categories)
+            after = np.array(acc["after_dropped"], dtype=bool) if marked else None
+            result[split] = _SplitGold(
+                acc["spill"], offsets, ids, acc["pairs"], loss, acc["domains"], categories, after
+            )
         return result
     except BaseException:
         for acc in out.values():
@@ -255,7 +265,14 @@ def build_packed_shards(
                 sg = spilled[split]
                 seed = (spec.packing.seed, split_no) if spec.shuffles_rows else None
                 plan = plan_split(
-                    spec, sg.pair_ids, sg.offsets, sg.spill.front_to_back("mask"), seed, sg.loss, sg.domains
+                    spec,
+                    sg.pair_ids,
+                    sg.offsets,
+                    sg.spill.front_to_back("mask"),
+                    seed,
+                    sg.loss,
+                    sg.domains,
+                    sg.after_dropped,
                 )
                 sg.spill.release()
                 examples = len(sg.offsets) - 1

@@ -44,8 +44,9 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         # gdp separates prompt and completion by one space, and tokenizes a .txt line with its newline
         "input": {"space_separator": True, "keep_line_ends": True},
         "clean": {"normalize": False, "dedup": "none"},  # gdp tokenizes the text as it is, duplicates included
-        "sequence": {"max_seq_len": 2048},
-        "packing": {"strategy": "full", "shuffle": False},  # gdp's default `full`; rows in input order
+        "sequence": {"max_seq_len": 2048, "keep_prompt_only_sequences": False},  # gdp drops prompt-only rows
+        # gdp's default `full`; rows in input order; under greedy, an example dropped as too long closes the row
+        "packing": {"strategy": "full", "shuffle": False, "close_row_at_dropped": True},
     },
     "safe_synthesizer": {  # docs/spec.md, "Safe Synthesizer recipe"
         "tabular": {
@@ -89,6 +90,20 @@ class DatasetSpec(_Strict):
             current = raw.get(section) or {}
             if isinstance(current, dict):
                 raw[section] = {**defaults, **current}
+        return raw
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_only_keeps_empty_turns(cls, raw: Any) -> Any:
+        """gdp's --keep_prompt_only_sequences also keeps a pair whose completion is empty (its prompt alone):
+        `clean.keep_empty_turns` follows `sequence.keep_prompt_only_sequences` unless the spec sets it."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("sequence"), dict):
+            return raw
+        if raw["sequence"].get("keep_prompt_only_sequences") is not True:
+            return raw
+        clean = raw.get("clean") or {}
+        if isinstance(clean, dict) and "keep_empty_turns" not in clean:
+            raw = {**raw, "clean": {**clean, "keep_empty_turns": True}}
         return raw
 
     @model_validator(mode="before")
@@ -152,6 +167,11 @@ class DatasetSpec(_Strict):
             raise ValueError("recipe: gdp prepares text and instruction data; tables have no gdp recipe")
         if not kind.table_rows and self.recipe == "safe_synthesizer":
             raise ValueError("recipe: safe_synthesizer prepares tables (input.type tabular)")
+        if self.packing.close_row_at_dropped and kind.shape not in ("text", "turns"):
+            raise ValueError(
+                "packing.close_row_at_dropped is gdp's greedy, for text and instruction records; "
+                f"input.type {self.input.type} packs other units"
+            )
         if kind.table_rows:
             self._check_tabular()
         elif self.tabular is not None:
@@ -274,6 +294,8 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("input", "category_key", "category"),
     ("packing", "packing_boundary", "jsonl"),
     ("packing", "attention_boundary", "jsonl"),
+    ("sequence", "keep_prompt_only_sequences", False),
+    ("packing", "close_row_at_dropped", False),
     (None, "recipe", None),
     ("tabular", "prompt", "schema"),
     ("tabular", "record_encoding", "continuation"),
@@ -307,6 +329,8 @@ LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
         "gold_overflow",
         "tabular_packing",
         "packing.packing_boundary",  # prompt_completion_pair: an example per pair
+        "sequence.keep_prompt_only_sequences",  # examples with no trained token kept, not rejected
+        "packing.close_row_at_dropped",  # gold marks the examples after a dropped one
     ),
     "shards": (*_CLEANED, "mask", "mask_default", "tokenizer", "sequence", "packing", "output"),
 }

@@ -207,6 +207,9 @@ class SequenceSpec(_Strict):
     overflow: Overflow = "drop"
     # window: tokens each window repeats from the previous one (masked); at most max_seq_len / 2
     overlap: int = Field(default=0, ge=0)
+    # gdp's --keep_prompt_only_sequences: keep an example with no trained token (a prompt truncated to nothing
+    # of its completion, a prompt whose completion is empty) instead of rejecting it `no_trained_tokens`
+    keep_prompt_only_sequences: bool = False
 
     @model_validator(mode="after")
     def _overlap(self) -> SequenceSpec:
@@ -236,6 +239,9 @@ class PackingSpec(_Strict):
     # pairs (`prompt_completion_pair`) is the unit rows take whole / the span tokens attend within; equal for now
     packing_boundary: Boundary = "jsonl"
     attention_boundary: Boundary = "jsonl"
+    # greedy: an example gold dropped as too long (overflow drop) closes the open row, as gdp's greedy meets it
+    # (it never fits); gold then marks each example that follows a dropped one of its split (`recipe: gdp`)
+    close_row_at_dropped: bool = False
 
     @model_validator(mode="after")
     def _boundaries(self) -> PackingSpec:

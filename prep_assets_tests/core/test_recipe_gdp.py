@@ -66,6 +66,13 @@ def _expected(fixture: str) -> list[dict[str, list[int]]]:
     [
         ("single_truncate_right", {"overflow": "truncate_right"}, {"strategy": "single"}, 2),
         ("greedy_drop", {"overflow": "drop"}, {"strategy": "greedy"}, 2),
+        # gdp's --keep_prompt_only_sequences: the two prompts truncated to no completion stay, as rows
+        (
+            "single_truncate_right_keep_prompt_only",
+            {"overflow": "truncate_right", "keep_prompt_only_sequences": True},
+            {"strategy": "single"},
+            0,
+        ),
     ],
 )
 def test_gdp_recipe_rows_equal_gdps_own_arrays(tmp_path: Path, fixture: str, sequence, packing, rejects: int):
@@ -75,6 +82,19 @@ def test_gdp_recipe_rows_equal_gdps_own_arrays(tmp_path: Path, fixture: str, seq
     expected = _expected(fixture)
     assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
     assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
+
+
+def test_an_example_dropped_as_too_long_closes_greedys_open_row_as_in_gdp(tmp_path: Path):
+    """Lines of 33, 1118, 46, 505, 55 and 21 tokens: gdp's greedy closes its row at each too-long line, so the 46
+    does not join the 33 nor the 55 the 46: rows 33 | 46 | 55 + 21 (kept ones alone would pack 33 + 46 | 55 + 21)."""
+    head = _lines("instruction/gdp_generative_tuning.jsonl", [2, 3, 4, 6, 20, 21])
+    ours, rejects = _gdp_rows(tmp_path, head, {"overflow": "drop"}, {"strategy": "greedy"})
+    expected = _expected("greedy_drop_closes")
+    assert rejects == 2
+    assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
+    assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
+    gold = pq.read_table(next((tmp_path / "lake").rglob("gold/*/examples.parquet")))
+    assert gold.column("after_dropped").to_pylist() == [False, True, True, False]
 
 
 def test_gdp_full_on_text_lines_keeps_each_lines_newline_before_the_eos(tmp_path: Path):
@@ -94,6 +114,53 @@ def test_gdp_prompt_completion_pair_boundaries_pack_a_lines_pairs_as_separate_un
     assert rejects == 0
     assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
     assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]  # every pair's EOS is 3
+
+
+def test_the_text_endoftext_in_content_is_encoded_as_text_never_as_the_eos(tmp_path: Path):
+    """gdp's `encode` turns the text `<|endoftext|>` into a real EOS (50256); ours encodes its characters."""
+    text = json.dumps({"prompt": "Say <|endoftext|> now", "completion": "ok<|endoftext|>"}) + "\n"
+    ours, rejects = _gdp_rows(tmp_path, text, {"overflow": "drop"}, {"strategy": "single"})
+    prompt = [25515, 1279, 91, 437, 1659, 5239, 91, 29, 783]  # "Say", " <", "|", "end", "of", "text", "|", ">", " now"
+    completion = [12876, 27, 91, 437, 1659, 5239, 91, 29]  # " ok", "<", "|", "end", "of", "text", "|", ">"
+    ids = prompt + completion + [50256]  # the only EOS: the one ending the example
+    assert rejects == 0
+    assert ours["input_ids"].tolist() == [ids + [50256] * (128 - len(ids))]
+    assert ours["token_type_ids"].tolist() == [[0] * 9 + [1] * 8 + [3] + [2] * (128 - len(ids))]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_prompt_only_examples_are_rejected_or_kept_and_counted(tmp_path: Path, keep: bool):
+    """gdp's keep_prompt_only_sequences: false (gdp's default) rejects a prompt truncated to no completion and a
+    pair whose completion is empty; true keeps both (the empty completion's prompt too) and counts them."""
+    lines = [
+        {"prompt": " ".join(["word"] * 40), "completion": "A"},  # truncated to its prompt only
+        {"prompt": "Q", "completion": ""},  # an empty completion: its prompt alone
+        {"prompt": "Q", "completion": "A"},
+    ]
+    spec = make_spec(
+        "gdp",
+        recipe="gdp",
+        input={"type": "instruction"},
+        tokenizer={"path": str(shared_path("tokenizers/gpt2"))},
+        sequence={"max_seq_len": 16, "overflow": "truncate_right", "keep_prompt_only_sequences": keep},
+        packing={"strategy": "single"},
+    )
+    assert spec.clean.keep_empty_turns is keep
+    (tmp_path / "raw" / "gdp").mkdir(parents=True)
+    (tmp_path / "raw" / "gdp" / "d.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    ((key, result),) = run_core(tmp_path, spec).items()
+    gold = result["gold"]
+    if keep:
+        assert (gold.examples, gold.rejects, gold.examples_without_trained_tokens) == (3, 0, 1)
+        assert result["silver"].rejects == 0
+    else:
+        assert (gold.examples, gold.rejects_by_reason, gold.examples_without_trained_tokens) == (
+            1,
+            {"no_trained_tokens": 1},
+            None,
+        )
+        assert result["silver"].rejects_by_reason == {"empty_completion": 1}
+    assert not [g for g, _ in failed_gates(spec, tmp_path, key) if "rate" not in g and "utilization" not in g]
 
 
 def test_a_too_long_pair_is_counted_and_its_record_kept_by_its_other_pairs(tmp_path: Path):
@@ -215,6 +282,16 @@ def test_greedy_is_next_fit_in_input_order():
     assert plan_greedy(np.array([8, 1, 8]), 8) == [[0], [1], [2]]  # a row never reaches back
     assert plan_greedy(np.array([1, 1, 1]), 8, max_per_bin=2) == [[0, 1], [2]]
     assert plan_greedy(np.array([], dtype=np.int64), 8) == []
+
+
+def test_greedy_closes_the_open_row_before_an_example_that_follows_a_dropped_one():
+    closes = np.array([False, True, False, True, False])
+    assert plan_greedy(np.array([2, 2, 2, 2, 2]), 8, closes=closes) == [[0], [1, 2], [3, 4]]
+    assert plan_greedy(np.array([5, 2, 2]), 8, closes=np.array([True, False, False])) == [[0, 1], [2]]  # none open
+    assert plan_greedy(np.array([2, 2, 2]), 8, max_per_bin=1, closes=np.array([0, 1, 0])) == [[0], [1], [2]]
+    with pytest.raises(ValueError, match="closes has 2 flags for 3 examples"):
+        plan_greedy(np.array([2, 2, 2]), 8, closes=np.array([0, 1]))
+    assert make_spec(recipe="gdp").packing.close_row_at_dropped and not make_spec().packing.close_row_at_dropped
 
 
 def test_gdp_separator_strips_prompt_spaces_and_adds_one_before_the_completion_only_after_a_prompt():
