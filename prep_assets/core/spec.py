@@ -181,6 +181,14 @@ class DatasetSpec(_Strict):
             )
         if self.input.format == "txt":
             raise ValueError("tabular input reads csv, parquet, jsonl, jsonl.gz or json rows, not txt lines")
+        tab = self.tabular
+        if tab is not None and tab.resolved_mode == "sequential" and tab.group_by is None:
+            if self.split.validation_ratio or self.split.test_ratio:
+                raise ValueError(
+                    "an ungrouped time series is one sequence and trains whole (as Safe Synthesizer keeps its "
+                    "single group in training): set split.validation_ratio and test_ratio to 0, or give "
+                    "tabular.group_by so that whole groups can be held out"
+                )
 
     @property
     def max_per_example(self) -> int | None:
@@ -282,6 +290,7 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("tabular", "assembly", "default"),
     ("tabular", "num_input_records_to_sample", None),
     ("tabular", "differential_privacy", False),
+    ("tabular", "timestamp_interval_seconds", None),
 )
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.

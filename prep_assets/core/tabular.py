@@ -94,6 +94,39 @@ def key_columns_first(columns: list[str], group_by: str | None, order_by: str | 
     return first + [c for c in columns if c not in first]
 
 
+# ---------------------------------------------------------------- time series without groups or timestamps
+
+ELAPSED_COLUMN = "elapsed_seconds"
+PSEUDO_GROUP = 0  # SS's one group of an ungrouped time series (its `__nss_sequence_id`, never rendered)
+
+
+def elapsed_column_name(columns: list[str]) -> str:
+    """The generated timestamp column's name: `elapsed_seconds`, else `_elapsed_seconds`, else the first free
+    `_elapsed_seconds_<n>` (n from 1), as Safe Synthesizer names it."""
+    taken = set(columns)
+    for name in (ELAPSED_COLUMN, f"_{ELAPSED_COLUMN}"):
+        if name not in taken:
+            return name
+    n = 1
+    while f"_{ELAPSED_COLUMN}_{n}" in taken:
+        n += 1
+    return f"_{ELAPSED_COLUMN}_{n}"
+
+
+def elapsed_seconds(keys: list[str], interval: int) -> list[int]:
+    """Each record's generated timestamp: its position among its group's records (input order) x `interval`.
+
+    >>> elapsed_seconds(["a", "b", "a", "a"], 60)
+    [0, 0, 60, 120]
+    """
+    seen: Counter[str] = Counter()
+    out = []
+    for k in keys:
+        out.append(seen[k] * interval)
+        seen[k] += 1
+    return out
+
+
 # ---------------------------------------------------------------- CSV cell types
 
 _INT = re.compile(r"[+-]?(0|[1-9][0-9]*)")

@@ -18,6 +18,8 @@ CASES = {
     "iris_flat": {},
     "patient_events_grouped": {"group_by": "patient_name"},
     "dow_jones_sequential": {"time_series": True, "group_by": "stock", "order_by": "date"},
+    # no group, no timestamp: one pseudo-group ordered by a generated elapsed_seconds column
+    "iris_ungrouped_elapsed": {"time_series": True, "timestamp_interval_seconds": 60},
 }
 
 
