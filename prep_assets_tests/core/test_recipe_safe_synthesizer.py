@@ -3,13 +3,15 @@ examples with their records in order, each example's tokens (hence its budget) a
 Expected values: prep_assets_tests/fixtures/safe_synthesizer/ (obtained from SS 0.1.12, see its README)."""
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from prep_assets.core.errors import SpecError
-from prep_assets_tests.conftest import make_spec, shared_path
+from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
 from prep_assets_tests.core.helpers import run_core, write_raw
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "safe_synthesizer"
@@ -121,3 +123,20 @@ def test_ss_sampling_passes():
     assert list(map(list, sequence_passes(4, 6))) == [[0, 1, 2, 3], [0, 1]]
     assert [len(p) for p in group_passes([3, 1], 6, np.random.default_rng(0))][0] == 2
     assert safe_synthesizer_prefill(["a", "b", "c", "d"]) == " a\nb\nc\n"
+
+
+def test_the_readme_spec_parses_and_says_what_its_safe_synthesizer_config_says():
+    readme = (PROJECT / "README.md").read_text(encoding="utf-8")
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", readme, flags=re.S)]
+    (ss,) = [b for b in blocks if "time_series" in b and "training" in b]
+    (ours,) = [b for b in blocks if b.get("recipe") == "safe_synthesizer"]
+    spec = make_spec("sensors", **ours)
+    tab = spec.tabular
+    assert tab is not None and tab.resolved_mode == "sequential" and tab.assembly == "safe_synthesizer"
+    assert (tab.group_by, tab.order_by) == (
+        ss["data"]["group_training_examples_by"],
+        ss["time_series"]["timestamp_column"],
+    )
+    assert tab.num_input_records_to_sample == ss["training"]["num_input_records_to_sample"]
+    assert (spec.split.validation_ratio, spec.split.test_ratio) == (0.0, 0.0)  # SS: holdout 0, validation_ratio 0
+    assert spec.sequence.max_seq_len == 2048 and spec.max_per_example == 10
