@@ -54,6 +54,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
             "float_digits": 10,  # pandas' to_json double_precision
             "key_columns_first": True,
             "assembly": "safe_synthesizer",
+            "missing_ints_as_floats": True,  # pandas reads an int column with a missing cell as floats
         },
         "sequence": {"max_seq_len": 2048},  # TinyLlama's context
     },
@@ -291,6 +292,7 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("tabular", "num_input_records_to_sample", None),
     ("tabular", "differential_privacy", False),
     ("tabular", "timestamp_interval_seconds", None),
+    ("tabular", "missing_ints_as_floats", False),
 )
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.

@@ -277,6 +277,7 @@ class TabularSpec(_Strict):
     assembly: TabularAssembly = "default"  # safe_synthesizer: SS's group order, RNG and passes
     num_input_records_to_sample: int | None = Field(default=None, gt=0)  # assembly safe_synthesizer only
     differential_privacy: bool = False  # max_sequences_per_example auto -> 1
+    missing_ints_as_floats: bool = False  # SS (pandas): an integer column with a missing cell renders 49.0
 
     @model_validator(mode="after")
     def _keys(self) -> TabularSpec:

@@ -75,6 +75,23 @@ def render_values(columns: list[str], values: list[Any], float_digits: int | Non
     return json.dumps(row, ensure_ascii=False, separators=(",", ":"), allow_nan=False).replace("/", "\\/")
 
 
+def pandas_float_columns(values: list[list[Any]]) -> list[int]:
+    """The columns pandas reads as floats though they hold integers: every present value an integer (not a bool)
+    and at least one missing. Safe Synthesizer renders their integers as floats (`49.0`).
+
+    >>> pandas_float_columns([[1, "a", 2], [None, "b", 3]])
+    [0]
+    """
+    width = len(values[0]) if values else 0
+    out = []
+    for c in range(width):
+        column = [v[c] for v in values]
+        present = [x for x in column if x is not None]
+        if len(present) < len(column) and all(isinstance(x, int) and not isinstance(x, bool) for x in present):
+            out.append(c)
+    return out
+
+
 def _rounded(value: Any, digits: int) -> Any:
     return round(value, digits) if isinstance(value, float) else value
 

@@ -47,6 +47,7 @@ from prep_assets.core.tabular import (
     initial_prefill,
     key_columns_first,
     order_keys,
+    pandas_float_columns,
     plan_flat,
     plan_grouped,
     plan_sequential,
@@ -123,6 +124,9 @@ def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedT
         ordered = key_columns_first(columns, tab.group_by, order_by)
         values = [[v[columns.index(c)] for c in ordered] for v in values]
         columns = ordered
+    if tab.missing_ints_as_floats:
+        floats = pandas_float_columns(values)
+        values = [[float(x) if c in floats and x is not None else x for c, x in enumerate(v)] for v in values]
     lines = [render_values(columns, v, tab.float_digits) for v in values]
     standalone = tab.record_encoding == "standalone"  # SS tokenizes each record line on its own
     ids = pt.encode_batch([line + "\n" for line in lines], continuation=not standalone)
