@@ -55,6 +55,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
             "float_digits": 10,  # pandas' to_json double_precision
             "key_columns_first": True,
             "assembly": "safe_synthesizer",
+            "missing_ints_as_floats": True,  # pandas reads an int column with a missing cell as floats
         },
         "sequence": {"max_seq_len": 2048},  # TinyLlama's context
     },
@@ -201,6 +202,14 @@ class DatasetSpec(_Strict):
             )
         if self.input.format == "txt":
             raise ValueError("tabular input reads csv, parquet, jsonl, jsonl.gz or json rows, not txt lines")
+        tab = self.tabular
+        if tab is not None and tab.resolved_mode == "sequential" and tab.group_by is None:
+            if self.split.validation_ratio or self.split.test_ratio:
+                raise ValueError(
+                    "an ungrouped time series is one sequence and trains whole (as Safe Synthesizer keeps its "
+                    "single group in training): set split.validation_ratio and test_ratio to 0, or give "
+                    "tabular.group_by so that whole groups can be held out"
+                )
 
     @property
     def max_per_example(self) -> int | None:
@@ -304,6 +313,8 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("tabular", "assembly", "default"),
     ("tabular", "num_input_records_to_sample", None),
     ("tabular", "differential_privacy", False),
+    ("tabular", "timestamp_interval_seconds", None),
+    ("tabular", "missing_ints_as_floats", False),
 )
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.

@@ -264,8 +264,11 @@ class TabularSpec(_Strict):
 
     mode: TabularMode | None = None
     time_series: bool = False  # sequential; takes priority over grouped when group_by is set
-    group_by: str | None = None
+    group_by: str | None = None  # sequential without it: the whole drop is one series (SS's pseudo-group)
     order_by: str | None = None
+    # sequential without order_by: a generated first column `elapsed_seconds` = position in group x this (SS's
+    # time_series.timestamp_interval_seconds without a timestamp_column)
+    timestamp_interval_seconds: int | None = Field(default=None, gt=0)
     # CSV cells: which strings are missing values, and column types overriding the inference
     null_values: list[str] = [""]
     column_types: dict[str, ColumnType] = {}
@@ -280,14 +283,23 @@ class TabularSpec(_Strict):
     assembly: TabularAssembly = "default"  # safe_synthesizer: SS's group order, RNG and passes
     num_input_records_to_sample: int | None = Field(default=None, gt=0)  # assembly safe_synthesizer only
     differential_privacy: bool = False  # max_sequences_per_example auto -> 1
+    missing_ints_as_floats: bool = False  # SS (pandas): an integer column with a missing cell renders 49.0
 
     @model_validator(mode="after")
     def _keys(self) -> TabularSpec:
         mode = self.resolved_mode
         if self.mode is not None and self.time_series and self.mode != "sequential":
             raise ValueError(f"time_series: true makes the mode sequential, but mode is {self.mode}")
-        if mode == "sequential" and (self.group_by is None or self.order_by is None):
-            raise ValueError("sequential mode (time series) needs group_by and order_by")
+        if mode == "sequential" and self.order_by is None and self.timestamp_interval_seconds is None:
+            raise ValueError(
+                "sequential mode (time series) needs order_by (a timestamp column), or "
+                "timestamp_interval_seconds to generate an elapsed_seconds column (Safe Synthesizer's way)"
+            )
+        if self.timestamp_interval_seconds is not None and (mode != "sequential" or self.order_by is not None):
+            raise ValueError(
+                "timestamp_interval_seconds generates the timestamps of a time series that has none: it needs "
+                "time_series: true (or mode sequential) and no order_by"
+            )
         if mode == "grouped" and self.group_by is None:
             raise ValueError("grouped mode needs group_by")
         if mode == "flat" and (self.group_by is not None or self.order_by is not None):
@@ -297,6 +309,11 @@ class TabularSpec(_Strict):
                 "num_input_records_to_sample is Safe Synthesizer's sampling: it needs assembly safe_synthesizer"
             )
         return self
+
+    @property
+    def generates_timestamps(self) -> bool:
+        """Whether gold adds an elapsed_seconds column to order a time series without a timestamp column."""
+        return self.resolved_mode == "sequential" and self.order_by is None
 
     @property
     def resolved_mode(self) -> TabularMode:

@@ -75,6 +75,23 @@ def render_values(columns: list[str], values: list[Any], float_digits: int | Non
     return json.dumps(row, ensure_ascii=False, separators=(",", ":"), allow_nan=False).replace("/", "\\/")
 
 
+def pandas_float_columns(values: list[list[Any]]) -> list[int]:
+    """The columns pandas reads as floats though they hold integers: every present value an integer (not a bool)
+    and at least one missing. Safe Synthesizer renders their integers as floats (`49.0`).
+
+    >>> pandas_float_columns([[1, "a", 2], [None, "b", 3]])
+    [0]
+    """
+    width = len(values[0]) if values else 0
+    out = []
+    for c in range(width):
+        column = [v[c] for v in values]
+        present = [x for x in column if x is not None]
+        if len(present) < len(column) and all(isinstance(x, int) and not isinstance(x, bool) for x in present):
+            out.append(c)
+    return out
+
+
 def _rounded(value: Any, digits: int) -> Any:
     return round(value, digits) if isinstance(value, float) else value
 
@@ -92,6 +109,39 @@ def key_columns_first(columns: list[str], group_by: str | None, order_by: str | 
     """Safe Synthesizer's sequential column order: group_by, then order_by, then the rest in schema order."""
     first = [c for c in (group_by, order_by) if c is not None and c in columns]
     return first + [c for c in columns if c not in first]
+
+
+# ---------------------------------------------------------------- time series without groups or timestamps
+
+ELAPSED_COLUMN = "elapsed_seconds"
+PSEUDO_GROUP = 0  # SS's one group of an ungrouped time series (its `__nss_sequence_id`, never rendered)
+
+
+def elapsed_column_name(columns: list[str]) -> str:
+    """The generated timestamp column's name: `elapsed_seconds`, else `_elapsed_seconds`, else the first free
+    `_elapsed_seconds_<n>` (n from 1), as Safe Synthesizer names it."""
+    taken = set(columns)
+    for name in (ELAPSED_COLUMN, f"_{ELAPSED_COLUMN}"):
+        if name not in taken:
+            return name
+    n = 1
+    while f"_{ELAPSED_COLUMN}_{n}" in taken:
+        n += 1
+    return f"_{ELAPSED_COLUMN}_{n}"
+
+
+def elapsed_seconds(keys: list[str], interval: int) -> list[int]:
+    """Each record's generated timestamp: its position among its group's records (input order) x `interval`.
+
+    >>> elapsed_seconds(["a", "b", "a", "a"], 60)
+    [0, 0, 60, 120]
+    """
+    seen: Counter[str] = Counter()
+    out = []
+    for k in keys:
+        out.append(seen[k] * interval)
+        seen[k] += 1
+    return out
 
 
 # ---------------------------------------------------------------- CSV cell types

@@ -33,9 +33,12 @@ from prep_assets.core.records import GOLD_REJECT_SCHEMA, GOLD_SCHEMA, SPLITS, TY
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spec_sections import TabularSpec
 from prep_assets.core.tabular import (
+    PSEUDO_GROUP,
     UNORDERABLE_VALUE,
     Example,
     OrderKeys,
+    elapsed_column_name,
+    elapsed_seconds,
     fill_flat,
     fill_grouped,
     group_label,
@@ -44,6 +47,7 @@ from prep_assets.core.tabular import (
     initial_prefill,
     key_columns_first,
     order_keys,
+    pandas_float_columns,
     plan_flat,
     plan_grouped,
     plan_sequential,
@@ -91,6 +95,7 @@ class _Rows:
     lengths: list[int]
     keys: list[str] | None  # group key per record (`group_label`)
     order: OrderKeys | None  # order_by typed over the drop: a sort key per record, None where unorderable
+    order_by: str | None  # the order column: the spec's order_by, or the generated elapsed_seconds column
 
 
 def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedTokenizer) -> _Rows:
@@ -101,22 +106,36 @@ def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedT
         if c["columns"] != columns:  # one drop has one schema (bronze keeps it); guard the assumption
             raise ValueError(f"records of one drop with different columns: {c['columns']} != {columns}")
     values = [c["values"] for c in contents]
-    if tab.key_columns_first and tab.resolved_mode == "sequential":
-        ordered = key_columns_first(columns, tab.group_by, tab.order_by)
+    sequential = tab.resolved_mode == "sequential"
+    keys = None
+    if tab.group_by is not None:
+        gi = columns.index(tab.group_by)
+        keys = [group_label(v[gi]) for v in values]
+    elif sequential:  # an ungrouped time series: one group, never rendered (SS's pseudo-group)
+        keys = [group_label(PSEUDO_GROUP)] * len(values)
+    order_by = tab.order_by
+    if tab.generates_timestamps:  # SS: a first column counting each group's records (silver keeps input order)
+        assert keys is not None and tab.timestamp_interval_seconds is not None
+        order_by = elapsed_column_name(columns)
+        stamps = elapsed_seconds(keys, tab.timestamp_interval_seconds)
+        columns = [order_by, *columns]
+        values = [[t, *v] for t, v in zip(stamps, values, strict=True)]
+    if tab.key_columns_first and sequential:
+        ordered = key_columns_first(columns, tab.group_by, order_by)
         values = [[v[columns.index(c)] for c in ordered] for v in values]
-        contents = [{"columns": ordered, "values": v} for v in values]
         columns = ordered
+    if tab.missing_ints_as_floats:
+        floats = pandas_float_columns(values)
+        values = [[float(x) if c in floats and x is not None else x for c, x in enumerate(v)] for v in values]
     lines = [render_values(columns, v, tab.float_digits) for v in values]
     standalone = tab.record_encoding == "standalone"  # SS tokenizes each record line on its own
     ids = pt.encode_batch([line + "\n" for line in lines], continuation=not standalone)
-    keys = order = None
-    if tab.group_by is not None:
-        gi = columns.index(tab.group_by)
-        keys = [group_label(c["values"][gi]) for c in contents]
-    if tab.order_by is not None:
-        oi = columns.index(tab.order_by)
-        order = order_keys([c["values"][oi] for c in contents], tab.order_by)
-    return _Rows(table.drop_columns(["content"]), columns, lines, ids, [len(x) for x in ids], keys, order)
+    order = None
+    if order_by is not None:
+        oi = columns.index(order_by)
+        order = order_keys([v[oi] for v in values], order_by)
+    table = table.drop_columns(["content"])
+    return _Rows(table, columns, lines, ids, [len(x) for x in ids], keys, order, order_by)
 
 
 @dataclass
@@ -143,7 +162,7 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
         if not idx:
             continue
         if rows.order is not None:  # no place in its group's order: out before groups and budgets are counted
-            assert rows.keys is not None  # order_by needs group_by (the spec's modes)
+            assert rows.keys is not None  # order_by comes with groups (sequential: at least the pseudo-group)
             problems = rows.order.problems
             out.rejects += [
                 (i, UNORDERABLE_VALUE, problems[i], rows.lengths[i], rows.keys[i]) for i in idx if i in problems
@@ -408,7 +427,7 @@ def build_tabular_examples(
         "rejects_by_reason": dict(Counter(r[1] for r in asm.rejects)),
         "tabular": {
             "mode": tab.resolved_mode,
-            "order_by": tab.order_by,
+            "order_by": rows.order_by,
             "order_by_type": rows.order.type if rows.order is not None else None,
             "order_by_values": rows.order.kinds if rows.order is not None else None,
             "order_by_day_first": rows.order.day_first if rows.order is not None else None,

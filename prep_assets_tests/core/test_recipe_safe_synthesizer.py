@@ -3,13 +3,16 @@ examples with their records in order, each example's tokens (hence its budget) a
 Expected values: prep_assets_tests/fixtures/safe_synthesizer/ (obtained from SS 0.1.12, see its README)."""
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
+from transformers import AutoTokenizer
 
 from prep_assets.core.errors import SpecError
-from prep_assets_tests.conftest import make_spec, shared_path
+from prep_assets_tests.conftest import PROJECT, make_spec, shared_path
 from prep_assets_tests.core.helpers import run_core, write_raw
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "safe_synthesizer"
@@ -18,12 +21,19 @@ CASES = {
     "iris_flat": {},
     "patient_events_grouped": {"group_by": "patient_name"},
     "dow_jones_sequential": {"time_series": True, "group_by": "stock", "order_by": "date"},
+    # no group, no timestamp: one pseudo-group ordered by a generated elapsed_seconds column
+    "iris_ungrouped_elapsed": {"time_series": True, "timestamp_interval_seconds": 60},
+    # a table of the fixtures folder: patient events' first 40 rows, 3 ages blanked (SS renders the others 49.0)
+    "patient_events_missing_ages": {},
 }
 
 
 def _run(tmp_path: Path, name: str) -> tuple[dict, list[dict], dict]:
     fx = json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
-    table = shared_path(f"datasets/tabular/{fx['table']}").read_text(encoding="utf-8").splitlines(keepends=True)
+    source = (
+        FIXTURES / fx["table"] if (FIXTURES / fx["table"]).exists() else shared_path(f"datasets/tabular/{fx['table']}")
+    )
+    table = source.read_text(encoding="utf-8").splitlines(keepends=True)
     rows = table[1:] if fx["nrows"] is None else table[1 : 1 + fx["nrows"]]
     data = write_raw(tmp_path / "data", "ss", {"table.csv": "".join([table[0], *rows])})
     spec = make_spec(
@@ -75,9 +85,17 @@ def test_recipe_safe_synthesizer_equals_its_assembler(tmp_path: Path, name: str)
     for g in gold:
         recs = [lines[row[rid]] for rid in g["record_ids"]]
         ours.append((recs, g["num_tokens"]))
-    expected = [([lines[i] for u in e["units"] for i in u], e["num_tokens"]) for e in _without_ss_bug(fx)]
+    ss_examples = _without_ss_bug(fx)
+    expected = [([lines[i] for u in e["units"] for i in u], e["num_tokens"]) for e in ss_examples]
     assert len(ours) == len(expected)
     assert ours == expected
+    # our records render as SS's lines: each example's ids are the prompt + per unit BOS, SS's lines, EOS
+    tok = AutoTokenizer.from_pretrained(str(shared_path("tokenizers/tinyllama")))
+    ids = tok([line + "\n" for line in lines], add_special_tokens=False)["input_ids"]
+    assert [len(x) for x in ids] == fx["record_tokens"]
+    bos, eos = prompt[0], prompt[-1]
+    for g, e in zip(gold, ss_examples, strict=True):
+        assert g["token_ids"] == prompt + [t for u in e["units"] for t in [bos, *(x for i in u for x in ids[i]), eos]]
     if "initial_prefill" in fx:
         assert r["gold"].tabular["initial_prefill"] == fx["initial_prefill"]
 
@@ -119,3 +137,30 @@ def test_ss_sampling_passes():
     assert list(map(list, sequence_passes(4, 6))) == [[0, 1, 2, 3], [0, 1]]
     assert [len(p) for p in group_passes([3, 1], 6, np.random.default_rng(0))][0] == 2
     assert safe_synthesizer_prefill(["a", "b", "c", "d"]) == " a\nb\nc\n"
+
+
+def test_the_readme_spec_parses_and_says_what_its_safe_synthesizer_config_says():
+    readme = (PROJECT / "README.md").read_text(encoding="utf-8")
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", readme, flags=re.S)]
+    (ss,) = [b for b in blocks if "time_series" in b and "training" in b]
+    (ours,) = [b for b in blocks if b.get("recipe") == "safe_synthesizer"]
+    spec = make_spec("sensors", **ours)
+    tab = spec.tabular
+    assert tab is not None and tab.resolved_mode == "sequential" and tab.assembly == "safe_synthesizer"
+    assert (tab.group_by, tab.order_by) == (
+        ss["data"]["group_training_examples_by"],
+        ss["time_series"]["timestamp_column"],
+    )
+    assert tab.num_input_records_to_sample == ss["training"]["num_input_records_to_sample"]
+    assert (spec.split.validation_ratio, spec.split.test_ratio) == (0.0, 0.0)  # SS: holdout 0, validation_ratio 0
+    assert spec.sequence.max_seq_len == 2048 and spec.max_per_example == 10
+
+
+def test_integer_columns_with_a_missing_cell_are_pandas_floats_under_the_recipe_only():
+    from prep_assets.core.tabular import pandas_float_columns
+
+    rows = [[1, True, 2, "a"], [None, None, 3, None], [4, False, None, "b"]]
+    assert pandas_float_columns(rows) == [0, 2]  # bools and text stay as they are, a full int column too
+    assert pandas_float_columns([[1], [2]]) == [] and pandas_float_columns([]) == []
+    assert _spec().tabular.missing_ints_as_floats
+    assert not make_spec("t", input={"type": "tabular"}).tabular.missing_ints_as_floats

@@ -116,7 +116,19 @@ def test_tabular_mode_follows_the_keys_and_sequential_takes_priority():
     [
         (
             {"tabular": {"time_series": True, "group_by": "g"}},
-            "sequential mode (time series) needs group_by and order_by",
+            "sequential mode (time series) needs order_by (a timestamp column), or timestamp_interval_seconds",
+        ),
+        (
+            {"tabular": {"time_series": True, "order_by": "t", "timestamp_interval_seconds": 60}},
+            "timestamp_interval_seconds generates the timestamps of a time series that has none",
+        ),
+        (
+            {"tabular": {"group_by": "g", "timestamp_interval_seconds": 60}},
+            "timestamp_interval_seconds generates the timestamps of a time series that has none",
+        ),
+        (
+            {"tabular": {"time_series": True, "order_by": "t"}, "split": {"validation_ratio": 0.1}},
+            "an ungrouped time series is one sequence and trains whole",
         ),
         ({"tabular": {"mode": "grouped"}}, "grouped mode needs group_by"),
         ({"tabular": {"mode": "flat", "group_by": "g"}}, "flat mode shuffles single records"),

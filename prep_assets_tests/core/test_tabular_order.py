@@ -334,3 +334,42 @@ def test_shared_patient_events_empty_timestamps_are_rejects_and_equal_dates_keep
     assert tab["records_in_examples"] == 102
     for group, lines in _ordered_lines(r).items():  # every kept timestamp is 2025-02-12: file order
         assert lines == sorted(lines) and {rows[n - 2].split(",")[0] for n in lines} == {group}
+
+
+# ---------------------------------------------------------------- time series without groups or timestamps
+
+
+def test_an_ungrouped_time_series_is_one_group_in_order_by_order(tmp_path: Path, gpt2_dir: Path):
+    csv = "t,v\n3,a\n1,b\n,c\n2,d\n"  # lines 2..5; line 4 has no time
+    r = _one(_run(tmp_path, gpt2_dir, {"t.csv": csv}, {"time_series": True, "order_by": "t"}))
+    assert _ordered_lines(r) == {"0": [3, 5, 2]}
+    assert [(x["source_line"], x["reason"]) for x in r["rejects"]] == [(4, "unorderable_value")]
+    tab = r["stats"]["gold"].tabular
+    assert tab["groups"] == 1 and tab["columns"] == ["t", "v"]  # the pseudo-group is never a column
+    assert [json.loads(x)["v"] for x in tab["initial_prefill"]["0"]] == ["b", "d", "a"]
+
+
+def test_without_order_by_a_generated_elapsed_seconds_column_counts_each_group_in_input_order(
+    tmp_path: Path, gpt2_dir: Path
+):
+    csv = "dev,elapsed_seconds,v\na,x,1\nb,y,2\na,z,3\n"  # the name is taken: the column is _elapsed_seconds
+    tabular = {"time_series": True, "group_by": "dev", "timestamp_interval_seconds": 30}
+    r = _one(_run(tmp_path, gpt2_dir, {"t.csv": csv}, tabular))
+    assert _ordered_lines(r) == {"a": [2, 4], "b": [3]} and r["rejects"] == []
+    tab = r["stats"]["gold"].tabular
+    assert tab["columns"] == ["_elapsed_seconds", "dev", "elapsed_seconds", "v"]
+    assert tab["order_by"] == "_elapsed_seconds"
+    assert {g: [json.loads(x)["_elapsed_seconds"] for x in v] for g, v in tab["initial_prefill"].items()} == {
+        "a": [0, 30],
+        "b": [0],
+    }
+
+
+def test_elapsed_column_names_and_values_follow_safe_synthesizer():
+    from prep_assets.core.tabular import elapsed_column_name, elapsed_seconds
+
+    assert elapsed_column_name(["a"]) == "elapsed_seconds"
+    assert elapsed_column_name(["elapsed_seconds"]) == "_elapsed_seconds"
+    taken = ["elapsed_seconds", "_elapsed_seconds", "_elapsed_seconds_1"]
+    assert elapsed_column_name(taken) == "_elapsed_seconds_2"
+    assert elapsed_seconds(["a", "b", "a", "a"], 60) == [0, 0, 60, 120]
