@@ -6,6 +6,9 @@ prep-assets run [--dataset NAME] [--data-dir DIR] [--all]
 prep-assets retire DATASET DROP [--reason TEXT] [--data-dir DIR]
     take a bad drop (partition key or file name) out of the partition set and the manifest; its outputs and raw
     file move under lake/DATASET/retired/<partition>/ with retired.json; the same bytes never come back.
+prep-assets backfill DATASET [--drops KEY1,KEY2] [--data-dir DIR] [--no-wait]
+    rebuild drops as a Dagster backfill of the <dataset>_drops job (run by the daemon of `prep-assets ui`); waits
+    until every run has finished and says how they ended (--no-wait: says how many runs it queued).
 prep-assets decode SHARD [--row N] [--format text|json]
     print a packed row as text with masked spans, segments and padding marked.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -136,8 +140,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(
         f"\n{len(report['runs'])} run(s), {len(failed)} failed, {len(report['errors'])} dataset(s) in error; "
         f"open the UI: {ui}\n"
-        f"rebuild drops while it runs: {env} job backfill -j <dataset>_drops --partitions KEY1,KEY2 --noprompt "
-        "-w workspace.yaml (it returns once submitted: its runs are queued, and the daemon runs them one at a time)"
+        f"rebuild drops while it runs: {Path(sys.executable).parent / 'prep-assets'} backfill <dataset> "
+        f"[--drops KEY1,KEY2] --data-dir {data_dir} (it waits for the runs; Dagster's own: {env} job backfill ...)"
     )
     return 1 if failed or report["errors"] or report.get("mix_errors") else 0
 
@@ -212,6 +216,78 @@ def cmd_ui(args: argparse.Namespace) -> int:
         return 0
 
 
+_LAUNCHED = re.compile(r"Launched backfill job `([^`]+)`")
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    """Dagster's `job backfill` of the dataset's drop job (it queues one run per drop and returns at once), then,
+    unless --no-wait, the runs followed in the instance until each has finished."""
+    data_dir = _resolve_data_dir(args.data_dir).resolve()
+    home = ensure_dagster_home()
+    from prep_assets.core.drops import registered_drops, superseded_drops
+    from prep_assets.core.lake import dataset_paths
+    from prep_assets.core.spec import scan_specs
+    from prep_assets.defs.keys import drop_job_name
+
+    spec = next((s for s in scan_specs(data_dir / "datasets").specs if s.name == args.dataset), None)
+    if spec is None:
+        raise PrepAssetsError(f"no loadable dataset {args.dataset!r} in {data_dir / 'datasets'}")
+    job = drop_job_name(spec)
+    paths = dataset_paths(data_dir, spec.name)
+    drops = (
+        args.drops.split(",") if args.drops else sorted(set(registered_drops(paths)) - set(superseded_drops(paths)))
+    )
+    if not drops:
+        raise PrepAssetsError(f"{args.dataset}: no registered drops in {paths.root} (run `prep-assets run` first)")
+    (home / "workspace.yaml").write_text(UI_WORKSPACE, encoding="utf-8")
+    env = {**os.environ, "DAGSTER_HOME": str(home), DATA_DIR_ENV: str(data_dir)}
+    cmd = [str(Path(sys.executable).parent / "dagster"), "job", "backfill", "-j", job]
+    cmd += ["--partitions", ",".join(drops), "--noprompt", "-w", "workspace.yaml"]
+    done = subprocess.run(cmd, cwd=home, env=env, capture_output=True, text=True, check=False)
+    launched = _LAUNCHED.search(done.stdout)
+    if done.returncode != 0 or launched is None:
+        raise PrepAssetsError(f"the backfill was not submitted: {(done.stderr or done.stdout).strip()[-2000:]}")
+    backfill = launched.group(1)
+    print(f"backfill {backfill}: {len(drops)} run(s) of {job} queued", flush=True)
+    if args.no_wait:
+        print("they run one at a time under the daemon of `prep-assets ui`; follow them in its Runs page")
+        return 0
+    return _follow_backfill(backfill, len(drops), args.start_timeout)
+
+
+def _follow_backfill(backfill: str, expected: int, start_timeout: float) -> int:
+    """Poll the instance until the backfill's `expected` runs have all finished, printing each change of counts;
+    2 if none started within `start_timeout` seconds (no daemon), 1 if any failed."""
+    import time
+
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    finished = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
+    started, last = time.monotonic(), ""
+    with DagsterInstance.get() as instance:
+        while True:
+            runs = instance.get_runs(RunsFilter(tags={"dagster/backfill": backfill}))
+            counts = {s: sum(r.status == s for r in runs) for s in DagsterRunStatus}
+            line = ", ".join(f"{n} {s.value.lower()}" for s, n in counts.items() if n)
+            if line != last:
+                print(f"backfill {backfill}: {line}", flush=True)
+                last = line
+            if len(runs) >= expected and all(r.status in finished for r in runs):
+                break
+            waiting = all(r.status in (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED) for r in runs)
+            if waiting and time.monotonic() - started > start_timeout:
+                print(
+                    f"no run started within {start_timeout:.0f} s: the runs stay queued until a daemon runs them "
+                    "(start `prep-assets ui` on this DAGSTER_HOME)",
+                    file=sys.stderr,
+                )
+                return 2
+            time.sleep(1.0)
+    failed = counts[DagsterRunStatus.FAILURE] + counts[DagsterRunStatus.CANCELED]
+    print(f"backfill {backfill}: {expected - failed} of {expected} run(s) succeeded")
+    return 1 if failed else 0
+
+
 def cmd_retire(args: argparse.Namespace) -> int:
     data_dir = _resolve_data_dir(args.data_dir)
     ensure_dagster_home()
@@ -256,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=3000)
     ui.set_defaults(fn=cmd_ui)
+    bf = sub.add_parser("backfill", help="rebuild drops through the daemon's queue, waiting until the runs finish")
+    bf.add_argument("dataset")
+    bf.add_argument("--drops", help="comma-separated partition keys (default: every registered drop)")
+    bf.add_argument("--data-dir", help=f"folder with datasets/ and raw/ (default: ${DATA_DIR_ENV} or ./data)")
+    bf.add_argument("--no-wait", action="store_true", help="return once the runs are queued")
+    bf.add_argument("--start-timeout", type=float, default=120.0, help="seconds to wait for the first run to start")
+    bf.set_defaults(fn=cmd_backfill)
     dec = sub.add_parser("decode", help="print a packed row with masks, segments and padding marked")
     dec.add_argument("shard", help="a shard Parquet file (lake/<dataset>/shards/<drop>/<split>/part-*.parquet)")
     dec.add_argument("--row", type=int, default=0)

@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster_graphql import DagsterGraphQLClient
 
 from prep_assets_tests.conftest import PROJECT, SAMPLE_DATA
-from prep_assets_tests.servers import DAGSTER, dagster_dev
+from prep_assets_tests.servers import PREP_ASSETS, dagster_dev
 
 pytestmark = pytest.mark.slow
 DS = "sample_instruct"
@@ -54,26 +55,21 @@ def test_drops_reach_the_manifest_unattended_and_a_backfill_rebuilds_a_changed_s
         spec_path.write_text(spec_path.read_text().replace("seed: 0", "seed: 7"))
         client = DagsterGraphQLClient("127.0.0.1", port_number=server.port)
         client.reload_repository_location("prep_assets")
-        done = subprocess.run(
-            [
-                str(DAGSTER),
-                "job",
-                "backfill",
-                "-j",
-                f"{DS}_drops",
-                "--partitions",
-                ",".join(keys),
-                "--noprompt",
-                "-w",
-                "workspace.yaml",
-            ],
+        done = subprocess.run(  # the README's backfill: queued through the daemon, followed until the runs end
+            [str(PREP_ASSETS), "backfill", DS, "--drops", ",".join(keys), "--data-dir", str(data)],
             cwd=PROJECT,
             env=server.env,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=600,
         )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "2 run(s) of sample_instruct_drops queued" in done.stdout
+        assert done.stdout.rstrip().endswith("2 of 2 run(s) succeeded"), done.stdout[-2000:]
+        runs = DagsterInstance.from_config(str(home)).get_runs(
+            RunsFilter(tags={"dagster/backfill": done.stdout.split()[1][:-1]})
+        )
+        assert len(runs) == 2 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)  # finished when it returned
 
         def rebuilt() -> bool:
             m = _manifest(data)
