@@ -327,13 +327,31 @@ class TabularSpec(_Strict):
 class SplitSpec(_Strict):
     validation_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
     test_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    # exactly this many kept records of each drop (those with the smallest split hashes); exclusive with the ratios
+    validation_count: int | None = Field(default=None, ge=0)
+    test_count: int | None = Field(default=None, ge=0)
     seed: int = 0
 
     @model_validator(mode="after")
     def _sum(self) -> SplitSpec:
+        if self.by_count and (self.validation_ratio or self.test_ratio):
+            raise ValueError(
+                "split: give the held-out splits as ratios (validation_ratio, test_ratio) or as counts of records "
+                "(validation_count, test_count), not both"
+            )
         if self.validation_ratio + self.test_ratio >= 1.0:
             raise ValueError("validation_ratio + test_ratio must be below 1 (something must train)")
         return self
+
+    @property
+    def by_count(self) -> bool:
+        """Whether the held-out splits are counts of records (`validation_count`, `test_count`)."""
+        return self.validation_count is not None or self.test_count is not None
+
+    @property
+    def holds_out(self) -> bool:
+        """Whether any record can leave train."""
+        return bool(self.validation_ratio or self.test_ratio or self.validation_count or self.test_count)
 
 
 class OutputSpec(_Strict):
