@@ -322,6 +322,8 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("tabular", "missing_ints_as_floats", False),
     ("split", "validation_count", None),
     ("split", "test_count", None),
+    ("output", "num_training_splits", None),
+    ("output", "num_dev_splits", None),
 )
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.
