@@ -259,17 +259,47 @@ def heuristic_verdict(text: str, q: QualitySpec) -> Verdict | None:
     return None
 
 
+def split_hash(key: str, seed: int) -> int:
+    """A record's split hash: the first 8 bytes of sha256(`<seed>:<key>`), an unsigned 64-bit integer."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "big")
+
+
 def assign_split(key: str, split: SplitSpec) -> str:
     """A split from a hash of the record's content: stable across runs, batch sizes and drop orders.
 
-    Keying on content puts exact duplicates in one split, so dedup across splits is never needed.
+    Keying on content puts exact duplicates in one split, so dedup across splits is never needed. With
+    `split.validation_count` / `test_count` every record is `train` here; `splits_by_count` then holds out the
+    counts once the drop's kept records are known.
     """
     if split.validation_ratio == 0 and split.test_ratio == 0:  # the default: no draw can leave train
         return "train"
-    digest = hashlib.sha256(f"{split.seed}:{key}".encode()).digest()
-    u = int.from_bytes(digest[:8], "big") / 2**64
+    u = split_hash(key, split.seed) / 2**64
     if u < split.validation_ratio:
         return "validation"
     if u < split.validation_ratio + split.test_ratio:
         return "test"
     return "train"
+
+
+def splits_by_count(hashes: np.ndarray, split: SplitSpec) -> np.ndarray:
+    """Each kept record's split code (an index into `SPLITS`) when the held-out splits are counts.
+
+    The `validation_count` records with the smallest split hashes are validation, the next `test_count` test,
+    the rest train; equal hashes (copies kept by `clean.dedup: none`) are taken in drop order. Memory: the
+    hashes (uint64) and their ranking. `ValueError` when the counts would leave nothing to train.
+
+    >>> splits_by_count(np.array([30, 10, 20, 40], dtype=np.uint64), SplitSpec(validation_count=1, test_count=2))
+    array([2, 1, 2, 0], dtype=uint8)
+    """
+    n_val, n_test = split.validation_count or 0, split.test_count or 0
+    if n_val + n_test >= len(hashes) and n_val + n_test > 0:
+        raise ValueError(
+            f"the drop keeps {len(hashes)} records, but split.validation_count + test_count = {n_val + n_test} "
+            "must leave at least one to train: lower the counts, or give ratios (split.validation_ratio, "
+            "test_ratio) for drops of any size"
+        )
+    codes = np.zeros(len(hashes), dtype=np.uint8)
+    order = np.argsort(hashes, kind="stable")
+    codes[order[:n_val]] = 1
+    codes[order[n_val : n_val + n_test]] = 2
+    return codes

@@ -8,10 +8,11 @@ untokenized JSONL in `test_files/`; with categories gdp's `category_to_id.json`.
 `Hdf5Rows` (one split at a time), the rest by `finish` once every split is written (docs/formats.md).
 
 Rows keep the order of the split's Parquet parts and are cut into N contiguous blocks whose sizes differ by at
-most one (gdp's `balance_hdf5_files` promise; the first `rows % N` files hold one row more). N is the number of
-Parquet parts of the split, ceil(rows / rows_per_file), rows_per_file coming from
-`output.max_tokens_per_shard // max_seq_len`: a SambaStudio run needs at least as many training files as
-workers, so lower `max_tokens_per_shard` to get more files.
+most one (gdp's `balance_hdf5_files` promise; the first `rows % N` files hold one row more). N is
+`output.num_training_splits` for train and `output.num_dev_splits` for dev (gdp's flags; a split with fewer rows
+than its N is a drop error, as gdp refuses more files than lines), else the number of Parquet parts of the split,
+ceil(rows / rows_per_file), rows_per_file coming from `output.max_tokens_per_shard // max_seq_len`: a SambaStudio
+run needs at least as many training files as workers.
 
 Token types. gdp: 0 prompt, 1 completion, 2 padding, 3 "SEP", the attention boundary it puts on the last token
 of each article (a JSONL line), which is the EOS it appends; the EOS it appends to every other prompt/completion
@@ -179,8 +180,23 @@ class Hdf5Rows:
             self._domain_ids = [category_of(d, self.categories) for d in self.target.domains]
         return self._domain_ids
 
+    def num_files(self) -> int:
+        """How many files the split's rows are cut into: the spec's gdp count for train and dev, else one per
+        Parquet part."""
+        output = self.target.spec.output if self.target.spec is not None else None
+        key = {"train": "num_training_splits", "validation": "num_dev_splits"}.get(self.split)
+        asked = getattr(output, key) if output is not None and key is not None else None
+        if asked is None:
+            return max(1, math.ceil(self.rows / self.target.rows_per_file))
+        if self.rows < asked:
+            raise DropError(
+                f"hdf5: output.{key} asks for {asked} {GDP_PREFIX[self.split]} files, but the drop's {self.split} "
+                f"split has {self.rows} rows: a file would be empty; lower output.{key} or leave it unset"
+            )
+        return asked
+
     def close(self) -> dict[str, Any]:
-        n = max(1, math.ceil(self.rows / self.target.rows_per_file))
+        n = self.num_files()
         if self.as_jsonl:  # the number of files `finish` cuts the test records into, as many as Parquet parts
             return {"dir": HDF5_DIR, "rows": self.rows, "test_jsonl_files": n, "files": []}
         if self.file is None:

@@ -234,6 +234,15 @@ GATES: tuple[Gate, ...] = (
     ),
     Gate(
         "silver",
+        "clean_records_split_drawn",
+        "with held-out splits (`split.*_ratio` or `split.*_count`) and no `tabular.group_by`: every kept record is "
+        "in the split its content hash draws (ratios: where the hash falls; counts: its rank in the drop), "
+        "recomputed apart from silver",
+        lambda on: inv.silver_split_drawn(on.silver, on.spec.split),
+        applies=lambda s: s.split.holds_out and (s.tabular is None or s.tabular.group_by is None),
+    ),
+    Gate(
+        "silver",
         "clean_records_accounted",
         "each bronze record is exactly once in silver records or rejects",
         lambda on: inv.silver_accounted(on.silver, on.bronze),

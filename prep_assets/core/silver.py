@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -19,6 +21,8 @@ from prep_assets.core.clean import (
     left_as_is,
     normalize_content,
     quality_verdict,
+    split_hash,
+    splits_by_count,
     trained_roles,
 )
 from prep_assets.core.drops import Drop, earlier_drops, resolve_drop
@@ -85,6 +89,7 @@ def build_clean_records(
     earlier: Sequence[Path] = (),
     index_dir: Path | None = None,
     near: bool = True,
+    splits: bool = True,
 ) -> SilverStats:
     """Silver: normalized, quality-filtered, deduplicated records with a deterministic split.
 
@@ -92,13 +97,14 @@ def build_clean_records(
     contents are duplicates here too. With `index_dir`, this drop's index is published there. Equal hashes
     are confirmed on the bytes: when two contents share one, the drop is processed again keying that hash by
     its content, so a collision never removes a distinct record. `near=False` skips near dedup (for an index,
-    which holds exact contents only).
+    which holds exact contents only). `splits=False` leaves every record in train (for an index, which holds no
+    split, so an earlier drop too small for `split.validation_count` still yields its contents).
     """
     colliding: frozenset[str] = frozenset()
     while True:
         try:
             with gc_paused():
-                return _clean_pass(spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir, near)
+                return _clean_pass(spec, bronze_dir, out_dir, batch_size, earlier, colliding, index_dir, near, splits)
         except dedup.HashCollision as found:
             colliding |= found.digests
 
@@ -112,6 +118,7 @@ def _clean_pass(
     colliding: frozenset[str],
     index_dir: Path | None,
     with_near: bool,
+    with_splits: bool,
 ) -> SilverStats:
     clean = spec.clean
     norm = clean.normalization
@@ -121,6 +128,8 @@ def _clean_pass(
     near_of: dict[str, str] = {}  # record removed as a near duplicate -> the kept record it is near
     reasons: Counter[str] = Counter()
     splits: Counter[str] = Counter()
+    by_count = with_splits and spec.split.by_count
+    hashes = array("Q")  # by_count: each kept record's split hash, in drop order (8 bytes a record)
     chars = records_in = of_earlier = 0
     with staged_dir(out_dir) as stage:
         comp = spec.output.compression
@@ -208,7 +217,10 @@ def _clean_pass(
                                 match[0],
                             )
                             continue
-                    split = assign_split(_split_key(spec, content, digest), spec.split)
+                    key = _split_key(spec, content, digest)
+                    if by_count:
+                        hashes.append(split_hash(key, spec.split.seed))
+                    split = assign_split(key, spec.split) if with_splits else "train"
                     splits[split] += 1
                     n = sum(map(len, texts))
                     chars += n
@@ -236,6 +248,11 @@ def _clean_pass(
             found = dedup.collisions(stage / RECORDS, stage / REJECTS, earlier) - colliding
             if found:
                 raise dedup.HashCollision(found)  # the stage is discarded; the caller runs the pass again
+        if by_count:
+            try:
+                splits = _hold_out_by_count(stage / RECORDS, hashes, spec, batch_size)
+            except ValueError as e:
+                raise DropError(f"silver {bronze_dir.name}: {e}") from None
         stats = SilverStats(
             records_in=records_in,
             records=keep_sink.rows,
@@ -253,6 +270,22 @@ def _clean_pass(
         if index_dir is not None and exact is not None:
             dedup.write_index(index_dir, exact.first_seen.values(), stage / RECORDS, stage / REJECTS)
     return stats
+
+
+def _hold_out_by_count(records: Path, hashes: array, spec: DatasetSpec, batch_size: int) -> Counter[str]:
+    """The records file rewritten with each record's split drawn by count (`splits_by_count`); its counts."""
+    codes = splits_by_count(np.frombuffer(hashes, dtype=np.uint64), spec.split)
+    drawn = records.with_name(f".drawn.{records.name}")
+    records.rename(drawn)
+    names = np.array(SPLITS, dtype=object)
+    lo = 0
+    with ParquetSink(records, SILVER_SCHEMA, compression=spec.output.compression) as sink:
+        for batch in iter_batches(drawn, batch_size=batch_size):
+            split = pa.array(names[codes[lo : lo + batch.num_rows]], pa.string())
+            sink.write(batch.set_column(batch.schema.get_field_index("split"), "split", split))
+            lo += batch.num_rows
+    drawn.unlink()
+    return Counter({s: int(n) for s, n in zip(SPLITS, np.bincount(codes, minlength=len(SPLITS)), strict=True)})
 
 
 def earlier_indexes(
@@ -279,7 +312,7 @@ def _index_drop(spec: DatasetSpec, paths: DatasetPaths, drop: Drop, out_dir: Pat
         except DropError:
             dedup.write_empty_index(out_dir)
             return
-        build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir, near=False)
+        build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir, near=False, splits=False)
 
 
 def earlier_silver(paths: DatasetPaths, partition: str, among: Collection[str] | None = None) -> list[Path]:

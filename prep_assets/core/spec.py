@@ -204,12 +204,17 @@ class DatasetSpec(_Strict):
             raise ValueError("tabular input reads csv, parquet, jsonl, jsonl.gz or json rows, not txt lines")
         tab = self.tabular
         if tab is not None and tab.resolved_mode == "sequential" and tab.group_by is None:
-            if self.split.validation_ratio or self.split.test_ratio:
+            if self.split.holds_out:
                 raise ValueError(
                     "an ungrouped time series is one sequence and trains whole (as Safe Synthesizer keeps its "
-                    "single group in training): set split.validation_ratio and test_ratio to 0, or give "
-                    "tabular.group_by so that whole groups can be held out"
+                    "single group in training): set split.validation_ratio and test_ratio to 0 (and no "
+                    "split counts), or give tabular.group_by so that whole groups can be held out"
                 )
+        if tab is not None and tab.group_by is not None and self.split.by_count:
+            raise ValueError(
+                "split.validation_count / test_count count records, but with tabular.group_by whole groups are "
+                "held out: give split.validation_ratio / test_ratio instead"
+            )
 
     @property
     def max_per_example(self) -> int | None:
@@ -315,6 +320,10 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("tabular", "differential_privacy", False),
     ("tabular", "timestamp_interval_seconds", None),
     ("tabular", "missing_ints_as_floats", False),
+    ("split", "validation_count", None),
+    ("split", "test_count", None),
+    ("output", "num_training_splits", None),
+    ("output", "num_dev_splits", None),
 )
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.

@@ -327,13 +327,31 @@ class TabularSpec(_Strict):
 class SplitSpec(_Strict):
     validation_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
     test_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    # exactly this many kept records of each drop (those with the smallest split hashes); exclusive with the ratios
+    validation_count: int | None = Field(default=None, ge=0)
+    test_count: int | None = Field(default=None, ge=0)
     seed: int = 0
 
     @model_validator(mode="after")
     def _sum(self) -> SplitSpec:
+        if self.by_count and (self.validation_ratio or self.test_ratio):
+            raise ValueError(
+                "give the held-out splits as ratios (validation_ratio, test_ratio) or as counts of records "
+                "(validation_count, test_count), not both"
+            )
         if self.validation_ratio + self.test_ratio >= 1.0:
             raise ValueError("validation_ratio + test_ratio must be below 1 (something must train)")
         return self
+
+    @property
+    def by_count(self) -> bool:
+        """Whether the held-out splits are counts of records (`validation_count`, `test_count`)."""
+        return self.validation_count is not None or self.test_count is not None
+
+    @property
+    def holds_out(self) -> bool:
+        """Whether any record can leave train."""
+        return bool(self.validation_ratio or self.test_ratio or self.validation_count or self.test_count)
 
 
 class OutputSpec(_Strict):
@@ -345,11 +363,17 @@ class OutputSpec(_Strict):
     hdf5_model_type: str | None = None
     hdf5_test_jsonl: bool = False  # the test split as gdp's untokenized test_files/*.jsonl, not HDF5
     categories: list[str] | None = None  # gdp's --categories_path list: domains -> category_ids, in this order
+    # hdf5: gdp's --num_training_splits / --num_dev_splits, the train / dev rows of a drop in exactly this many files
+    num_training_splits: int | None = Field(default=None, ge=1)
+    num_dev_splits: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _categories(self) -> OutputSpec:
         if self.categories is not None and (not self.categories or len(set(self.categories)) < len(self.categories)):
             raise ValueError("output.categories: a non-empty list of distinct domain names")
+        for key in ("num_training_splits", "num_dev_splits"):
+            if getattr(self, key) is not None and "hdf5" not in self.formats:
+                raise ValueError(f"output.{key} sets the number of gdp HDF5 files: add hdf5 to output.formats")
         return self
 
 

@@ -315,3 +315,79 @@ def test_categories_need_a_domain_key_and_test_jsonl_prompt_completion_records(t
         sample_spec(tmp_path, "sample_instruct", output={"formats": ["parquet", "hdf5"], "categories": ["a"]})
     with pytest.raises(SpecError, match=r"hdf5_test_jsonl writes gdp's prompt/completion JSONL: input\.type chat"):
         sample_spec(tmp_path, "sample_chat", output={"formats": ["parquet", "hdf5"], "hdf5_test_jsonl": True})
+
+
+def _sums(n: int) -> list[dict]:
+    return [{"prompt": f"What is {10 + i} plus {i % 7}?", "completion": f"It is {10 + i + i % 7}."} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def counted_run(tmp_path_factory: pytest.TempPathFactory):
+    """gdp's file counts over one drop whose Parquet parts are one per split (files of 1000 rows)."""
+    return _build(
+        tmp_path_factory.mktemp("counted"),
+        "sample_instruct",
+        rows_per_file=1000,
+        records=_sums(90),
+        split={"validation_ratio": 0, "test_ratio": 0, "validation_count": 11, "test_count": 5},
+        packing={"strategy": "single"},  # a row per record: 74 train rows, 11 dev, 5 test
+        output={"num_training_splits": 4, "num_dev_splits": 3},
+    )
+
+
+@pytest.mark.parametrize(("split", "n"), [("train", 4), ("validation", 3), ("test", 1)])
+def test_num_training_and_dev_splits_spread_the_rows_over_that_many_balanced_files(counted_run, split, n):
+    spec, (result,), lake = counted_run
+    shards = result["dirs"][3]
+    assert len(list((shards / split).glob("part-*.parquet"))) == 1
+    files = _hdf5_files(shards, split)
+    assert len(files) == n
+    ids, types, sizes = [], [], []
+    for path in files:
+        with h5py.File(path, "r") as f:
+            sizes.append(f["input_ids"].shape[0])
+            ids.append(f["input_ids"][:])
+            types.append(f["token_type_ids"][:])
+    rows = _parquet(shards / split, "input_ids")
+    # gdp's balance: sizes within one of each other, the first rows % n files one row more; every row once, in order
+    base, extra = divmod(len(rows), n)
+    assert len(rows) == {"train": 74, "validation": 11, "test": 5}[split]
+    assert sizes == [base + (i < extra) for i in range(n)] and sum(sizes) == len(rows)
+    assert np.array_equal(np.concatenate(ids), rows)
+    want_types = expected_gdp_types(
+        _parquet(shards / split, "token_type_ids"), _parquet(shards / split, "segment_ids")
+    )
+    assert np.array_equal(np.concatenate(types), want_types)
+
+
+def test_num_splits_are_recorded_in_the_metadata_as_gdp_does(counted_run):
+    spec, (result,), lake = counted_run
+    shards = result["dirs"][3]
+    meta = yaml.safe_load((shards / "hdf5" / "metadata.yaml").read_text(encoding="utf-8"))
+    assert (meta["number_of_training_files"], meta["number_of_dev_files"], meta["number_of_test_files"]) == (4, 3, 1)
+    sizes = _gdp_sizes(shards)
+    assert meta["max_batch_size_train"] == min(sizes["train"]) and meta["max_batch_size_dev"] == min(
+        sizes["validation"]
+    )
+    vocab = read_json(lake / "tokenizer" / "fingerprint.json")["info"]["vocab_size"]
+    _check_metadata(spec, shards, vocab)
+
+
+def test_more_files_than_rows_is_a_drop_error_naming_the_key(tmp_path: Path):
+    with pytest.raises(
+        DropError, match=r"output.num_dev_splits asks for 5 dev files, but the drop's validation split has 2 rows"
+    ):
+        _build(
+            tmp_path,
+            "sample_instruct",
+            rows_per_file=1000,
+            records=_sums(30),
+            split={"validation_ratio": 0, "test_ratio": 0, "validation_count": 2},
+            packing={"strategy": "single"},
+            output={"num_dev_splits": 5},
+        )
+
+
+def test_num_splits_without_hdf5_is_a_spec_error(tmp_path: Path):
+    with pytest.raises(SpecError, match="num_training_splits sets the number of gdp HDF5 files: add hdf5"):
+        sample_spec(copy_sample_data(tmp_path), "sample_instruct", output={"num_training_splits": 2})

@@ -48,6 +48,7 @@ from prep_assets.core.invariants.shards_gold import Layout, shards_match_gold, s
 from prep_assets.core.invariants.silver import (
     silver_accounted,
     silver_lengths,
+    silver_split_drawn,
     silver_unique,
     silver_unique_across_drops,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "shards_utilization",
     "silver_accounted",
     "silver_lengths",
+    "silver_split_drawn",
     "silver_unique",
     "silver_unique_across_drops",
     "within_max_len_rule",

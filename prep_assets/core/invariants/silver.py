@@ -1,5 +1,5 @@
 """Silver invariants: kept records unique (within the drop, and across drops for `dedup_scope: dataset`), within
-the length bounds, and every bronze record accounted for."""
+the length bounds, each in the split the spec draws for it, and every bronze record accounted for."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from prep_assets.core.invariants.common import _LOCATION, SAMPLE, Outcome, _one_to_one, _violating_rows
+from prep_assets.core.spec_sections import SplitSpec
 
 # the upper bound where `clean.max_chars` sets none: past any record's length
 _NO_MAX_CHARS = 2**62
@@ -70,6 +71,35 @@ def silver_lengths(silver_dir: Path, min_chars: int, max_chars: int | None) -> O
         p,
     )
     return Outcome(n, bad, {"min_chars": min_chars, "max_chars": max_chars})
+
+
+def silver_split_drawn(silver_dir: Path, split: SplitSpec) -> Outcome:
+    """Every kept record is in the split drawn from its content hash: with ratios, by where its split hash falls
+    in [0, 1); with counts, by its rank among the drop's split hashes (ties in drop order). Recomputed in SQL from
+    `content_sha256`, apart from silver's code; for drops whose split is keyed by content (no `tabular.group_by`)."""
+    # the split hash: the first 8 bytes of sha256('<seed>:<content_sha256>') as an unsigned integer
+    hashed = (
+        "SELECT record_id, source_file, source_line, split, file_row_number AS pos, "
+        "('0x' || substr(sha256($seed || ':' || content_sha256), 1, 16))::UBIGINT AS h "
+        "FROM read_parquet($s, file_row_number = true)"
+    )
+    if split.by_count:
+        n_val, n_test = split.validation_count or 0, split.test_count or 0
+        ranked = f"SELECT *, row_number() OVER (ORDER BY h, pos) AS r FROM ({hashed})"
+        drawn = "CASE WHEN r <= $a THEN 'validation' WHEN r <= $b THEN 'test' ELSE 'train' END"
+        bounds: dict[str, Any] = {"a": n_val, "b": n_val + n_test}
+    else:
+        ranked = hashed
+        u = "(h::DOUBLE / 18446744073709551616.0)"
+        drawn = f"CASE WHEN {u} < $a THEN 'validation' WHEN {u} < $b THEN 'test' ELSE 'train' END"
+        bounds = {"a": split.validation_ratio, "b": split.validation_ratio + split.test_ratio}
+    n, bad = _violating_rows(
+        f"(SELECT *, {drawn} AS drawn_split FROM ({ranked}))",
+        "split <> drawn_split",
+        f"record_id, {_LOCATION}, split, drawn_split",
+        {"s": str(silver_dir / "records.parquet"), "seed": str(split.seed), **bounds},
+    )
+    return Outcome(n, bad)
 
 
 def silver_accounted(silver_dir: Path, bronze_dir: Path) -> Outcome:
