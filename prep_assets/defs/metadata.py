@@ -92,7 +92,7 @@ def preview(path: Path, columns: list[str], n: int = 3) -> MetadataValue:
     return md_table(rows)
 
 
-MD_LINE = 56  # the widest line a metadata value's cell shows without cutting it off (1600 px window, navigation open)
+MD_LINE = 50  # the widest line a metadata value's cell shows without cutting it off (1600 px window, navigation open)
 
 
 def code_block(text: str, width: int = MD_LINE) -> MetadataValue:
