@@ -298,8 +298,8 @@ def test_retire_takes_a_drop_out_for_good_unless_its_bytes_change(
     out = capsys.readouterr().out
     venv = Path(sys.executable).parent
     assert f"{venv / 'prep-assets'} ui --data-dir {data}" in out  # the UI hint, as run
-    assert f"PREP_ASSETS_DATA_DIR={data} {venv / 'dagster'} job backfill" in out
-    assert "its runs are queued" in out and "\nunit " not in out and "line " in out  # the summary's unit column
+    assert f"{venv / 'prep-assets'} backfill <dataset> [--drops KEY1,KEY2] --data-dir {data}" in out
+    assert "it waits for the runs" in out and "\nunit " not in out and "line " in out  # the summary's unit column
     lake, raw = data / "lake" / ds, data / "raw" / ds
     bad = raw / "field_notes_2026-11-02.txt"
     content = bad.read_bytes()

@@ -14,6 +14,8 @@ SQL_WORDS = re.compile(r"\b(SELECT|FROM|WHERE|JOIN|GROUP BY|ORDER BY|read_parque
 # assembled from literals in the same function). Paths, partition keys, values and column names from data are
 # never among them: they are bound as $parameters. A new name here must be such a fragment.
 SQL_FRAGMENTS = {
+    "_SPLIT_HASHED",
+    "_SPLIT_SHARE",
     "_MOD_2_64",
     "_FIXED_BROKEN",
     "_LAYOUT_DIFFERS",

@@ -73,28 +73,36 @@ def silver_lengths(silver_dir: Path, min_chars: int, max_chars: int | None) -> O
     return Outcome(n, bad, {"min_chars": min_chars, "max_chars": max_chars})
 
 
+# the split hash: the first 8 bytes of sha256('<seed>:<content_sha256>') as an unsigned integer
+_SPLIT_HASHED = (
+    "SELECT record_id, source_file, source_line, split, file_row_number AS pos, "
+    "('0x' || substr(sha256($seed || ':' || content_sha256), 1, 16))::UBIGINT AS h "
+    "FROM read_parquet($s, file_row_number = true)"
+)
+_SPLIT_SHARE = "(h::DOUBLE / 18446744073709551616.0)"  # the split hash as a share of [0, 1)
+# with counts: the records of the drop ranked by split hash (ties in drop order); the first $a validation, the
+# next up to $b test
+_SPLIT_BY_COUNT = f"""(SELECT *, CASE WHEN r <= $a THEN 'validation' WHEN r <= $b THEN 'test' ELSE 'train' END
+                          AS drawn_split
+                      FROM (SELECT *, row_number() OVER (ORDER BY h, pos) AS r FROM ({_SPLIT_HASHED})))"""
+# with ratios: validation below $a, test below $b
+_SPLIT_BY_RATIO = f"""(SELECT *, CASE WHEN {_SPLIT_SHARE} < $a THEN 'validation' WHEN {_SPLIT_SHARE} < $b THEN 'test'
+                                 ELSE 'train' END AS drawn_split
+                      FROM ({_SPLIT_HASHED}))"""
+
+
 def silver_split_drawn(silver_dir: Path, split: SplitSpec) -> Outcome:
     """Every kept record is in the split drawn from its content hash: with ratios, by where its split hash falls
     in [0, 1); with counts, by its rank among the drop's split hashes (ties in drop order). Recomputed in SQL from
     `content_sha256`, apart from silver's code; for drops whose split is keyed by content (no `tabular.group_by`)."""
-    # the split hash: the first 8 bytes of sha256('<seed>:<content_sha256>') as an unsigned integer
-    hashed = (
-        "SELECT record_id, source_file, source_line, split, file_row_number AS pos, "
-        "('0x' || substr(sha256($seed || ':' || content_sha256), 1, 16))::UBIGINT AS h "
-        "FROM read_parquet($s, file_row_number = true)"
-    )
     if split.by_count:
         n_val, n_test = split.validation_count or 0, split.test_count or 0
-        ranked = f"SELECT *, row_number() OVER (ORDER BY h, pos) AS r FROM ({hashed})"
-        drawn = "CASE WHEN r <= $a THEN 'validation' WHEN r <= $b THEN 'test' ELSE 'train' END"
-        bounds: dict[str, Any] = {"a": n_val, "b": n_val + n_test}
+        source, bounds = _SPLIT_BY_COUNT, {"a": n_val, "b": n_val + n_test}
     else:
-        ranked = hashed
-        u = "(h::DOUBLE / 18446744073709551616.0)"
-        drawn = f"CASE WHEN {u} < $a THEN 'validation' WHEN {u} < $b THEN 'test' ELSE 'train' END"
+        source = _SPLIT_BY_RATIO
         bounds = {"a": split.validation_ratio, "b": split.validation_ratio + split.test_ratio}
     n, bad = _violating_rows(
-        f"(SELECT *, {drawn} AS drawn_split FROM ({ranked}))",
+        source,
         "split <> drawn_split",
         f"record_id, {_LOCATION}, split, drawn_split",
         {"s": str(silver_dir / "records.parquet"), "seed": str(split.seed), **bounds},
