@@ -16,7 +16,9 @@ run needs at least as many training files as workers.
 
 Token types. gdp: 0 prompt, 1 completion, 2 padding, 3 "SEP", the attention boundary it puts on the last token
 of each article (a JSONL line), which is the EOS it appends; the EOS it appends to every other prompt/completion
-pair of the article is a completion token, 1. Ours (docs/shards.md): 0 prompt, 1 completion, 2 padding, 3 every
+pair of the article is a completion token, 1 (with `--attention_boundary prompt_completion_pair` every pair's EOS
+is a 3, which the export keeps; under packing_boundary prompt_completion_pair with attention_boundary jsonl, gold
+types the EOS of a record's earlier pairs 1 already). Ours (docs/shards.md): 0 prompt, 1 completion, 2 padding, 3 every
 EOS, each trained turn's of a dialogue included. The export maps, per segment of a row (an example, or the piece
 of one, packed there): the segment's last EOS (our 3) becomes gdp's 3, every earlier EOS of it becomes 1; 0, 1
 and 2 are kept. Tokens a chat template renders after the last EOS (ChatML's newline after `<|im_end|>`) keep
@@ -71,9 +73,12 @@ _STAGING = ".rows.hdf5"
 _TEST_SHAPES = ("text", "turns")  # record shapes gdp's prompt/completion JSONL can hold
 
 
-def gdp_token_types(token_type_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
-    """gdp's token types of rows `(n, L)`: the last EOS (3) of each segment stays 3, its earlier EOS become 1."""
+def gdp_token_types(token_type_ids: np.ndarray, segment_ids: np.ndarray, per_pair: bool = False) -> np.ndarray:
+    """gdp's token types of rows `(n, L)`: the last EOS (3) of each segment stays 3, its earlier EOS become 1;
+    with `per_pair` (gdp's attention_boundary prompt_completion_pair) every EOS stays 3."""
     out = token_type_ids.astype(np.int32)
+    if per_pair:
+        return out
     flat = out.reshape(-1)
     eos = np.flatnonzero(flat == TYPE_EOS)
     # one key per (row, segment); an EOS is its segment's last where the next EOS has another key
@@ -142,6 +147,8 @@ class Hdf5Rows:
         self.dest = target.dir.parent / HDF5_DIR
         self.categories = category_map(target.spec)
         self.names = DATASETS + ((CATEGORY_IDS,) if self.categories is not None else ())
+        spec = target.spec
+        self.per_pair = spec is not None and spec.packing.attention_boundary == "prompt_completion_pair"
         self.rows = 0
         self._domain_ids: list[int] | None = None
         self.file: h5py.File | None = None
@@ -160,7 +167,7 @@ class Hdf5Rows:
         values = {
             "input_ids": rows.input_ids[: n * L].reshape(n, L).astype(np.int32, copy=False),
             "token_type_ids": gdp_token_types(
-                rows.token_type_ids[: n * L].reshape(n, L), rows.segment_ids[: n * L].reshape(n, L)
+                rows.token_type_ids[: n * L].reshape(n, L), rows.segment_ids[: n * L].reshape(n, L), self.per_pair
             ),
         }
         if self.categories is not None:

@@ -41,6 +41,8 @@ from prep_assets.core.records import (
     GOLD_REJECT_SCHEMA,
     NO_CATEGORY,
     SPLITS,
+    TYPE_COMPLETION,
+    TYPE_EOS,
     TYPE_PROMPT,
     gold_schema,
 )
@@ -115,6 +117,19 @@ class _PairUnits:
         number = np.concatenate([np.arange(1, n + 1) for n in sizes]) if sizes else np.zeros(0, dtype=np.int64)
         return cls(pairs, owner, number)
 
+    def without_inner_boundaries(self, tb: TokenizedBatch) -> TokenizedBatch:
+        """gdp's attention_boundary jsonl over pair units: only a record's last pair ends in the attention boundary
+        (type 3); the EOS ending each earlier pair is a completion token (1), as gdp types it, so a pair attends to
+        the earlier pairs of its record in its row. A record whose last pair is rejected has no boundary (gdp's
+        last article was dropped whole)."""
+        sizes = np.bincount(self.owner, minlength=int(self.owner.max(initial=-1)) + 1)
+        inner = (self.number < sizes[self.owner])[tb.kept]
+        if not inner.any():
+            return tb
+        per_token = np.repeat(inner, np.diff(tb.offsets))
+        types = np.where(per_token & (tb.token_type_ids == TYPE_EOS), TYPE_COMPLETION, tb.token_type_ids)
+        return replace(tb, token_type_ids=types.astype(tb.token_type_ids.dtype, copy=False))
+
     def to_records(self, tb: TokenizedBatch, tally: _GoldTally) -> tuple[TokenizedBatch, np.ndarray, pa.Array]:
         """The pairs' batch as the records': kept pairs name their record (`kept`), a record all of whose pairs are
         rejected is one reject (its first pair's reason); a rejected pair of a kept record is counted by reason
@@ -167,6 +182,8 @@ def _record_examples(
                 splits = batch.column("split").to_pylist()
                 unit_splits = splits if pair_units is None else [splits[r] for r in pair_units.owner.tolist()]
                 after_dropped = tally.after_dropped(unit_tb, unit_splits)
+            if pair_units is not None and spec.packing.attention_boundary == "jsonl":
+                unit_tb = pair_units.without_inner_boundaries(unit_tb)
             tb, pair_number, record_ids = (
                 pair_units.to_records(unit_tb, tally) if pair_units is not None else (unit_tb, None, None)
             )

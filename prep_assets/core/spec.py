@@ -154,9 +154,10 @@ class DatasetSpec(_Strict):
                 "input.domain_key names a domain per record; a tabular example assembles many records, so it has "
                 "none: split the table into one dataset per domain instead"
             )
-        if self.pair_units and kind.shape != "turns":
+        pair_keys = [k for k in ("packing_boundary", "attention_boundary") if getattr(self.packing, k) != "jsonl"]
+        if pair_keys and kind.shape != "turns":
             raise ValueError(
-                f"packing.packing_boundary prompt_completion_pair splits instruction records into their pairs; "
+                f"packing.{pair_keys[0]} prompt_completion_pair applies to the pairs of instruction records; "
                 f"input.type {self.input.type} has no prompt/completion pairs"
             )
         if self.input.categories is not None and (kind.shape not in ("text", "turns") or self.output.categories):

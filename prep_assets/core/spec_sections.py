@@ -236,7 +236,8 @@ class PackingSpec(_Strict):
     seed: int = 0
     shuffle: bool = True
     # gdp's --packing_boundary / --attention_boundary: a record (`jsonl`, one line) or each of its prompt/completion
-    # pairs (`prompt_completion_pair`) is the unit rows take whole / the span tokens attend within; equal for now
+    # pairs (`prompt_completion_pair`) is the unit rows take whole / the span tokens attend within (the attention
+    # boundary is where gdp's token type 3 falls: docs/spec.md, "gdp recipe")
     packing_boundary: Boundary = "jsonl"
     attention_boundary: Boundary = "jsonl"
     # greedy: an example gold dropped as too long (overflow drop) closes the open row, as gdp's greedy meets it
@@ -245,16 +246,18 @@ class PackingSpec(_Strict):
 
     @model_validator(mode="after")
     def _boundaries(self) -> PackingSpec:
-        if self.packing_boundary != self.attention_boundary:
-            raise ValueError(
-                f"packing_boundary {self.packing_boundary} with attention_boundary {self.attention_boundary}: "
-                "only equal boundaries are reproduced (both jsonl, or both prompt_completion_pair)"
-            )
         if self.packing_boundary == "prompt_completion_pair" and self.strategy == "full":
             raise ValueError(
                 "packing_boundary prompt_completion_pair packs each pair whole: use strategy greedy, single, bfd "
                 "or ffd (full cuts examples across rows)"
             )
+        if self.packing_boundary == "prompt_completion_pair" and self.attention_boundary == "jsonl":
+            if self.strategy not in ("greedy", "single"):
+                raise ValueError(
+                    f"packing_boundary prompt_completion_pair with attention_boundary jsonl (gdp's all shot "
+                    f"layout) lets a pair attend to the earlier pairs of its record in its row, which needs them "
+                    f"packed in input order: use strategy greedy or single, not {self.strategy}"
+                )
         return self
 
 

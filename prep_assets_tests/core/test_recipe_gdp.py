@@ -38,7 +38,8 @@ def _gdp_rows(
     suffix: str = "jsonl",
     **sections: Any,
 ) -> tuple[dict[str, np.ndarray], int]:
-    """Our rows of `text` (one drop) under `recipe: gdp`, read back from the hdf5 export; and gold's rejects."""
+    """Our rows of `text` (one drop) under `recipe: gdp`, read back from the hdf5 export; and gold's rejects. Every
+    gate but the reject rates and utilization (small heads with too-long lines) passes."""
     raw = {
         "recipe": "gdp",
         "input": {"type": input_type},
@@ -51,7 +52,8 @@ def _gdp_rows(
     spec = parse_spec(raw, path=Path("gdp.yaml"), default_name="gdp")
     (tmp_path / "raw" / "gdp").mkdir(parents=True)
     (tmp_path / "raw" / "gdp" / f"head.{suffix}").write_bytes(text.encode("utf-8"))
-    ((_, result),) = run_core(tmp_path, spec).items()
+    ((key, result),) = run_core(tmp_path, spec).items()
+    assert not [g for g, _ in failed_gates(spec, tmp_path, key) if "rate" not in g and "utilization" not in g]
     (hdf5,) = result["dirs"][3].glob("hdf5/train_*.hdf5")  # `categories.json`: gdp's train_1_of_1.hdf5
     with h5py.File(hdf5) as f:
         return {k: f[k][:] for k in f}, result["gold"].rejects
@@ -106,14 +108,38 @@ def test_gdp_full_on_text_lines_keeps_each_lines_newline_before_the_eos(tmp_path
     assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
 
 
-def test_gdp_prompt_completion_pair_boundaries_pack_a_lines_pairs_as_separate_units_in_order(tmp_path: Path):
+PAIR = "prompt_completion_pair"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "packing_boundary", "attention_boundary", "boundaries_per_row"),
+    [
+        ("pair_boundary", PAIR, PAIR, [5, 6]),  # every pair's EOS is a 3
+        # gdp's "all shot": pairs packed as units, a 3 only after a line's last pair; line 2's pairs run on into
+        # row 2, where they still attend to each other
+        ("all_shot", PAIR, "jsonl", [1, 3]),
+        # lines whole (35, 132, 30 and 29 tokens), a 3 after each pair; line 2 is dropped and closes row 1
+        ("pair_attention", "jsonl", PAIR, [2, 4]),
+    ],
+)
+def test_gdp_packing_and_attention_boundaries_place_type_3_as_gdp(
+    tmp_path: Path, fixture: str, packing_boundary: str, attention_boundary: str, boundaries_per_row: list[int]
+):
     text = _lines("dialogue/gdp_dialogue.jsonl", [1, 2, 3, 4])
-    boundaries = {"packing_boundary": "prompt_completion_pair", "attention_boundary": "prompt_completion_pair"}
+    boundaries = {"packing_boundary": packing_boundary, "attention_boundary": attention_boundary}
     ours, rejects = _gdp_rows(tmp_path, text, {"overflow": "drop"}, {"strategy": "greedy", **boundaries})
-    expected = _expected("pair_boundary")
-    assert rejects == 0
+    expected = _expected(fixture)
+    assert rejects == (1 if packing_boundary == "jsonl" else 0)
     assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
-    assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]  # every pair's EOS is 3
+    assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
+    assert [int(np.count_nonzero(row == 3)) for row in ours["token_type_ids"]] == boundaries_per_row
+    if fixture == "all_shot":  # gold types the EOS of a line's earlier pairs as gdp does: 1; the last pair's 3
+        gold = pq.read_table(next((tmp_path / "lake").rglob("gold/*/examples.parquet"))).to_pylist()
+        assert [(g["example_id"].split(":")[-1], g["token_type_ids"][-1]) for g in gold[:3]] == [
+            ("1/1", 1),
+            ("1/2", 3),
+            ("2/1", 1),
+        ]
 
 
 def test_the_text_endoftext_in_content_is_encoded_as_text_never_as_the_eos(tmp_path: Path):
@@ -170,7 +196,7 @@ def test_a_too_long_pair_is_counted_and_its_record_kept_by_its_other_pairs(tmp_p
         [{"prompt": long, "completion": "A"}],  # its only pair too long: the record is a reject
     ]
     text = "".join(json.dumps(line) + "\n" for line in lines)
-    boundaries = {"packing_boundary": "prompt_completion_pair", "attention_boundary": "prompt_completion_pair"}
+    boundaries = {"packing_boundary": PAIR, "attention_boundary": PAIR}
     raw = {
         "recipe": "gdp",
         "input": {"type": "instruction"},
@@ -194,16 +220,19 @@ def test_a_too_long_pair_is_counted_and_its_record_kept_by_its_other_pairs(tmp_p
     assert failed <= {"tokenized_examples_reject_rate", "packed_shards_utilization"}, failed
 
 
-def test_boundaries_must_be_equal_and_pairs_need_whole_example_packing():
-    pair = "prompt_completion_pair"
-    with pytest.raises(Exception, match="only equal boundaries"):
-        make_spec(input={"type": "instruction"}, packing={"packing_boundary": pair})
+def test_boundaries_that_gdp_cannot_pack_are_refused():
     with pytest.raises(Exception, match="full cuts examples"):
         make_spec(
-            recipe="gdp", input={"type": "instruction"}, packing={"packing_boundary": pair, "attention_boundary": pair}
+            recipe="gdp", input={"type": "instruction"}, packing={"packing_boundary": PAIR, "attention_boundary": PAIR}
         )
-    with pytest.raises(Exception, match="has no prompt/completion pairs"):
-        make_spec(packing={"strategy": "greedy", "packing_boundary": pair, "attention_boundary": pair})
+    with pytest.raises(Exception, match="needs them packed in input order: use strategy greedy or single, not bfd"):
+        make_spec(input={"type": "instruction"}, packing={"packing_boundary": PAIR})
+    for key in ("packing_boundary", "attention_boundary"):
+        with pytest.raises(Exception, match=f"packing.{key} prompt_completion_pair applies to the pairs"):
+            make_spec(packing={"strategy": "greedy", key: PAIR})
+    # gdp's full packing with an attention boundary per pair; any strategy with lines packed whole
+    assert make_spec(recipe="gdp", input={"type": "instruction"}, packing={"attention_boundary": PAIR})
+    assert make_spec(input={"type": "instruction"}, packing={"attention_boundary": PAIR, "strategy": "bfd"})
 
 
 CATEGORIES = ["example_category_1", "example_category_2", "example_category_3"]
