@@ -142,6 +142,29 @@ def test_gdp_packing_and_attention_boundaries_place_type_3_as_gdp(
         ]
 
 
+def test_all_shot_keeps_the_pairs_gdp_keeps_where_whole_lines_would_be_dropped(tmp_path: Path):
+    """The whole `dialogue` example (42 lines, 96 pairs) at 32 tokens, greedy + drop: with gdp's all shot
+    boundaries gdp keeps 91 pairs in 76 rows with 41 type-3 tokens (a line whose last pair is dropped has none;
+    figures printed by the last commands of fixtures/gdp/make.sh). Ours keeps the same. With lines packed whole,
+    gdp and we keep 12 of the 42 lines (23 pairs), in 12 rows."""
+    text = shared_path("datasets/dialogue/gdp_dialogue.jsonl").read_text(encoding="utf-8")
+    ours, rejects = _gdp_rows(
+        tmp_path,
+        text,
+        {"max_seq_len": 32, "overflow": "drop"},
+        {"strategy": "greedy", "packing_boundary": PAIR, "attention_boundary": "jsonl"},
+    )
+    ids, types = ours["input_ids"], ours["token_type_ids"]
+    kept_pairs = int(np.count_nonzero((ids == 50256) & ((types == 1) | (types == 3))))  # each kept pair's EOS
+    assert (kept_pairs, len(ids), int(np.count_nonzero(types == 3))) == (91, 76, 41)
+    gold = pq.read_table(next((tmp_path / "lake").rglob("gold/*/examples.parquet")))
+    assert gold.num_rows == 91 and rejects == 0  # every line keeps a pair: the 5 dropped pairs are counted apart
+    whole, rejects = _gdp_rows(
+        tmp_path / "whole", text, {"max_seq_len": 32, "overflow": "drop"}, {"strategy": "greedy"}
+    )
+    assert (len(whole["input_ids"]), rejects, int(np.count_nonzero(whole["token_type_ids"] == 3))) == (12, 30, 12)
+
+
 def test_the_text_endoftext_in_content_is_encoded_as_text_never_as_the_eos(tmp_path: Path):
     """gdp's `encode` turns the text `<|endoftext|>` into a real EOS (50256); ours encodes its characters."""
     text = json.dumps({"prompt": "Say <|endoftext|> now", "completion": "ok<|endoftext|>"}) + "\n"
