@@ -330,6 +330,7 @@ class RowPlan:
     dropped_tokens: int = 0  # tokens of windows left out (no loss token): their tokens not in any kept window
     dropped_pieces: int = 0
     overlap_tokens: int = 0  # tokens repeated at the start of windows (masked)
+    dropped_rows: int = 0  # rows left out whole (`drop_rows_without`); their tokens are in dropped_tokens
 
     @property
     def num_rows(self) -> int:
@@ -404,6 +405,42 @@ def window_pieces(
     repeated = int(np.where(same, np.maximum(prev_end - kept.start, 0), 0).sum())
     dropped = int(lengths.sum() - (kept.length.sum() - repeated))
     return kept, dropped, int(np.count_nonzero(~keep)), repeated
+
+
+def drop_rows_without(plan: RowPlan, lengths: np.ndarray, flags: np.ndarray) -> RowPlan:
+    """The plan without its rows none of whose tokens is flagged: gdp's removal of prompt-only sequences
+    (`--keep_prompt_only_sequences` false), which under `full` drops a row cut from the middle of a long prompt.
+
+    `flags` holds a value per token of the examples concatenated in order (`lengths`), non-zero on the tokens that
+    keep a row (gdp: its completion tokens, type 1), or anything whose slices are. The left-out rows' tokens are
+    added to `dropped_tokens` (they are in no row), the rows counted in `dropped_rows`.
+
+    >>> plan = plan_rows(np.array([2, 6]), capacity=3, strategy="full")
+    >>> kept = drop_rows_without(plan, np.array([2, 6]), np.array([1, 1, 0, 0, 0, 0, 0, 1]))
+    >>> kept.row_offsets.tolist(), kept.dropped_tokens, kept.dropped_rows
+    ([0, 2, 3], 3, 1)
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lo = offsets_from_lengths(lengths)[:-1][plan.example] + plan.start
+    order = np.argsort(lo, kind="stable")  # range_sums reads ranges front to back
+    sums = np.empty(len(lo), dtype=np.int64)
+    sums[order] = range_sums(flags, lo[order], lo[order] + plan.length[order])
+    rows = np.repeat(np.arange(plan.num_rows), np.diff(plan.row_offsets))
+    keep_row = np.bincount(rows, weights=sums, minlength=plan.num_rows) > 0
+    if keep_row.all():
+        return plan
+    keep = keep_row[rows]
+    return RowPlan(
+        plan.example[keep],
+        plan.start[keep],
+        plan.length[keep],
+        plan.masked[keep],
+        offsets_from_lengths(np.diff(plan.row_offsets)[keep_row]),
+        plan.dropped_tokens + int(plan.length[~keep].sum()),
+        plan.dropped_pieces,
+        plan.overlap_tokens,
+        plan.dropped_rows + int(np.count_nonzero(~keep_row)),
+    )
 
 
 def range_sums(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, span: int = 1 << 22) -> np.ndarray:
