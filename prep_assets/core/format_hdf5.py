@@ -9,8 +9,9 @@ untokenized JSONL in `test_files/`; with categories gdp's `category_to_id.json`.
 
 Rows keep the order of the split's Parquet parts and are cut into N contiguous blocks whose sizes differ by at
 most one (gdp's `balance_hdf5_files` promise; the first `rows % N` files hold one row more). N is
-`output.num_training_splits` for train and `output.num_dev_splits` for dev (gdp's flags; a split with fewer rows
-than its N is a drop error, as gdp refuses more files than lines), else the number of Parquet parts of the split,
+`output.num_training_splits` for train, `output.num_dev_splits` for dev and `output.num_test_splits` for test
+(gdp's flags; a split with fewer rows than its N is a drop error, as gdp refuses more files than lines; with
+`output.hdf5_test_jsonl`, N test JSONL files of the test records), else the number of Parquet parts of the split,
 ceil(rows / rows_per_file), rows_per_file coming from `output.max_tokens_per_shard // max_seq_len`: a SambaStudio
 run needs at least as many training files as workers.
 
@@ -71,6 +72,8 @@ TOKENIZER_MODEL_TYPE = "unknown"
 _CHUNK_BYTES = 1 << 20  # HDF5 chunk (and copy block) size target
 _STAGING = ".rows.hdf5"
 _TEST_SHAPES = ("text", "turns")  # record shapes gdp's prompt/completion JSONL can hold
+# the output keys of gdp's file counts per split (gdp's --num_training_splits, --num_dev_splits, --num_test_splits)
+_NUM_FILES_KEY = {"train": "num_training_splits", "validation": "num_dev_splits", "test": "num_test_splits"}
 
 
 def gdp_token_types(token_type_ids: np.ndarray, segment_ids: np.ndarray, per_pair: bool = False) -> np.ndarray:
@@ -188,13 +191,15 @@ class Hdf5Rows:
         return self._domain_ids
 
     def num_files(self) -> int:
-        """How many files the split's rows are cut into: the spec's gdp count for train and dev, else one per
-        Parquet part."""
+        """How many files the split's rows are cut into: the spec's gdp count, else one per Parquet part. With
+        `hdf5_test_jsonl` the test split's count is of JSONL files, checked against its records by `finish`."""
         output = self.target.spec.output if self.target.spec is not None else None
-        key = {"train": "num_training_splits", "validation": "num_dev_splits"}.get(self.split)
-        asked = getattr(output, key) if output is not None and key is not None else None
+        key = _NUM_FILES_KEY[self.split]
+        asked = getattr(output, key) if output is not None else None
         if asked is None:
             return max(1, math.ceil(self.rows / self.target.rows_per_file))
+        if self.as_jsonl:
+            return asked
         if self.rows < asked:
             raise DropError(
                 f"hdf5: output.{key} asks for {asked} {GDP_PREFIX[self.split]} files, but the drop's {self.split} "
@@ -287,6 +292,12 @@ def _write_test_jsonl(target: PartitionTarget, n: int) -> list[dict[str, Any]]:
     if target.silver_records is None:
         raise DropError("hdf5: output.hdf5_test_jsonl needs the partition's silver records")
     total = sum(1 for _ in _test_records(target.silver_records))
+    asked = target.spec.output.num_test_splits
+    if asked is not None and total < asked:
+        raise DropError(
+            f"hdf5: output.num_test_splits asks for {asked} test files, but the drop's test split has {total} "
+            "records: a file would be empty; lower output.num_test_splits or leave it unset"
+        )
     if total == 0:
         return []
     ids = category_map(target.spec)

@@ -325,6 +325,7 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("split", "test_count", None),
     ("output", "num_training_splits", None),
     ("output", "num_dev_splits", None),
+    ("output", "num_test_splits", None),
 )
 
 # Which spec sections shape each layer's output: a change to one makes that layer and those below stale.

@@ -366,15 +366,17 @@ class OutputSpec(_Strict):
     hdf5_model_type: str | None = None
     hdf5_test_jsonl: bool = False  # the test split as gdp's untokenized test_files/*.jsonl, not HDF5
     categories: list[str] | None = None  # gdp's --categories_path list: domains -> category_ids, in this order
-    # hdf5: gdp's --num_training_splits / --num_dev_splits, the train / dev rows of a drop in exactly this many files
+    # hdf5: gdp's --num_training_splits / --num_dev_splits / --num_test_splits, the train / dev / test rows of a drop
+    # in exactly this many files (test with hdf5_test_jsonl: its records in this many JSONL files)
     num_training_splits: int | None = Field(default=None, ge=1)
     num_dev_splits: int | None = Field(default=None, ge=1)
+    num_test_splits: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _categories(self) -> OutputSpec:
         if self.categories is not None and (not self.categories or len(set(self.categories)) < len(self.categories)):
             raise ValueError("output.categories: a non-empty list of distinct domain names")
-        for key in ("num_training_splits", "num_dev_splits"):
+        for key in ("num_training_splits", "num_dev_splits", "num_test_splits"):
             if getattr(self, key) is not None and "hdf5" not in self.formats:
                 raise ValueError(f"output.{key} sets the number of gdp HDF5 files: add hdf5 to output.formats")
         return self

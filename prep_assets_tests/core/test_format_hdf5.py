@@ -331,12 +331,12 @@ def counted_run(tmp_path_factory: pytest.TempPathFactory):
         records=_sums(90),
         split={"validation_ratio": 0, "test_ratio": 0, "validation_count": 11, "test_count": 5},
         packing={"strategy": "single"},  # a row per record: 74 train rows, 11 dev, 5 test
-        output={"num_training_splits": 4, "num_dev_splits": 3},
+        output={"num_training_splits": 4, "num_dev_splits": 3, "num_test_splits": 2},
     )
 
 
-@pytest.mark.parametrize(("split", "n"), [("train", 4), ("validation", 3), ("test", 1)])
-def test_num_training_and_dev_splits_spread_the_rows_over_that_many_balanced_files(counted_run, split, n):
+@pytest.mark.parametrize(("split", "n"), [("train", 4), ("validation", 3), ("test", 2)])
+def test_num_training_dev_and_test_splits_spread_the_rows_over_that_many_balanced_files(counted_run, split, n):
     spec, (result,), lake = counted_run
     shards = result["dirs"][3]
     assert len(list((shards / split).glob("part-*.parquet"))) == 1
@@ -364,7 +364,7 @@ def test_num_splits_are_recorded_in_the_metadata_as_gdp_does(counted_run):
     spec, (result,), lake = counted_run
     shards = result["dirs"][3]
     meta = yaml.safe_load((shards / "hdf5" / "metadata.yaml").read_text(encoding="utf-8"))
-    assert (meta["number_of_training_files"], meta["number_of_dev_files"], meta["number_of_test_files"]) == (4, 3, 1)
+    assert (meta["number_of_training_files"], meta["number_of_dev_files"], meta["number_of_test_files"]) == (4, 3, 2)
     sizes = _gdp_sizes(shards)
     assert meta["max_batch_size_train"] == min(sizes["train"]) and meta["max_batch_size_dev"] == min(
         sizes["validation"]
@@ -373,21 +373,46 @@ def test_num_splits_are_recorded_in_the_metadata_as_gdp_does(counted_run):
     _check_metadata(spec, shards, vocab)
 
 
+def _thirty_records(tmp_path: Path, counts: dict[str, int], output: dict[str, Any]):
+    """A drop of 30 records, a row each, with `counts` records held out (split.validation_count / test_count)."""
+    return _build(
+        tmp_path,
+        "sample_instruct",
+        rows_per_file=1000,
+        records=_sums(30),
+        split={"validation_ratio": 0, "test_ratio": 0, **counts},
+        packing={"strategy": "single"},
+        output=output,
+    )
+
+
 def test_more_files_than_rows_is_a_drop_error_naming_the_key(tmp_path: Path):
     with pytest.raises(
         DropError, match=r"output.num_dev_splits asks for 5 dev files, but the drop's validation split has 2 rows"
     ):
-        _build(
-            tmp_path,
-            "sample_instruct",
-            rows_per_file=1000,
-            records=_sums(30),
-            split={"validation_ratio": 0, "test_ratio": 0, "validation_count": 2},
-            packing={"strategy": "single"},
-            output={"num_dev_splits": 5},
-        )
+        _thirty_records(tmp_path, {"validation_count": 2}, {"num_dev_splits": 5})
+
+
+@pytest.mark.parametrize(("asked", "files"), [(2, [3, 2]), (6, None)])
+def test_num_test_splits_cuts_the_test_jsonl_into_that_many_files(tmp_path: Path, asked: int, files):
+    """gdp's --num_test_splits counts its untokenized test files: with hdf5_test_jsonl, the test records in exactly
+    that many balanced JSONL files; more files than the split's records fails the drop, as gdp refuses."""
+    build = lambda: _thirty_records(tmp_path, {"test_count": 5}, {"hdf5_test_jsonl": True, "num_test_splits": asked})  # noqa: E731
+    if files is None:
+        with pytest.raises(DropError, match=r"num_test_splits asks for 6 test files, but .* test split has 5 records"):
+            build()
+        return
+    _, (result,), _ = build()
+    folder = result["dirs"][3] / "hdf5"
+    names = sorted(p.name for p in (folder / "test_files").iterdir())
+    assert names == ["test_1_of_2.jsonl", "test_2_of_2.jsonl"]
+    sizes = [len((folder / "test_files" / n).read_text(encoding="utf-8").splitlines()) for n in names]
+    assert sizes == files
+    assert yaml.safe_load((folder / "metadata.yaml").read_text(encoding="utf-8"))["number_of_test_files"] == 2
 
 
 def test_num_splits_without_hdf5_is_a_spec_error(tmp_path: Path):
-    with pytest.raises(SpecError, match="num_training_splits sets the number of gdp HDF5 files: add hdf5"):
-        sample_spec(copy_sample_data(tmp_path), "sample_instruct", output={"num_training_splits": 2})
+    data = copy_sample_data(tmp_path)
+    for key in ("num_training_splits", "num_test_splits"):
+        with pytest.raises(SpecError, match=f"{key} sets the number of gdp HDF5 files: add hdf5"):
+            sample_spec(data, "sample_instruct", output={key: 2})
