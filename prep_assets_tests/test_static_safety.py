@@ -36,6 +36,7 @@ SQL_FRAGMENTS = {
     "_SEGMENTS_WITH_SLICES",
     "hashes",
     "segments",
+    "gaps",
     "columns",
     "ids",
     "kept_ids",

@@ -22,6 +22,7 @@ from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, read_json
 from prep_assets.core.masking import trainable_types
 from prep_assets.core.record_types import record_type
+from prep_assets.core.shards import drops_prompt_only_rows
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.sql import shared_database
 from prep_assets.core.tokenizer import load_pinned_info
@@ -168,7 +169,7 @@ def _source(on: Subject) -> Path | None:
 
 def layout(spec: DatasetSpec) -> inv.Layout:
     seq = spec.sequence
-    return inv.Layout(seq.max_seq_len, spec.packing.strategy, seq.overflow, seq.overlap)
+    return inv.Layout(seq.max_seq_len, spec.packing.strategy, seq.overflow, seq.overlap, drops_prompt_only_rows(spec))
 
 
 def _reported(shards_dir: Path) -> dict[str, Any] | None:
@@ -335,7 +336,8 @@ GATES: tuple[Gate, ...] = (
         "per split: shard tokens = gold tokens − tokens dropped by packing + window overlaps, both recomputed from "
         "gold in SQL and equal to the packer's own figures; every example placed as the strategy requires: whole "
         "once (bfd/ffd/single/greedy), as exactly its windows with a loss token, or (full) tiled from token 0 to its "
-        "end, in its own split",
+        "end, in its own split (where prompt-only rows are left out: in order, no token of a completion among the "
+        "ones in no row, and those counted as dropped)",
         lambda on: inv.shards_tokens_conserved(on.shard_files, on.gold, layout(on.spec), _reported(on.shards)),
     ),
     Gate(

@@ -35,7 +35,7 @@ from prep_assets.core.lake import (
     staged_dir,
     write_json_atomic,
 )
-from prep_assets.core.packing import RowPlan, plan_rows, unit_offsets
+from prep_assets.core.packing import RowPlan, drop_rows_without, plan_rows, unit_offsets
 from prep_assets.core.parquet_io import DEFAULT_BATCH, iter_batches
 from prep_assets.core.progress import Progress
 from prep_assets.core.record_types import record_type
@@ -44,6 +44,7 @@ from prep_assets.core.records import (
     CATEGORY,
     DEFAULT_DOMAIN,
     SPLITS,
+    TYPE_COMPLETION,
 )
 from prep_assets.core.rows import RowCounts, rows_from_values, segment_sources
 from prep_assets.core.spec import DatasetSpec
@@ -101,6 +102,13 @@ def plan_split(
         groups=groups,
         closes=after_dropped if spec.packing.strategy == "greedy" and spec.sequence.overflow == "drop" else None,
     )
+
+
+def drops_prompt_only_rows(spec: DatasetSpec) -> bool:
+    """Whether `full` rows holding no completion token are left out (gdp's removal of prompt-only sequences, for
+    `sequence.keep_prompt_only_sequences: false`). Other strategies place whole examples or windows that keep a
+    loss token: a row of them always holds one, since gold rejects an example without a trained token."""
+    return spec.packing.strategy == "full" and not spec.sequence.keep_prompt_only_sequences
 
 
 def domain_groups(domains: Sequence[str | None]) -> tuple[list[str], np.ndarray]:
@@ -275,6 +283,10 @@ def build_packed_shards(
                     sg.after_dropped,
                 )
                 sg.spill.release()
+                if drops_prompt_only_rows(spec):
+                    completion = sg.spill.front_to_back("type", equals=TYPE_COMPLETION)
+                    plan = drop_rows_without(plan, np.diff(sg.offsets), completion)
+                    sg.spill.release()
                 examples = len(sg.offsets) - 1
                 if plan.num_rows or examples:
                     (stage / split).mkdir()
@@ -393,6 +405,7 @@ class Metrics:
     tokens_dropped_by_overflow: int = 0
     tokens_dropped_by_packing: int = 0
     windows_dropped: int = 0  # windows without a loss token
+    rows_dropped: int = 0  # rows of `full` without a completion token (sequence.keep_prompt_only_sequences false)
     overlap_tokens: int = 0  # tokens a window repeats from the one before
 
     @classmethod
@@ -420,6 +433,8 @@ METRIC_DEFINITIONS = {
     "sequences": "rows, each of exactly L = `sequence.max_seq_len` tokens",
     "segments": "example pieces in rows (a row holds one or more)",
     "windows_dropped": "windows without a loss token, left out",
+    "rows_dropped": "rows of `full` holding no completion token (only prompt), left out unless "
+    "`sequence.keep_prompt_only_sequences`",
     "input_tokens": "gold tokens + tokens lost to overflow in gold",
     "gold_tokens": "tokens of the gold examples",
     "output_tokens": "non-padding tokens in rows",
@@ -427,7 +442,7 @@ METRIC_DEFINITIONS = {
     "prompt_tokens": "prompt tokens in rows (masked)",
     "padding_tokens": "pad tokens filling rows (mask 0, segment 0)",
     "tokens_dropped_by_overflow": "tokens gold's `sequence.overflow` cut or dropped",
-    "tokens_dropped_by_packing": "tokens of windows with no loss token",
+    "tokens_dropped_by_packing": "tokens of windows with no loss token, and of dropped rows",
     "overlap_tokens": "tokens a window repeats from the one before",
     "data_utilization": "(output − overlap) / input: the share of the input that reaches rows",
     "sequence_utilization": "output / (rows × L): how full rows are",
@@ -436,7 +451,7 @@ METRIC_DEFINITIONS = {
 }
 # The per-split metrics as tables narrow enough to read (each ≤ 8 columns with the split)
 SPLIT_TABLES = {
-    "splits_counts": ("sequences", "examples", "examples_split", "segments", "windows_dropped"),
+    "splits_counts": ("sequences", "examples", "examples_split", "segments", "windows_dropped", "rows_dropped"),
     "splits_tokens": (
         *("input_tokens", "gold_tokens", "output_tokens"),
         *("loss_tokens", "prompt_tokens", "padding_tokens"),
@@ -474,6 +489,7 @@ def split_metrics(
         tokens_dropped_by_overflow=dropped_by_overflow,
         tokens_dropped_by_packing=plan.dropped_tokens,
         windows_dropped=plan.dropped_pieces,
+        rows_dropped=plan.dropped_rows,
         overlap_tokens=plan.overlap_tokens,
     )
     distributions = {

@@ -70,8 +70,8 @@ class TokenSpill(ClosedOnExit):
             return np.zeros(0, dtype=TOKEN)
         return np.frombuffer(self._map, dtype=TOKEN)
 
-    def front_to_back(self, field: str) -> FrontToBack:
-        return FrontToBack(self, field)
+    def front_to_back(self, field: str, equals: int | None = None) -> FrontToBack:
+        return FrontToBack(self, field, equals)
 
     def release(self) -> None:
         """Drop the mapped pages this process touched (they stay in the page cache)."""
@@ -109,14 +109,16 @@ class TokenSpill(ClosedOnExit):
 
 class FrontToBack:
     """One field of a spill file for a pass from front to back (`range_sums`): each slice first drops the pages
-    the earlier slices mapped, so the pass holds one slice of the file, not all of it."""
+    the earlier slices mapped, so the pass holds one slice of the file, not all of it. With `equals`, a slice is
+    whether each value equals it (e.g. which tokens are of one type)."""
 
-    def __init__(self, spill: TokenSpill, field: str) -> None:
-        self._spill, self._field = spill, field
+    def __init__(self, spill: TokenSpill, field: str, equals: int | None = None) -> None:
+        self._spill, self._field, self._equals = spill, field, equals
 
     def __len__(self) -> int:
         return self._spill.tokens
 
     def __getitem__(self, key: slice) -> np.ndarray:
         self._spill.release()
-        return self._spill.view()[self._field][key]
+        values = self._spill.view()[self._field][key]
+        return values if self._equals is None else values == self._equals

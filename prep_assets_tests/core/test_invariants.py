@@ -480,3 +480,51 @@ def test_gold_reject_rate_passes_without_rejects_and_on_an_empty_drop(tmp_path: 
     assert out.passed and out.offending == [] and out.facts["gold_reject_rate"] == 0.0
     s, g = write_silver_and_gold_rejects(tmp_path / "b", 0, [])
     assert inv.gold_reject_rate(g, s, 0.05).passed
+
+
+# `full` at 4 with prompt-only rows left out: d:1 is a prompt of 6 and a completion of 2 (8 tokens, rows of 4)
+_PROMPT_THEN_COMPLETION = {
+    "token_ids": [1, 2, 3, 4, 5, 6, 7, 8],
+    "loss_mask": [0, 0, 0, 0, 0, 0, 1, 1],
+    "token_type_ids": [0, 0, 0, 0, 0, 0, 1, 3],
+}
+
+
+def _full_row(ids: list[int], types: list[int], offset: int) -> dict:
+    n = len(ids)
+    return shard_row(
+        input_ids=ids,
+        loss_mask=[0] + [int(t != 0) for t in types[1:]],
+        position_ids=list(range(n)),
+        segment_ids=[1] * n,
+        token_type_ids=types,
+        seq_lengths=[n],
+        example_offsets=[offset],
+        num_loss_tokens=sum(int(t != 0) for t in types[1:]),
+    )
+
+
+@pytest.mark.parametrize(
+    ("kept_offsets", "passes"),
+    [
+        ([4], True),  # row 0 (prompt only) left out: 4 tokens dropped, none of them a completion token
+        ([0], False),  # the row holding the completion left out instead: a trained gap
+        ([0, 4], True),  # both kept: nothing dropped
+    ],
+    ids=["prompt_only_row_dropped", "completion_row_dropped", "nothing_dropped"],
+)
+def test_full_with_prompt_only_rows_dropped_accepts_only_untrained_gaps(
+    tmp_path: Path, kept_offsets: list[int], passes: bool
+):
+    g = write_gold(tmp_path / "g", [_PROMPT_THEN_COMPLETION])
+    rows = {0: _full_row([1, 2, 3, 4], [0, 0, 0, 0], 0), 4: _full_row([5, 6, 7, 8], [0, 0, 1, 3], 4)}
+    f = [write_shard(tmp_path / "train" / "part-00000.parquet", [rows[o] for o in kept_offsets])]
+    dropped = 8 - 4 * len(kept_offsets)
+    reported = {"train": {"tokens_dropped_by_packing": dropped, "overlap_tokens": 0}}
+    out = inv.shards_tokens_conserved(f, g, inv.Layout(4, "full", drops_prompt_only_rows=True), reported)
+    assert out.passed is passes, out
+    assert out.facts["train"]["tokens_dropped_by_packing"] == dropped
+    if not passes:
+        assert out.offending[0]["example_id"] == "d:1" and out.offending[0]["gaps"] == 1
+    # without the rule, a dropped row is a gap in the example, whatever it held
+    assert inv.shards_tokens_conserved(f, g, inv.Layout(4, "full")).passed is (dropped == 0)

@@ -110,22 +110,29 @@ def test_gdp_full_on_text_lines_keeps_each_lines_newline_before_the_eos(tmp_path
 
 def test_gdp_full_leaves_out_the_rows_cut_from_a_long_prompt(tmp_path: Path):
     """Lines of 33, 46 and 505 tokens (line 6: a prompt of 470) under `full`: gdp keeps 2 of the 5 rows, leaving
-    out the three (384 tokens) holding no completion token. `drop_rows_without` plans the same from gold's token
-    types; the shards do not call it yet, so our export still holds the 5 rows, of which the 2 with a completion
-    token are gdp's."""
+    out the three (384 tokens) holding no completion token; so do we, counted in the shard stats (and the
+    conservation gate, which `_gdp_rows` holds passing, finds no completion token in the tokens left out)."""
     text = _lines("instruction/gdp_generative_tuning.jsonl", [2, 4, 6])
     ours, rejects = _gdp_rows(tmp_path, text, {}, {})
     expected = _expected("full_long_prompt")
-    with_completion = [i for i, row in enumerate(ours["token_type_ids"]) if (row == 1).any()]
-    assert (rejects, len(ours["input_ids"]), with_completion) == (0, 5, [0, 4])
-    assert ours["input_ids"][with_completion].tolist() == [r["input_ids"] for r in expected]
-    assert ours["token_type_ids"][with_completion].tolist() == [r["token_type_ids"] for r in expected]
+    assert rejects == 0
+    assert ours["input_ids"].tolist() == [r["input_ids"] for r in expected]
+    assert ours["token_type_ids"].tolist() == [r["token_type_ids"] for r in expected]
+    stats = json.loads(next((tmp_path / "lake").rglob("shards/*/stats.json")).read_text(encoding="utf-8"))
+    train = stats["splits"]["train"]
+    assert (train["sequences"], train["rows_dropped"], train["tokens_dropped_by_packing"]) == (2, 3, 384)
     gold = pq.read_table(next((tmp_path / "lake").rglob("gold/*/examples.parquet")))
     lengths = np.array(gold.column("num_tokens").to_pylist())
     flags = np.concatenate([np.array(t) == 1 for t in gold.column("token_type_ids").to_pylist()])
     plan = drop_rows_without(plan_rows(lengths, capacity=128, strategy="full"), lengths, flags)
     assert (plan.num_rows, plan.dropped_rows, plan.dropped_tokens) == (2, 3, 384)
     assert drop_rows_without(plan, lengths, flags) is plan  # nothing more to leave out
+
+
+def test_full_keeps_prompt_only_rows_when_asked(tmp_path: Path):
+    text = _lines("instruction/gdp_generative_tuning.jsonl", [2, 4, 6])
+    ours, _ = _gdp_rows(tmp_path, text, {"keep_prompt_only_sequences": True}, {})
+    assert [bool((row == 1).any()) for row in ours["token_type_ids"]] == [True, False, False, False, True]
 
 
 PAIR = "prompt_completion_pair"

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from prep_assets.core.invariants.common import SAMPLE, Outcome, _bound, _files, _rows_in, _violations_in
 from prep_assets.core.invariants.shards import _MOD_2_64, _ROWS_NAMED, _SEG_AT, _no_shards, shard_rows
+from prep_assets.core.records import TYPE_COMPLETION
 from prep_assets.core.sql import connect as sql_connect
 from prep_assets.core.sql import joins_as_written
 
@@ -23,6 +24,7 @@ class Layout:
     strategy: str = "bfd"
     overflow: str = "drop"
     overlap: int = 0
+    drops_prompt_only_rows: bool = False  # full: rows without a completion token are left out (`shards`)
 
     @property
     def windowed(self) -> bool:
@@ -75,6 +77,30 @@ _GOLD_TOTALS = (
     "SELECT split, sum(num_tokens)::BIGINT AS gold, sum(num_tokens)::BIGINT AS tokens, "
     "0::BIGINT AS dropped, 0::BIGINT AS overlap FROM read_parquet($g) GROUP BY split"
 )
+
+
+def _full_gaps(segments: str) -> str:
+    """`full` where rows holding no completion token are left out: the CTEs `a` (per example: its segments' first
+    offset, end, tokens, overlaps and splits), `g` (gold) and `ga` (per example: its `gaps`, the ranges of its
+    tokens in no segment, that hold a completion token, and the tokens of all its gaps). `segments`: our own SQL."""
+    return f"""
+    s AS (SELECT *, lag(off + len) OVER (PARTITION BY example_id ORDER BY off, file, row) AS prev_end
+          FROM {segments}),
+    a AS (SELECT example_id, min(off) AS first, max(off + len) AS last_end, sum(len) AS total,
+                 count(*) FILTER (prev_end IS NOT NULL AND prev_end > off) AS overlaps,
+                 count(DISTINCT split) AS splits, any_value(split) AS shard_split FROM s GROUP BY example_id),
+    g AS (SELECT example_id, split, num_tokens AS n FROM read_parquet($g)),
+    gaps AS (SELECT example_id, prev_end AS lo, off AS hi FROM s WHERE prev_end < off
+             UNION ALL SELECT example_id, 0, first FROM a WHERE first > 0
+             UNION ALL SELECT a.example_id, a.last_end, g.n FROM a JOIN g USING (example_id) WHERE a.last_end < g.n
+             UNION ALL SELECT example_id, 0, n FROM g ANTI JOIN a USING (example_id) WHERE n > 0),
+    gt AS (SELECT gaps.example_id, gaps.hi - gaps.lo AS len,
+                  list_contains(e.token_type_ids[gaps.lo + 1 : gaps.hi], $completion) AS trained
+           FROM gaps JOIN (SELECT example_id, token_type_ids FROM read_parquet($g)) e USING (example_id)),
+    ga AS (SELECT example_id, count(*) FILTER (trained) AS trained_gaps, sum(len) AS gap_tokens
+           FROM gt GROUP BY example_id)"""
+
+
 _EXPECTED_TOTALS = """
     WITH e AS (SELECT * FROM expected WHERE kept),
     r AS (SELECT split, len, greatest(0, coalesce(lag(off + len) OVER (PARTITION BY example_id ORDER BY off), 0)
@@ -97,7 +123,7 @@ def shards_tokens_conserved(
     Per split: shard tokens = gold tokens - tokens dropped by packing + overlap tokens; and `reported` (the
     shards' stats.json splits), where given, must carry the same dropped and overlap figures.
     """
-    p = {"g": str(gold_dir / "examples.parquet"), **layout.params}
+    p = {"g": str(gold_dir / "examples.parquet"), "completion": TYPE_COMPLETION, **layout.params}
     if files:
         p["files"] = _files(files)
     segments = f"({_SEGMENTS})" if files else _NO_SEGMENTS
@@ -116,6 +142,23 @@ def shards_tokens_conserved(
                OR a.total <> g.n OR a.gaps > 0 OR a.splits <> 1 OR a.shard_split <> g.split
         """
         expected_sql = _GOLD_TOTALS
+        if layout.drops_prompt_only_rows:  # segments in order, within the example; what none holds is untrained
+            gaps = _full_gaps(segments)
+            sql = f"""
+                WITH {gaps}
+                SELECT coalesce(g.example_id, a.example_id) AS example_id, g.n AS gold_tokens, a.total AS shard_tokens,
+                       a.first, a.last_end, coalesce(ga.trained_gaps, 0) AS gaps, a.overlaps, g.split, a.shard_split
+                FROM g FULL OUTER JOIN a USING (example_id) LEFT JOIN ga USING (example_id)
+                WHERE g.example_id IS NULL OR a.first < 0 OR a.last_end > g.n OR a.overlaps > 0 OR a.splits <> 1
+                   OR a.shard_split <> g.split OR coalesce(ga.trained_gaps, 0) > 0
+            """
+            expected_sql = f"""
+                WITH {gaps}
+                SELECT g.split, sum(g.n)::BIGINT AS gold,
+                       (sum(g.n) - coalesce(sum(ga.gap_tokens), 0))::BIGINT AS tokens,
+                       coalesce(sum(ga.gap_tokens), 0)::BIGINT AS dropped, 0::BIGINT AS overlap
+                FROM g LEFT JOIN ga USING (example_id) GROUP BY g.split
+            """
     else:
         sql = f"""
             WITH e AS (SELECT * FROM expected WHERE kept),
