@@ -18,7 +18,7 @@ import pyarrow as pa
 from prep_assets.core import invariants as inv
 from prep_assets.core.dedup import earlier_indexes
 from prep_assets.core.drops import resolve_drop
-from prep_assets.core.errors import DropError
+from prep_assets.core.errors import DropError, TokenizerError
 from prep_assets.core.lake import DatasetPaths, read_json
 from prep_assets.core.masking import trainable_types
 from prep_assets.core.record_types import record_type
@@ -108,9 +108,19 @@ class ShardRows(SharedPass):
     @classmethod
     def shared(cls, subject: Subject, judges: Sequence[ShardRows]) -> pa.Table | None:
         files = subject.shard_files
-        return inv.shard_rows(files, [j.part for j in judges], subject.spec.sequence.max_seq_len) if files else None
+        if not files:
+            return None
+        parts, pad_id = [j.part for j in judges], None
+        if "padding" in parts:
+            try:
+                pad_id = load_pinned_info(subject.paths.tokenizer_dir).pad_id
+            except TokenizerError:  # the padding gate meets this error judged alone; the others keep the pass
+                parts.remove("padding")
+        return inv.shard_rows(files, parts, subject.spec.sequence.max_seq_len, pad_id)
 
     def from_shared(self, subject: Subject, value: pa.Table | None, index: int) -> inv.Outcome:
+        if value is not None and inv.ROW_PART_COLUMNS[self.part] not in value.column_names:
+            return self.alone(subject)
         return self.from_rows(subject, value)
 
     def alone(self, subject: Subject) -> inv.Outcome:
@@ -320,7 +330,12 @@ GATES: tuple[Gate, ...] = (
         "shards",
         "packed_shards_padding_masked",
         "padding (segment 0) = pad id, mask 0, padding token type, position 0",
-        lambda on: inv.shards_padding_masked(on.shard_files, load_pinned_info(on.paths.tokenizer_dir).pad_id),
+        ShardRows(
+            "padding",
+            lambda on, rows: inv.shards_padding_masked(
+                on.shard_files, load_pinned_info(on.paths.tokenizer_dir).pad_id, rows
+            ),
+        ),
     ),
     Gate(
         "shards",

@@ -404,16 +404,30 @@ def test_shard_row_gates_judged_from_one_pass_equal_each_judged_alone(tmp_path: 
     )
     b = write_shard(
         tmp_path / "train" / "part-00001.parquet",
-        [shard_row(seq_lengths=[2]), shard_row(num_loss_tokens=1), shard_row(seq_lengths=[]), shard_row()],
+        [
+            shard_row(seq_lengths=[2]),
+            shard_row(num_loss_tokens=1),
+            shard_row(seq_lengths=[]),
+            shard_row(),
+            shard_row(input_ids=[5, 6, 7, 9]),  # padding that is not the pad id
+            shard_row(seq_lengths=[2], loss_mask=[0, 1, 1, 1], num_loss_tokens=3),  # laid out wrong, padding trained
+        ],
     )
     g = write_gold(tmp_path / "g", [GOOD])
     files = [a, b]
-    rows = inv.shard_rows(files, ["fixed", "layout", "checksum"], 4)
-    assert rows.num_rows == 8 and rows.column_names == ["file", "row", "length", "fixed_broken", "layout_differs", "h"]
+    rows = inv.shard_rows(files, ["fixed", "layout", "checksum", "padding"], 4, pad_id=0)
+    assert rows.num_rows == 10
+    assert rows.column_names == ["file", "row", "length", "fixed_broken", "layout_differs", "h", "pad_suspect"]
+    padding = inv.shards_padding_masked(files, 0, rows)
+    assert [(r["file"].endswith("00001.parquet"), r["row"], r["token"]) for r in padding.offending] == [
+        (True, 4, 4),
+        (True, 5, 4),
+    ]
     pairs = [
         (inv.shards_fixed_length(files, 4, rows), inv.shards_fixed_length(files, 4)),
         (inv.shards_positions_restart(files, rows), inv.shards_positions_restart(files)),
         (inv.shards_match_gold(files, g, 0, rows), inv.shards_match_gold(files, g)),
+        (padding, inv.shards_padding_masked(files, 0)),
     ]
     for together, alone in pairs:
         assert together == alone and not together.passed

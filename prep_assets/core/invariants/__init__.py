@@ -35,6 +35,7 @@ from prep_assets.core.invariants.gold import (
 )
 from prep_assets.core.invariants.manifest import duplicates_resolve_to_kept, shards_one_tokenizer
 from prep_assets.core.invariants.shards import (
+    ROW_PART_COLUMNS,
     ROW_PARTS,
     shard_files,
     shard_rows,
@@ -55,6 +56,7 @@ from prep_assets.core.invariants.silver import (
 
 __all__ = [
     "REJECT_EXAMPLES",
+    "ROW_PART_COLUMNS",
     "ROW_PARTS",
     "SAMPLE",
     "TABULAR_REMEDIES",

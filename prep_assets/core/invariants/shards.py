@@ -13,13 +13,6 @@ from prep_assets.core.invariants.common import Outcome, _bound, _files, _query, 
 from prep_assets.core.records import TYPE_PADDING
 from prep_assets.core.sql import connect as sql_connect
 
-_TOKENS = """
-    SELECT filename AS file, file_row_number AS row, unnest(input_ids) AS id, unnest(loss_mask) AS m,
-           unnest(position_ids) AS pos, unnest(segment_ids) AS seg, unnest(token_type_ids) AS typ,
-           generate_subscripts(input_ids, 1) AS i
-    FROM read_parquet($files, filename = true, file_row_number = true)
-"""
-
 
 def shard_files(shards_dir: Path) -> list[Path]:
     return sorted(shards_dir.glob("*/part-*.parquet"))
@@ -33,6 +26,14 @@ def _no_shards() -> Outcome:
 _ROWS_NAMED = """
     shard_rows AS (SELECT r.* FROM read_parquet($files, filename = true, file_row_number = true) r
                    SEMI JOIN rows_named b ON r.filename = b.file AND r.file_row_number = b.row)"""
+# the tokens of the shard rows named in `rows_named`
+_TOKENS_OF_NAMED = f"""
+    WITH {_ROWS_NAMED}
+    SELECT filename AS file, file_row_number AS row, unnest(input_ids) AS id, unnest(loss_mask) AS m,
+           unnest(position_ids) AS pos, unnest(segment_ids) AS seg, unnest(token_type_ids) AS typ,
+           generate_subscripts(input_ids, 1) AS i
+    FROM shard_rows
+"""
 
 
 # What three row-level shard gates judge, each an expression over one shard row (with `used`, the tokens its
@@ -64,27 +65,54 @@ _MOD_2_64 = "% 18446744073709551616"
 _ROW_HASH = f"""(list_sum(list_transform(list_zip(input_ids, loss_mask, token_type_ids),
                   lambda x, i: CASE WHEN i <= used THEN hash(i::BIGINT, x[1]::BIGINT, x[2]::BIGINT, x[3]::BIGINT)
                                     ELSE 0 END)) {_MOD_2_64})::UBIGINT"""
+# padding_masked, step one: could the row's padding break the rule? Where the row is laid out as its seq_lengths say
+# (not `layout_differs`), its padding (segment 0) is exactly its tokens past `used`: their ids, masks, positions
+# and types compared at once; any other row is judged token by token
+_PAD_SUSPECT = """layout_differs OR coalesce(
+    list_min(input_ids[used + 1 :]) <> $pad OR list_max(input_ids[used + 1 :]) <> $pad
+    OR list_max(loss_mask[used + 1 :]) <> 0 OR list_min(position_ids[used + 1 :]) <> 0
+    OR list_max(position_ids[used + 1 :]) <> 0 OR list_min(token_type_ids[used + 1 :]) <> $padding
+    OR list_max(token_type_ids[used + 1 :]) <> $padding, false)"""
 ROW_PARTS = {
     "fixed": f"{_FIXED_BROKEN} AS fixed_broken",
     "layout": f"{_LAYOUT_DIFFERS} AS layout_differs",
     "checksum": f"{_ROW_HASH} AS h",
+    "padding": f"{_PAD_SUSPECT} AS pad_suspect",
 }
+# each part's column in `shard_rows`
+ROW_PART_COLUMNS = {"fixed": "fixed_broken", "layout": "layout_differs", "checksum": "h", "padding": "pad_suspect"}
 
 
-def shard_rows(files: list[Path], parts: Iterable[str], max_seq_len: int | None = None) -> pa.Table:
+def shard_rows(
+    files: list[Path], parts: Iterable[str], max_seq_len: int | None = None, pad_id: int | None = None
+) -> pa.Table:
     """Per shard row (`file`, `row`, `length`), in one pass: `fixed_broken` ("fixed", against `max_seq_len`),
-    `layout_differs` ("layout"), `h` ("checksum"). Three gates read it, and each pass decodes every list of every
-    row: one pass for all three is the cheaper."""
+    `layout_differs` ("layout"), `h` ("checksum"), `pad_suspect` ("padding", against `pad_id`). Four gates read
+    it, and each pass decodes every list of every row: one pass for all is the cheaper."""
     wanted = set(parts)
-    if wanted - set(ROW_PARTS) or ("fixed" in wanted and max_seq_len is None):
-        raise ValueError(f"shard_rows: parts {sorted(wanted)} (of {sorted(ROW_PARTS)}; 'fixed' needs max_seq_len)")
-    columns = ", ".join(ROW_PARTS[part] for part in ROW_PARTS if part in wanted)
+    if (
+        wanted - set(ROW_PARTS)
+        or ("fixed" in wanted and max_seq_len is None)
+        or ("padding" in wanted and pad_id is None)
+    ):
+        raise ValueError(
+            f"shard_rows: parts {sorted(wanted)} (of {sorted(ROW_PARTS)}; 'fixed' needs max_seq_len, 'padding' pad_id)"
+        )
+    # padding reads layout_differs: computed a level below it
+    inner = ", ".join(
+        ROW_PARTS[p] for p in ("fixed", "layout", "checksum") if p in wanted or p == "layout" and "padding" in wanted
+    )
+    columns = ", ".join(
+        ROW_PARTS["padding"] if p == "padding" else ROW_PART_COLUMNS[p] for p in ROW_PARTS if p in wanted
+    )
     sql = f"""SELECT file, row, length, {columns}
-              FROM (SELECT *, filename AS file, file_row_number AS row, len(input_ids) AS length,
-                           coalesce(list_sum(seq_lengths), 0) AS used
-                    FROM read_parquet($files, filename = true, file_row_number = true))"""
+              FROM (SELECT *, {inner}
+                    FROM (SELECT *, filename AS file, file_row_number AS row, len(input_ids) AS length,
+                                 coalesce(list_sum(seq_lengths), 0)::BIGINT AS used
+                          FROM read_parquet($files, filename = true, file_row_number = true)))"""
+    p = {"files": _files(files), "L": max_seq_len, "pad": pad_id, "padding": TYPE_PADDING}
     with sql_connect() as con:
-        return con.sql(sql, params=_bound(sql, {"files": _files(files), "L": max_seq_len})).to_arrow_table()
+        return con.sql(sql, params=_bound(sql, p)).to_arrow_table()
 
 
 def shards_fixed_length(files: list[Path], max_seq_len: int, rows: pa.Table | None = None) -> Outcome:
@@ -99,13 +127,27 @@ def shards_fixed_length(files: list[Path], max_seq_len: int, rows: pa.Table | No
     return Outcome(n, bad, {"rows": rows.num_rows, "max_seq_len": max_seq_len})
 
 
-def shards_padding_masked(files: list[Path], pad_id: int) -> Outcome:
-    """Every token of segment 0 (padding) is the pad id, of the padding type, at position 0, with mask 0."""
+def shards_padding_masked(files: list[Path], pad_id: int, rows: pa.Table | None = None) -> Outcome:
+    """Every token of segment 0 (padding) is the pad id, of the padding type, at position 0, with mask 0.
+    `rows`: the shards' `shard_rows` with "padding" (computed here when not given)."""
     if not files:
         return _no_shards()
+    # Two steps: the rows whose padding could break the rule (`_PAD_SUSPECT`; normally none), then those token by
+    # token.
+    rows = shard_rows(files, ["padding"], pad_id=pad_id) if rows is None else rows
+    suspect = rows.filter(rows.column("pad_suspect")).select(["file", "row"])  # never NULL (coalesce)
+    if suspect.num_rows == 0:
+        return Outcome(0)
     p = {"files": _files(files), "pad": pad_id, "padding": TYPE_PADDING}
     where = "seg = 0 AND (m <> 0 OR id <> $pad OR typ <> $padding OR pos <> 0)"
-    n, bad = _violating_rows(f"({_TOKENS})", where, "file, row, i AS token", p, order="file, row, i")
+    n, bad = _violating_rows(
+        f"({_TOKENS_OF_NAMED})",
+        where,
+        "file, row, i AS token",
+        p,
+        order="file, row, i",
+        tables={"rows_named": suspect},
+    )
     return Outcome(n, bad)
 
 
