@@ -321,6 +321,8 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("tabular", "differential_privacy", False),
     ("tabular", "timestamp_interval_seconds", None),
     ("tabular", "missing_ints_as_floats", False),
+    ("tabular", "validate_time_series", False),
+    ("tabular", "timestamp_format", None),
     ("split", "validation_count", None),
     ("split", "test_count", None),
     ("output", "num_training_splits", None),
