@@ -291,6 +291,10 @@ class TabularSpec(_Strict):
     # or whose intervals are not one whole number of seconds, is refused; off under the recipe too
     validate_time_series: bool = False
     timestamp_format: str | None = None  # SS's time_series.timestamp_format: strftime, or elapsed_seconds
+    # SS's holdout (core/tabular_holdout.py): test records drawn as SS draws them with split.seed; below 1 a
+    # fraction of the drop's records, from 1 a number; 0 (the default, the recipe's too): none
+    holdout: float = Field(default=0.0, ge=0)
+    max_holdout: int = Field(default=2000, ge=0)
 
     @model_validator(mode="after")
     def _keys(self) -> TabularSpec:

@@ -59,6 +59,7 @@ from prep_assets.core.tabular import (
     schema_prompt,
     sequence_passes,
 )
+from prep_assets.core.tabular_holdout import holdout_size, split_groups, split_records
 from prep_assets.core.time_series_checks import TimeSeriesFacts, validate_time_series
 from prep_assets.core.tokenizer import PinnedTokenizer
 
@@ -99,6 +100,7 @@ class _Rows:
     order: OrderKeys | None  # order_by typed over the drop: a sort key per record, None where unorderable
     order_by: str | None  # the order column: the spec's order_by, or the generated elapsed_seconds column
     time_series: TimeSeriesFacts | None = None  # validate_time_series: what SS's validation settled
+    train_order: list[int] | None = None  # tabular.holdout: the training records in SS's order
 
 
 def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedTokenizer) -> _Rows:
@@ -109,6 +111,7 @@ def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedT
         if c["columns"] != columns:  # one drop has one schema (bronze keeps it); guard the assumption
             raise ValueError(f"records of one drop with different columns: {c['columns']} != {columns}")
     values = [c["values"] for c in contents]
+    table, train_order = _hold_out(spec, tab, table, columns, values)
     sequential = tab.resolved_mode == "sequential"
     keys = None
     if tab.group_by is not None:
@@ -150,7 +153,25 @@ def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedT
         oi = columns.index(order_by)
         order = order_keys([v[oi] for v in values], order_by)
     table = table.drop_columns(["content"])
-    return _Rows(table, columns, lines, ids, [len(x) for x in ids], keys, order, order_by, facts)
+    return _Rows(table, columns, lines, ids, [len(x) for x in ids], keys, order, order_by, facts, train_order)
+
+
+def _hold_out(
+    spec: DatasetSpec, tab: TabularSpec, table: pa.Table, columns: list[str], values: list[list[Any]]
+) -> tuple[pa.Table, list[int] | None]:
+    """`tabular.holdout`: the drop's test records drawn as Safe Synthesizer draws them (the rest train, in SS's
+    order); silver leaves every record in train under it."""
+    size = holdout_size(len(values), tab.holdout, tab.max_holdout)
+    if size is None:
+        return table, None
+    if tab.group_by is not None:
+        gi = columns.index(tab.group_by)
+        split = split_groups([v[gi] for v in values], size, spec.split.seed)
+    else:
+        split = split_records(len(values), size, spec.split.seed)
+    held = set(split.test)
+    names = pa.array(["test" if i in held else "train" for i in range(len(values))], pa.string())
+    return table.set_column(table.schema.get_field_index("split"), "split", names), split.train
 
 
 @dataclass
@@ -174,6 +195,8 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
     ss_rng = np.random.default_rng(spec.packing.seed)  # SS: one generator for the train, then the other splits
     for split_no, split in enumerate(SPLITS):
         idx = [i for i, s in enumerate(splits) if s == split]
+        if split == "train" and rows.train_order is not None:
+            idx = rows.train_order  # SS's training table: the records in its holdout's order
         if not idx:
             continue
         if rows.order is not None:  # no place in its group's order: out before groups and budgets are counted
