@@ -211,6 +211,16 @@ class DatasetSpec(_Strict):
                     "single group in training): set split.validation_ratio and test_ratio to 0 (and no "
                     "split counts), or give tabular.group_by so that whole groups can be held out"
                 )
+        if tab is not None and tab.holdout and self.split.holds_out:
+            raise ValueError(
+                "tabular.holdout is Safe Synthesizer's test split: leave split.validation_ratio, test_ratio and "
+                "the split counts at 0 (it draws the held-out records itself, with split.seed)"
+            )
+        if tab is not None and tab.holdout and tab.resolved_mode == "sequential" and tab.group_by is None:
+            raise ValueError(
+                "tabular.holdout on an ungrouped time series would take single records out of its one sequence "
+                "(as Safe Synthesizer does): give tabular.group_by so that whole groups are held out, or no holdout"
+            )
         if tab is not None and tab.group_by is not None and self.split.by_count:
             raise ValueError(
                 "split.validation_count / test_count count records, but with tabular.group_by whole groups are "
@@ -321,6 +331,10 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
     ("tabular", "differential_privacy", False),
     ("tabular", "timestamp_interval_seconds", None),
     ("tabular", "missing_ints_as_floats", False),
+    ("tabular", "validate_time_series", False),
+    ("tabular", "timestamp_format", None),
+    ("tabular", "holdout", 0.0),
+    ("tabular", "max_holdout", 2000),
     ("split", "validation_count", None),
     ("split", "test_count", None),
     ("output", "num_training_splits", None),

@@ -287,6 +287,14 @@ class TabularSpec(_Strict):
     num_input_records_to_sample: int | None = Field(default=None, gt=0)  # assembly safe_synthesizer only
     differential_privacy: bool = False  # max_sequences_per_example auto -> 1
     missing_ints_as_floats: bool = False  # SS (pandas): an integer column with a missing cell renders 49.0
+    # SS's time-series validation (core/time_series_checks.py): a drop whose groups differ in size, start or stop,
+    # or whose intervals are not one whole number of seconds, is refused; off under the recipe too
+    validate_time_series: bool = False
+    timestamp_format: str | None = None  # SS's time_series.timestamp_format: strftime, or elapsed_seconds
+    # SS's holdout (core/tabular_holdout.py): test records drawn as SS draws them with split.seed; below 1 a
+    # fraction of the drop's records, from 1 a number; 0 (the default, the recipe's too): none
+    holdout: float = Field(default=0.0, ge=0)
+    max_holdout: int = Field(default=2000, ge=0)
 
     @model_validator(mode="after")
     def _keys(self) -> TabularSpec:
@@ -298,11 +306,17 @@ class TabularSpec(_Strict):
                 "sequential mode (time series) needs order_by (a timestamp column), or "
                 "timestamp_interval_seconds to generate an elapsed_seconds column (Safe Synthesizer's way)"
             )
-        if self.timestamp_interval_seconds is not None and (mode != "sequential" or self.order_by is not None):
+        if self.timestamp_interval_seconds is not None and mode != "sequential":
+            raise ValueError("timestamp_interval_seconds is a time series' interval: it needs time_series: true")
+        if self.timestamp_interval_seconds is not None and self.order_by is not None and not self.validate_time_series:
             raise ValueError(
-                "timestamp_interval_seconds generates the timestamps of a time series that has none: it needs "
-                "time_series: true (or mode sequential) and no order_by"
+                "timestamp_interval_seconds with order_by is checked against the timestamps by Safe Synthesizer's "
+                "validation: set validate_time_series: true (without order_by it generates elapsed_seconds)"
             )
+        if (self.validate_time_series or self.timestamp_format is not None) and mode != "sequential":
+            raise ValueError("validate_time_series and timestamp_format apply to a time series (time_series: true)")
+        if self.timestamp_format is not None and not self.validate_time_series:
+            raise ValueError("timestamp_format is read by Safe Synthesizer's validation: set validate_time_series")
         if mode == "grouped" and self.group_by is None:
             raise ValueError("grouped mode needs group_by")
         if mode == "flat" and (self.group_by is not None or self.order_by is not None):

@@ -361,6 +361,13 @@ def group_label(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
+def pandas_group_key(value: Any) -> tuple[int, Any]:
+    """pandas' order of group values (groupby, sort_values): numbers numerically, then text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value)
+    return (1, group_label(value))
+
+
 def is_empty_group_value(value: Any) -> bool:
     """A group cell that names no group: missing (null, a null_values cell, NaN) or blank text."""
     return value is None or (isinstance(value, str) and not value.strip())

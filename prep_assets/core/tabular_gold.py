@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from prep_assets.core.tabular import (
     key_columns_first,
     order_keys,
     pandas_float_columns,
+    pandas_group_key,
     plan_flat,
     plan_grouped,
     plan_sequential,
@@ -58,6 +59,8 @@ from prep_assets.core.tabular import (
     schema_prompt,
     sequence_passes,
 )
+from prep_assets.core.tabular_holdout import holdout_size, split_groups, split_records
+from prep_assets.core.time_series_checks import TimeSeriesFacts, validate_time_series
 from prep_assets.core.tokenizer import PinnedTokenizer
 
 RECORD_OVER_BUDGET, GROUP_OVER_BUDGET = "record_over_budget", "group_over_budget"
@@ -96,6 +99,8 @@ class _Rows:
     keys: list[str] | None  # group key per record (`group_label`)
     order: OrderKeys | None  # order_by typed over the drop: a sort key per record, None where unorderable
     order_by: str | None  # the order column: the spec's order_by, or the generated elapsed_seconds column
+    time_series: TimeSeriesFacts | None = None  # validate_time_series: what SS's validation settled
+    train_order: list[int] | None = None  # tabular.holdout: the training records in SS's order
 
 
 def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedTokenizer) -> _Rows:
@@ -106,6 +111,7 @@ def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedT
         if c["columns"] != columns:  # one drop has one schema (bronze keeps it); guard the assumption
             raise ValueError(f"records of one drop with different columns: {c['columns']} != {columns}")
     values = [c["values"] for c in contents]
+    table, train_order = _hold_out(spec, tab, table, columns, values)
     sequential = tab.resolved_mode == "sequential"
     keys = None
     if tab.group_by is not None:
@@ -120,6 +126,18 @@ def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedT
         stamps = elapsed_seconds(keys, tab.timestamp_interval_seconds)
         columns = [order_by, *columns]
         values = [[t, *v] for t, v in zip(stamps, values, strict=True)]
+    facts = None
+    if tab.validate_time_series:  # SS's validation, on the drop as read (its generated column included)
+        assert order_by is not None
+        gi = columns.index(tab.group_by) if tab.group_by is not None else None
+        facts = validate_time_series(
+            columns,
+            values,
+            None if gi is None or keys is None else [(pandas_group_key(v[gi]), k) for v, k in zip(values, keys)],
+            order_by,
+            tab.timestamp_format if tab.order_by is not None else "elapsed_seconds",
+            tab.timestamp_interval_seconds if tab.order_by is not None else None,
+        )
     if tab.key_columns_first and sequential:
         ordered = key_columns_first(columns, tab.group_by, order_by)
         values = [[v[columns.index(c)] for c in ordered] for v in values]
@@ -135,7 +153,25 @@ def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedT
         oi = columns.index(order_by)
         order = order_keys([v[oi] for v in values], order_by)
     table = table.drop_columns(["content"])
-    return _Rows(table, columns, lines, ids, [len(x) for x in ids], keys, order, order_by)
+    return _Rows(table, columns, lines, ids, [len(x) for x in ids], keys, order, order_by, facts, train_order)
+
+
+def _hold_out(
+    spec: DatasetSpec, tab: TabularSpec, table: pa.Table, columns: list[str], values: list[list[Any]]
+) -> tuple[pa.Table, list[int] | None]:
+    """`tabular.holdout`: the drop's test records drawn as Safe Synthesizer draws them (the rest train, in SS's
+    order); silver leaves every record in train under it."""
+    size = holdout_size(len(values), tab.holdout, tab.max_holdout)
+    if size is None:
+        return table, None
+    if tab.group_by is not None:
+        gi = columns.index(tab.group_by)
+        split = split_groups([v[gi] for v in values], size, spec.split.seed)
+    else:
+        split = split_records(len(values), size, spec.split.seed)
+    held = set(split.test)
+    names = pa.array(["test" if i in held else "train" for i in range(len(values))], pa.string())
+    return table.set_column(table.schema.get_field_index("split"), "split", names), split.train
 
 
 @dataclass
@@ -159,6 +195,8 @@ def _assemble(spec: DatasetSpec, tab: TabularSpec, rows: _Rows, prompt_tokens: i
     ss_rng = np.random.default_rng(spec.packing.seed)  # SS: one generator for the train, then the other splits
     for split_no, split in enumerate(SPLITS):
         idx = [i for i, s in enumerate(splits) if s == split]
+        if split == "train" and rows.train_order is not None:
+            idx = rows.train_order  # SS's training table: the records in its holdout's order
         if not idx:
             continue
         if rows.order is not None:  # no place in its group's order: out before groups and budgets are counted
@@ -249,13 +287,6 @@ def _ss_prompt_ids(text: str, pt: PinnedTokenizer) -> list[int]:
     return ids
 
 
-def _ss_group_sort_key(value: Any) -> tuple[int, Any]:
-    """pandas' groupby order of group values: numbers numerically, then text."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (0, value)
-    return (1, group_label(value))
-
-
 def _assemble_ss(
     spec: DatasetSpec,
     tab: TabularSpec,
@@ -285,7 +316,7 @@ def _assemble_ss(
     groups = [[idx[k] for k in g] for g in local]
     if gi is not None:
         first_values = {g[0]: json.loads(rows.lines[g[0]])[rows.columns[gi]] for g in groups}
-        groups.sort(key=lambda g: _ss_group_sort_key(first_values[g[0]]))
+        groups.sort(key=lambda g: pandas_group_key(first_values[g[0]]))
     out.group_tokens += [prompt_tokens + 2 + sum(rows.lengths[i] for i in g) for g in groups]
     if mode == "grouped":
         placeable = _placeable_groups(groups, rows, prompt_tokens, L, out)
@@ -432,6 +463,7 @@ def build_tabular_examples(
             "order_by_values": rows.order.kinds if rows.order is not None else None,
             "order_by_day_first": rows.order.day_first if rows.order is not None else None,
             "unorderable_records": len(rows.order.problems) if rows.order is not None else 0,
+            "time_series_validation": asdict(rows.time_series) if rows.time_series is not None else None,
             "columns": rows.columns,
             "schema_prompt": prompt_text,
             "schema_prompt_tokens": len(prompt_ids),

@@ -120,11 +120,16 @@ def test_tabular_mode_follows_the_keys_and_sequential_takes_priority():
         ),
         (
             {"tabular": {"time_series": True, "order_by": "t", "timestamp_interval_seconds": 60}},
-            "timestamp_interval_seconds generates the timestamps of a time series that has none",
+            "timestamp_interval_seconds with order_by is checked against the timestamps",
         ),
         (
             {"tabular": {"group_by": "g", "timestamp_interval_seconds": 60}},
-            "timestamp_interval_seconds generates the timestamps of a time series that has none",
+            "timestamp_interval_seconds is a time series' interval",
+        ),
+        ({"tabular": {"group_by": "g", "validate_time_series": True}}, "validate_time_series and timestamp_format"),
+        (
+            {"tabular": {"time_series": True, "order_by": "t", "timestamp_format": "%Y"}},
+            "timestamp_format is read by Safe Synthesizer's validation",
         ),
         (
             {"tabular": {"time_series": True, "order_by": "t"}, "split": {"validation_ratio": 0.1}},
