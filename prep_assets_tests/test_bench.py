@@ -67,6 +67,7 @@ def test_e2e_benchmark_prints_both_anchors_ratios_layers_and_peak_rss_of_each_ru
 
     shared_path("datasets/bench/bench_pc.jsonl.gz")
     shared_path("tokenizers/gpt2")
+    shared_path("tokenizers/tinyllama")
     assert (
         bench.main(["e2e", "--mb", "1", "--max-seq-len", "1024", "--work", str(tmp_path / "work"), "--repeat", "2"])
         == 0
@@ -80,6 +81,21 @@ def test_e2e_benchmark_prints_both_anchors_ratios_layers_and_peak_rss_of_each_ru
     assert set(figures["anchors_tokens_per_s"]) == {"bare HF encode_batch_fast", "bare tiktoken"}
     assert 0 < figures["ratio"] and 0 < figures["ratio_fast"] and figures["peak_rss_mib"] > 0
     assert "end-to-end / bare HF encode_batch_fast" in out and "end-to-end / bare tiktoken" in out
+    # then one run on the HF path (TinyLlama: SentencePiece-style, so tiktoken does not apply)
+    hf_path = figures["hf_path"]
+    assert hf_path["tokenizer"] == "tinyllama" and hf_path["engine"] == "hf" and hf_path["ratio"] > 0
+    assert "bare tiktoken: not used for this tokenizer" in out and "tinyllama run 1/1: end to end" in out
+
+
+def test_e2e_benchmark_skips_the_hf_path_run_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    import json
+
+    shared_path("datasets/bench/bench_pc.jsonl.gz")
+    shared_path("tokenizers/gpt2")
+    work = str(tmp_path / "work")
+    assert bench.main(["e2e", "--rows", "50", "--max-seq-len", "1024", "--work", work, "--hf-path", "none"]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["hf_path"] == "not asked (--hf-path none)" and figures["runs"] == 1
 
 
 def test_e2e_benchmark_refuses_fewer_than_one_run(capsys: pytest.CaptureFixture[str]):

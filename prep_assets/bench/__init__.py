@@ -2,7 +2,7 @@
 
     python -m prep_assets.bench packing [--source FILE] [--tokenizer DIR] [--max-seq-len N] [--work DIR]
     python -m prep_assets.bench e2e [--mb N | --rows N] [--source FILE] [--tokenizer DIR] [--max-seq-len N]
-                                    [--work DIR] [--repeat N]
+                                    [--work DIR] [--repeat N] [--hf-path DIR | none]
     python -m prep_assets.bench dedup [--mb N] [--work DIR]
     python -m prep_assets.bench near [--source FILE]
     python -m prep_assets.bench longdoc [--mb N] [--tokenizer DIR] [--max-seq-len N] [--work DIR]
@@ -27,7 +27,9 @@ why not), a run's ratio against each using the mean of the two timings around it
 the drop through Dagster (`materialize` with every blocking check, in a child process, on a fresh lake),
 (c) each layer's time (its step and its checks), (d) the child's peak RSS; it prints end-to-end / each
 anchor and the figures as JSON. With --repeat N, (b) runs N times and the JSON gives the median run's figures
-(the lower middle for an even N), every run's ratio, and the highest peak RSS of all runs.
+(the lower middle for an even N), every run's ratio, and the highest peak RSS of all runs. Then one run with
+--hf-path's tokenizer (by default TinyLlama's, SentencePiece-style, which tiktoken does not implement), so gold's
+HF path is measured in the same invocation against its own bare HF anchor (JSON `hf_path`).
 
 `near` prints near-dedup precision and recall on the labelled set of `prep_assets.near_eval`.
 
@@ -43,7 +45,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from prep_assets.bench.common import DEFAULT_SOURCE, DEFAULT_TOKENIZER
+from prep_assets.bench.common import DEFAULT_HF_PATH_TOKENIZER, DEFAULT_SOURCE, DEFAULT_TOKENIZER
 from prep_assets.bench.dedup import TEXT_DIR, bench_dedup, bench_near
 from prep_assets.bench.e2e import _e2e_child, bench_e2e
 from prep_assets.bench.longdoc import _longdoc_child, bench_longdoc
@@ -84,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     ee.add_argument("--source", default=str(DEFAULT_SOURCE), help="a prompt/completion JSONL(.gz)")
     ee.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
     ee.add_argument("--max-seq-len", type=int, default=4096)
+    ee.add_argument(
+        "--hf-path",
+        default=str(DEFAULT_HF_PATH_TOKENIZER),
+        help="after the runs, one run with this tokenizer, which gold encodes with HF (default: TinyLlama's; "
+        "`none`: no such run)",
+    )
     ee.add_argument("--work", help="where the drop and the lake are written (default: $TMPDIR/prep_assets_bench_e2e)")
     ee.add_argument(
         "--repeat",

@@ -20,6 +20,7 @@ from prep_assets.core.spec import DatasetSpec, parse_spec
 SHARED = Path(__file__).resolve().parents[3] / "shared"  # beside the project folder
 DEFAULT_SOURCE = SHARED / "datasets" / "bench" / "bench_pc.jsonl.gz"
 DEFAULT_TOKENIZER = SHARED / "tokenizers" / "gpt2"
+DEFAULT_HF_PATH_TOKENIZER = SHARED / "tokenizers" / "tinyllama"  # SentencePiece-style: gold encodes with HF
 
 
 def _spec(tokenizer: Path, max_seq_len: int, strategy: str = "bfd") -> DatasetSpec:

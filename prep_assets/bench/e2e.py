@@ -70,33 +70,23 @@ def _anchors(corpus: Path, tokenizer: Path) -> dict[str, tuple[int, float]]:
     return out
 
 
-def bench_e2e(args: argparse.Namespace) -> int:
-    source, tokenizer = Path(args.source), Path(args.tokenizer).resolve()  # the spec reads it from the data dir
-    if _missing(source, tokenizer):
-        return 2
-    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "prep_assets_bench_e2e"
-    shutil.rmtree(work, ignore_errors=True)
-    raw = work / "data" / "raw" / "bench"
-    raw.mkdir(parents=True)
-    corpus = raw / "corpus.jsonl"
-    rows = pc_corpus(source, args.rows and 1e6 or args.mb, corpus, max_rows=args.rows)
-    mb = corpus.stat().st_size / 1e6
-    print(f"corpus: {rows:,} prompt/completion rows, {mb:.1f} MB (from {source.name})", flush=True)
-    # This machine's speed drifts by +-10% within minutes, so each anchor (the bare HF tokenizer, the bare fast
-    # engine) is timed before the first run, between runs and after the last, and each run is held against the mean
-    # of the two timings around it.
+def _measured_runs(
+    work: Path, corpus: Path, tokenizer: Path, max_seq_len: int, repeat: int, label: str = ""
+) -> tuple[list[dict[str, Any]], dict[str, tuple[int, float]]] | None:
+    """`repeat` pipeline runs with `tokenizer`, each held against the anchors timed right before and after it (this
+    machine's speed drifts by +-10% within minutes); printed as they go. None if a run failed."""
     anchors = _anchors(corpus, tokenizer)
     results = []
-    for k in range(args.repeat):
-        run = _e2e_run(work, tokenizer, args.max_seq_len)
+    for k in range(repeat):
+        run = _e2e_run(work, tokenizer, max_seq_len)
         if run is None:
-            return 1
+            return None
         before, anchors = anchors, _anchors(corpus, tokenizer)
         e2e = run["tokens"] / run["wall_s"]
         ratios = {name: e2e * (before[name][1] + anchors[name][1]) / 2 / anchors[name][0] for name in anchors}
         results.append({**run, "e2e": e2e, "ratio": ratios[HF_ANCHOR], "ratios": ratios})
         print(
-            f"run {k + 1}/{args.repeat}: end to end through Dagster (bronze -> shards, {run['checks_passed']}/"
+            f"{label}run {k + 1}/{repeat}: end to end through Dagster (bronze -> shards, {run['checks_passed']}/"
             f"{run['checks']} checks passed): {run['tokens']:,} tokens in {run['wall_s']:.2f} s = "
             f"{e2e / 1e6:.3f} M tokens/s"
         )
@@ -111,6 +101,50 @@ def bench_e2e(args: argparse.Namespace) -> int:
                 f"after it {anchors[name][1]:.2f} s)",
                 flush=True,
             )
+    return results, anchors
+
+
+def _hf_path_run(work: Path, corpus: Path, args: argparse.Namespace) -> dict[str, Any] | None | str:
+    """One run with `--hf-path`'s tokenizer (one tiktoken does not implement, e.g. SentencePiece-style TinyLlama),
+    so gold's HF path is measured in the same invocation: its figures, None if it failed, or why it was skipped."""
+    if args.hf_path in (None, "", "none"):
+        return "not asked (--hf-path none)"
+    tokenizer = Path(args.hf_path).resolve()
+    if not tokenizer.is_dir():
+        return f"{tokenizer} not found"
+    print(f"the HF path: {tokenizer.name}", flush=True)
+    measured = _measured_runs(work, corpus, tokenizer, args.max_seq_len, 1, label=f"{tokenizer.name} ")
+    if measured is None:
+        return None
+    (run,), anchors = measured
+    return {
+        "tokenizer": tokenizer.name,
+        "engine": "tiktoken" if FAST_ANCHOR in anchors else "hf",
+        "ratio": round(run["ratio"], 3),
+        "e2e_tokens_per_s": round(run["e2e"]),
+        "anchor_tokens_per_s": round(anchors[HF_ANCHOR][0] / anchors[HF_ANCHOR][1]),
+        "wall_s": round(run["wall_s"], 2),
+        "layers_s": {k: round(v, 2) for k, v in run["layers_s"].items()},
+        "peak_rss_mib": max((st["peak_mib"] for st in run["steps"].values()), default=0),
+    }
+
+
+def bench_e2e(args: argparse.Namespace) -> int:
+    source, tokenizer = Path(args.source), Path(args.tokenizer).resolve()  # the spec reads it from the data dir
+    if _missing(source, tokenizer):
+        return 2
+    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / "prep_assets_bench_e2e"
+    shutil.rmtree(work, ignore_errors=True)
+    raw = work / "data" / "raw" / "bench"
+    raw.mkdir(parents=True)
+    corpus = raw / "corpus.jsonl"
+    rows = pc_corpus(source, args.rows and 1e6 or args.mb, corpus, max_rows=args.rows)
+    mb = corpus.stat().st_size / 1e6
+    print(f"corpus: {rows:,} prompt/completion rows, {mb:.1f} MB (from {source.name})", flush=True)
+    measured = _measured_runs(work, corpus, tokenizer, args.max_seq_len, args.repeat)
+    if measured is None:
+        return 1
+    results, anchors = measured
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     mid = sorted(results, key=lambda r: r["ratio"])[(len(results) - 1) // 2]  # the median run (the lower middle)
     for name in anchors:
@@ -120,6 +154,16 @@ def bench_e2e(args: argparse.Namespace) -> int:
             f"min {ratios[0]:.3f}, max {ratios[-1]:.3f}"
         )
     print(f"peak RSS of the pipeline process: {peak:,.0f} MiB")
+    hf_path = _hf_path_run(work, corpus, args)
+    if hf_path is None:
+        return 1
+    if isinstance(hf_path, dict):
+        print(
+            f"{hf_path['tokenizer']} (gold on {hf_path['engine']}): end-to-end / {HF_ANCHOR} {hf_path['ratio']:.3f}, "
+            f"peak RSS {hf_path['peak_rss_mib']:,} MiB"
+        )
+    else:
+        print(f"the HF path: {hf_path}")
     print(
         json.dumps(
             {
@@ -138,6 +182,7 @@ def bench_e2e(args: argparse.Namespace) -> int:
                 "peak_rss_mib": round(peak),
                 "checks_passed": mid["checks_passed"],
                 "checks": mid["checks"],
+                "hf_path": hf_path,
             }
         )
     )
