@@ -135,7 +135,7 @@ def bare_fast(corpus: Path, tokenizer: Path, batch: int = 4096) -> tuple[int, fl
     texts, or why `fast_bpe.decide` refuses this tokenizer (then gold encodes with HF)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from prep_assets.core.fast_bpe import THREADS, build_encoding, decide, encode_parallel_arrays
+    from prep_assets.core.fast_bpe import THREADS, build_encoding, decide, encode_parallel
 
     tj = json.loads((tokenizer / "tokenizer.json").read_text(encoding="utf-8"))
     decision = decide(tj)
@@ -146,7 +146,7 @@ def bare_fast(corpus: Path, tokenizer: Path, batch: int = 4096) -> tuple[int, fl
     with ThreadPoolExecutor(THREADS) as pool:
         tokens, start = 0, time.perf_counter()
         for lo in range(0, len(texts), batch):
-            tokens += sum(map(len, encode_parallel_arrays(enc, texts[lo : lo + batch], pool)))
+            tokens += sum(map(len, encode_parallel(enc, texts[lo : lo + batch], pool)))
         return tokens, time.perf_counter() - start
 
 

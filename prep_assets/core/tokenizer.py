@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -413,7 +413,7 @@ class PinnedTokenizer:
             out[i] = ids
         return out
 
-    def _ids(self, encoder: Tokenizer, texts: list[str]) -> Sequence[list[int] | np.ndarray]:
+    def _ids(self, encoder: Tokenizer, texts: list[str]) -> list[list[int]]:
         """The one place that chooses the engine: tiktoken if pinning chose it (then `encoder` is the only one)."""
         if self.fast is not None:
             return self.fast.encode(texts)
