@@ -131,23 +131,34 @@ def bare_tokenizer(corpus: Path, tokenizer: Path, batch: int = 4096) -> tuple[in
 
 
 def bare_fast(corpus: Path, tokenizer: Path, batch: int = 4096) -> tuple[int, float] | str:
-    """(tokens, seconds) of the bare fast engine (tiktoken in two interleaved stripes, as gold runs it) over the same
-    texts, or why `fast_bpe.decide` refuses this tokenizer (then gold encodes with HF)."""
+    """(tokens, seconds) of the bare fast engine over the same texts, as gold runs it (tiktoken in its worker
+    processes, `encode_processes`; in two threads where the setting asks for none), or why `fast_bpe.decide`
+    refuses this tokenizer (then gold encodes with HF). The workers' start is timed too, as gold pays it."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from prep_assets.core.encode_processes import EncodeProcesses, processes_setting
     from prep_assets.core.fast_bpe import THREADS, build_encoding, decide, encode_parallel
 
-    tj = json.loads((tokenizer / "tokenizer.json").read_text(encoding="utf-8"))
+    text = (tokenizer / "tokenizer.json").read_text(encoding="utf-8")
+    tj = json.loads(text)
     decision = decide(tj)
     if decision.pattern is None:
         return decision.reason
-    enc = build_encoding(tj, decision.pattern)
     texts = _corpus_texts(corpus)
+    tokens, start = 0, time.perf_counter()
+    if processes_setting() >= 2:
+        workers = EncodeProcesses(text, decision.pattern, processes_setting())
+        try:
+            for lo in range(0, len(texts), batch):
+                tokens += sum(map(len, workers.encode(texts[lo : lo + batch])))
+        finally:
+            workers.close()
+        return tokens, time.perf_counter() - start
+    enc = build_encoding(tj, decision.pattern)
     with ThreadPoolExecutor(THREADS) as pool:
-        tokens, start = 0, time.perf_counter()
         for lo in range(0, len(texts), batch):
             tokens += sum(map(len, encode_parallel(enc, texts[lo : lo + batch], pool)))
-        return tokens, time.perf_counter() - start
+    return tokens, time.perf_counter() - start
 
 
 class RssSampler:

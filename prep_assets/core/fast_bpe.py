@@ -13,6 +13,7 @@ do not depend on it. Equivalence rests on:
 - the data: tests compare both engines on every shared dataset, and `FastEncoder` re-encodes a seeded sample of
   every batch with HF and fails the drop (`DropError`) on any difference.
 Set PREP_ASSETS_TOKENIZER_ENGINE=hf to encode with HF only (default `auto`: the engine recorded at pin time).
+Large batches are encoded by worker processes (`encode_processes`: threads do not scale for short texts).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 import tiktoken
 from tokenizers import Tokenizer
 
+from prep_assets.core.encode_processes import MIN_CHARS, EncodeProcesses, processes_setting
 from prep_assets.core.errors import DropError, TokenizerError
 
 ENGINE_ENV = "PREP_ASSETS_TOKENIZER_ENGINE"
@@ -202,17 +204,38 @@ def encode_parallel(encoding: tiktoken.Encoding, texts: list[str], pool: ThreadP
 class FastEncoder:
     """tiktoken's ordinary encoding (`encode_parallel`); a seeded sample of each batch is re-encoded by HF."""
 
-    def __init__(self, encoding: tiktoken.Encoding, hf: Tokenizer, seed: int = 0) -> None:
+    def __init__(
+        self, encoding: tiktoken.Encoding, hf: Tokenizer, seed: int = 0, *, source: tuple[str, str] | None = None
+    ) -> None:
         self.encoding, self.hf, self.seed = encoding, hf, seed
         self._batches = itertools.count()
         self.spans_as_hf = not _trims_offsets(json.loads(hf.to_str()).get("post_processor"))
+        self._source = source  # (tokenizer JSON, pattern) the encoding was built from: what workers build it from
+        self._processes: EncodeProcesses | None = None
+        self.min_chars = MIN_CHARS  # a batch of fewer characters is encoded in this process
 
     @classmethod
     def of(cls, decision: dict[str, Any] | None, hf: Tokenizer) -> FastEncoder | None:
         """The fast encoder if the pin-time decision chose it and the environment does not force HF, else None."""
         if not decision or decision.get("engine") != TIKTOKEN or engine_setting() == HF:
             return None
-        return cls(build_encoding(json.loads(hf.to_str()), decision["pattern"]), hf)
+        text = hf.to_str()
+        return cls(build_encoding(json.loads(text), decision["pattern"]), hf, source=(text, decision["pattern"]))
+
+    def _workers(self, texts: list[str]) -> EncodeProcesses | None:
+        """The worker processes for a batch this large (started with the first), None to encode it here."""
+        if self._processes is None:
+            count = processes_setting()
+            if self._source is None or count < 2 or sum(map(len, texts)) < self.min_chars:
+                return None
+            self._processes = EncodeProcesses(*self._source, count)
+        return self._processes
+
+    def close(self) -> None:
+        """End the worker processes, if any were started (a later batch starts them again)."""
+        if self._processes is not None:
+            self._processes.close()
+            self._processes = None
 
     @cached_property
     def _pool(self) -> ThreadPoolExecutor:
@@ -229,8 +252,17 @@ class FastEncoder:
                 pass
         return out
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        ids = encode_parallel(self.encoding, texts, self._pool)
+    def encode(self, texts: list[str]) -> list[list[int]] | list[np.ndarray]:
+        """The texts' ids: by the worker processes (int32 arrays) for a large batch of valid UTF-8, else here."""
+        workers = self._workers(texts)
+        ids: list[list[int]] | list[np.ndarray] | None = None
+        if workers is not None:
+            try:
+                ids = workers.encode(texts)
+            except UnicodeEncodeError:  # a lone surrogate: tiktoken's own handling of it, in this process
+                ids = None
+        if ids is None:
+            ids = encode_parallel(self.encoding, texts, self._pool)
         self.spot_check(texts, ids)
         return ids
 
@@ -257,7 +289,10 @@ class FastEncoder:
         return out
 
     def spot_check(
-        self, texts: list[str], ids: list[list[int]], offsets: list[list[tuple[int, int]]] | None = None
+        self,
+        texts: list[str],
+        ids: list[list[int]] | list[np.ndarray],
+        offsets: list[list[tuple[int, int]]] | None = None,
     ) -> None:
         """Re-encode SPOT_TEXTS seeded texts and the longest with HF; a difference (ids, or offsets when given) fails
         the drop."""
@@ -272,11 +307,14 @@ class FastEncoder:
         )
         encode = self.hf.encode_batch_fast if offsets is None else self.hf.encode_batch  # only the latter has spans
         for i, e in zip(picks, encode([texts[i] for i in picks], add_special_tokens=False), strict=True):
-            ours, theirs = (ids[i], e.ids) if offsets is None or ids[i] != e.ids else (offsets[i], e.offsets)
-            if list(ours) != theirs:
+            ours: list[Any] = [int(x) for x in ids[i]]  # ids come as lists or int32 arrays
+            theirs: list[Any] = e.ids
+            if ours == theirs and offsets is not None:
+                ours, theirs = list(offsets[i]), e.offsets
+            if ours != theirs:
                 at = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
                 raise DropError(
                     f"the fast BPE engine (tiktoken) and HF tokenizers encode a text differently (from token {at}: "
-                    f"{list(ours[at : at + 5])} vs {theirs[at : at + 5]}; text starts {texts[i][:60]!r}); no ids "
+                    f"{ours[at : at + 5]} vs {theirs[at : at + 5]}; text starts {texts[i][:60]!r}); no ids "
                     f"were written: report it, and set {ENGINE_ENV}=hf to encode with HF only"
                 )

@@ -316,7 +316,7 @@ def build_tokenized_examples(
     (docs/shards.md); for tables, examples assembled from rows (`tabular_gold`)."""
     pt = load_pinned(tokenizer_dir)
     tally = _GoldTally()
-    with staged_dir(out_dir) as stage:
+    with closing(pt), staged_dir(out_dir) as stage:
         comp = spec.output.compression
         with (
             ParquetSink(

@@ -389,6 +389,11 @@ class PinnedTokenizer:
     hf: PreTrainedTokenizerBase
     fast: FastEncoder | None = None  # tiktoken, when pinning found it equivalent (`fast_bpe`); then no continuation
 
+    def close(self) -> None:
+        """End what encoding started beside this process (the fast engine's worker processes)."""
+        if self.fast is not None:
+            self.fast.close()
+
     @cached_property
     def cutter(self) -> PieceCutter | None:
         cutter = PieceCutter.of(self.encoder, self.continuation)

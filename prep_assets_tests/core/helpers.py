@@ -34,7 +34,7 @@ from prep_assets.core.masking import TokenizedBatch
 from prep_assets.core.silver import build_clean_records
 from prep_assets.core.spec import DatasetSpec, load_spec
 from prep_assets.core.tokenizer import PinnedTokenizer, load_pinned, pin_tokenizer
-from prep_assets_tests.conftest import SAMPLE_DATA, make_spec
+from prep_assets_tests.conftest import SAMPLE_DATA, make_spec, shared_path, tree_digests, write_head
 
 # ---------------------------------------------------------------- every layer in core
 
@@ -281,3 +281,18 @@ def gpt_simple_modules(package_dir: Path, *names: str) -> Iterator[tuple[Any, ..
         for name in set(sys.modules) - before:
             if name.split(".")[0] == "gpt_simple":
                 del sys.modules[name]
+
+
+def gpt2_lake(data_dir: Path, long_chars: int = 0) -> dict[str, str]:
+    """A small lake over real data with GPT-2: instructions and documents, with one long document (encoded in
+    pieces) of `long_chars` characters of Shakespeare if asked; the digest of every file."""
+    write_head(shared_path("datasets/instruction/gdp_generative_tuning.jsonl"), data_dir / "raw" / "inst", 150)
+    write_head(shared_path("datasets/text/c4_demo.jsonl"), data_dir / "raw" / "text", 40)
+    if long_chars:
+        long = shared_path("datasets/text/tinyshakespeare.txt").read_text(encoding="utf-8")[:long_chars]
+        (data_dir / "raw" / "text" / "long.jsonl").write_text(json.dumps({"text": long}) + "\n", encoding="utf-8")
+    tok = {"path": str(shared_path("tokenizers/gpt2"))}
+    seq = {"max_seq_len": 256, "overflow": "window"}
+    for name, inp in (("inst", {"type": "instruction"}), ("text", {"type": "text"})):
+        run_core(data_dir, make_spec(name, input=inp, tokenizer=tok, sequence=seq))
+    return tree_digests(data_dir / "lake", skip_hidden_names=True)

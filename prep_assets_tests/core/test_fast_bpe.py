@@ -20,8 +20,8 @@ from prep_assets.core.fast_bpe import ENGINE_ENV, GPT2_PATTERN, build_encoding, 
 from prep_assets.core.spec import load_spec
 from prep_assets.core.spec_sections import TokenizerSpec, TrainTokenizerSpec
 from prep_assets.core.tokenizer import FINGERPRINT_FILE, LONG_TEXT_CHARS, PinnedTokenizer, load_pinned, pin_tokenizer
-from prep_assets_tests.conftest import SAMPLE_DATA, copy_sample_data, make_spec, shared_path, tree_digests, write_head
-from prep_assets_tests.core.helpers import run_core
+from prep_assets_tests.conftest import SAMPLE_DATA, copy_sample_data, shared_path, tree_digests
+from prep_assets_tests.core.helpers import gpt2_lake, run_core
 
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -129,7 +129,10 @@ def _hf_ids(pt: PinnedTokenizer, texts: list[str]) -> list[list[int]]:
 
 def _mismatches(pt: PinnedTokenizer, texts: list[str]) -> tuple[int, int]:
     assert pt.fast is not None
-    fast = pt.fast.encode(texts)  # as gold runs it (a sampled mismatch raises there first)
+    try:  # as gold runs it: in worker processes for a large batch
+        fast = [x.tolist() if isinstance(x, np.ndarray) else x for x in pt.fast.encode(texts)]
+    finally:
+        pt.close()
     hf = _hf_ids(pt, texts)
     return sum(a != b for a, b in zip(fast, hf, strict=True)), sum(map(len, hf))
 
@@ -267,17 +270,9 @@ def test_the_environment_forces_hf_and_refuses_unknown_engines(tmp_path: Path, m
         load_pinned(tmp_path / "a")
 
 
-def _lake(data_dir: Path) -> dict[str, dict[str, Any]]:
-    """A small lake over real data with GPT-2: instructions, documents and one long document (encoded in pieces)."""
-    write_head(shared_path("datasets/instruction/gdp_generative_tuning.jsonl"), data_dir / "raw" / "inst", 150)
-    write_head(shared_path("datasets/text/c4_demo.jsonl"), data_dir / "raw" / "text", 40)
-    long = shared_path("datasets/text/tinyshakespeare.txt").read_text(encoding="utf-8")[:300_000]
-    (data_dir / "raw" / "text" / "long.jsonl").write_text(json.dumps({"text": long}) + "\n", encoding="utf-8")
-    tok = {"path": str(shared_path("tokenizers/gpt2"))}
-    seq = {"max_seq_len": 256, "overflow": "window"}
-    for name, inp in (("inst", {"type": "instruction"}), ("text", {"type": "text"})):
-        run_core(data_dir, make_spec(name, input=inp, tokenizer=tok, sequence=seq))
-    return tree_digests(data_dir / "lake", skip_hidden_names=True)
+def _lake(data_dir: Path) -> dict[str, str]:
+    """Instructions, documents and one long document (encoded in pieces)."""
+    return gpt2_lake(data_dir, long_chars=300_000)
 
 
 def test_gold_with_the_fast_path_is_byte_identical_to_gold_with_hf_only(
