@@ -199,17 +199,22 @@ def _automation_shown_on(home: Path) -> None:
             set_auto_materialize_paused(instance, False)
 
 
+def _ui_home(data_dir: Path) -> tuple[Path, dict[str, str]]:
+    """$DAGSTER_HOME with the UI's workspace.yaml written in it, and the environment `dagster` runs with there."""
+    home = ensure_dagster_home()
+    (home / "workspace.yaml").write_text(UI_WORKSPACE, encoding="utf-8")
+    return home, {**os.environ, "DAGSTER_HOME": str(home), DATA_DIR_ENV: str(data_dir)}
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     """`dagster dev` (webserver and daemons) on this data dir, started in $DAGSTER_HOME so Dagster reads the instance
     config there (no dagster.yaml elsewhere for it to warn about); stops with Ctrl-C."""
     data_dir = _resolve_data_dir(args.data_dir).resolve()
-    home = ensure_dagster_home()
-    (home / "workspace.yaml").write_text(UI_WORKSPACE, encoding="utf-8")
+    home, env = _ui_home(data_dir)
     _automation_shown_on(home)
     dagster = Path(sys.executable).parent / "dagster"
     cmd = [str(dagster), "dev", "-w", "workspace.yaml", "-h", args.host, "-p", str(args.port)]
     print(f"data dir: {data_dir}\nDAGSTER_HOME: {home}\nUI: http://{args.host}:{args.port}", flush=True)
-    env = {**os.environ, "DAGSTER_HOME": str(home), DATA_DIR_ENV: str(data_dir)}
     try:
         return subprocess.run(cmd, cwd=home, env=env, check=False).returncode
     except KeyboardInterrupt:
@@ -223,7 +228,6 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     """Dagster's `job backfill` of the dataset's drop job (it queues one run per drop and returns at once), then,
     unless --no-wait, the runs followed in the instance until each has finished."""
     data_dir = _resolve_data_dir(args.data_dir).resolve()
-    home = ensure_dagster_home()
     from prep_assets.core.drops import registered_drops, superseded_drops
     from prep_assets.core.lake import dataset_paths
     from prep_assets.core.spec import scan_specs
@@ -239,8 +243,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     )
     if not drops:
         raise PrepAssetsError(f"{args.dataset}: no registered drops in {paths.root} (run `prep-assets run` first)")
-    (home / "workspace.yaml").write_text(UI_WORKSPACE, encoding="utf-8")
-    env = {**os.environ, "DAGSTER_HOME": str(home), DATA_DIR_ENV: str(data_dir)}
+    home, env = _ui_home(data_dir)
     cmd = [str(Path(sys.executable).parent / "dagster"), "job", "backfill", "-j", job]
     cmd += ["--partitions", ",".join(drops), "--noprompt", "-w", "workspace.yaml"]
     done = subprocess.run(cmd, cwd=home, env=env, capture_output=True, text=True, check=False)

@@ -19,10 +19,10 @@ from prep_assets.core import invariants as inv
 from prep_assets.core.dedup import earlier_indexes
 from prep_assets.core.drops import resolve_drop
 from prep_assets.core.errors import DropError, TokenizerError
-from prep_assets.core.lake import DatasetPaths, read_json
+from prep_assets.core.lake import STATS, DatasetPaths, read_json
 from prep_assets.core.masking import trainable_types
 from prep_assets.core.record_types import record_type
-from prep_assets.core.shards import drops_prompt_only_rows
+from prep_assets.core.shards import ShardStats, drops_prompt_only_rows
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.sql import shared_database
 from prep_assets.core.tokenizer import load_pinned_info
@@ -183,8 +183,9 @@ def layout(spec: DatasetSpec) -> inv.Layout:
 
 
 def _reported(shards_dir: Path) -> dict[str, Any] | None:
-    stats = shards_dir / "stats.json"
-    return read_json(stats)["splits"] if stats.is_file() else None
+    """The shards' own per-split figures (`ShardStats.splits`), None before any were written."""
+    stats = shards_dir / STATS
+    return ShardStats.from_json(read_json(stats)).splits if stats.is_file() else None
 
 
 def _manifest_partitions(on: Subject) -> list[dict[str, Any]]:
