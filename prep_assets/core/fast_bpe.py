@@ -205,11 +205,18 @@ class FastEncoder:
     """tiktoken's ordinary encoding (`encode_parallel`); a seeded sample of each batch is re-encoded by HF."""
 
     def __init__(
-        self, encoding: tiktoken.Encoding, hf: Tokenizer, seed: int = 0, *, source: tuple[str, str] | None = None
+        self,
+        encoding: tiktoken.Encoding,
+        hf: Tokenizer,
+        seed: int = 0,
+        *,
+        source: tuple[str, str] | None = None,
+        hf_json: dict[str, Any] | None = None,
     ) -> None:
         self.encoding, self.hf, self.seed = encoding, hf, seed
         self._batches = itertools.count()
-        self.spans_as_hf = not _trims_offsets(json.loads(hf.to_str()).get("post_processor"))
+        hf_json = json.loads(hf.to_str()) if hf_json is None else hf_json  # `hf`'s, parsed once by `of`
+        self.spans_as_hf = not _trims_offsets(hf_json.get("post_processor"))
         self._source = source  # (tokenizer JSON, pattern) the encoding was built from: what workers build it from
         self._processes: EncodeProcesses | None = None
         self.min_chars = MIN_CHARS  # a batch of fewer characters is encoded in this process
@@ -220,7 +227,9 @@ class FastEncoder:
         if not decision or decision.get("engine") != TIKTOKEN or engine_setting() == HF:
             return None
         text = hf.to_str()
-        return cls(build_encoding(json.loads(text), decision["pattern"]), hf, source=(text, decision["pattern"]))
+        parsed = json.loads(text)
+        pattern = decision["pattern"]
+        return cls(build_encoding(parsed, pattern), hf, source=(text, pattern), hf_json=parsed)
 
     def _workers(self, texts: list[str]) -> EncodeProcesses | None:
         """The worker processes for a batch this large (started with the first), None to encode it here."""

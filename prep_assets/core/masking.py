@@ -170,7 +170,7 @@ def _assemble(prep: _Prepared, encoded: _Encoded, spec: DatasetSpec, pt: PinnedT
         ]
     piece_lens = np.fromiter((len(ids) for ids in piece_ids), dtype=np.int64, count=len(piece_ids))
     if any(type(x) is np.ndarray for x in piece_ids):  # a long text: joined as arrays, never as Python ints
-        ids = np.concatenate([np.asarray(x, dtype=np.int32) for x in piece_ids])
+        ids = np.concatenate(piece_ids, dtype=np.int32, casting="same_kind")  # ids < 2**31
     else:
         ids = np.fromiter(chain.from_iterable(piece_ids), dtype=np.int32, count=int(piece_lens.sum()))
     mask = np.repeat(np.fromiter((p.train for p in flat), dtype=np.uint8, count=len(flat)), piece_lens)
