@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import random
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ from tokenizers import Tokenizer
 from prep_assets.core.encode_processes import MIN_CHARS, EncodeProcesses, processes_setting
 from prep_assets.core.errors import DropError, TokenizerError
 
+_log = logging.getLogger(__name__)
 ENGINE_ENV = "PREP_ASSETS_TOKENIZER_ENGINE"
 TIKTOKEN, HF = "tiktoken", "hf"
 SPOT_TEXTS = 3  # random texts of each batch re-encoded with HF (and the batch's longest text)
@@ -237,7 +239,12 @@ class FastEncoder:
             count = processes_setting()
             if self._source is None or count < 2 or sum(map(len, texts)) < self.min_chars:
                 return None
-            self._processes = EncodeProcesses(*self._source, count)
+            try:
+                self._processes = EncodeProcesses(*self._source, count)
+            except OSError as exc:  # no process can be started here: the threads encode, as before workers
+                _log.warning("tiktoken worker processes could not start (%s); encoding in this process", exc)
+                self._source = None
+                return None
         return self._processes
 
     def close(self) -> None:

@@ -122,3 +122,24 @@ def test_gold_encoded_by_workers_is_byte_identical_to_gold_with_hf_only_and_leav
     assert _workers_of_this_process() == []
     monkeypatch.setenv(ENGINE_ENV, "hf")
     assert by_workers == gpt2_lake(tmp_path / "hf")
+
+
+def test_workers_that_cannot_start_leave_the_encoding_to_this_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    from prep_assets.core.lake import dataset_paths
+    from prep_assets.core.tokenizer import load_pinned
+
+    gpt2_lake(tmp_path)  # pins GPT-2 in the lake
+    pt = load_pinned(dataset_paths(tmp_path, "inst").tokenizer_dir)
+    assert pt.fast is not None
+    pt.fast.min_chars = 0
+    monkeypatch.setenv(PROCESSES_ENV, "2")
+    monkeypatch.setattr("sys.executable", str(tmp_path / "no-python-here"))
+    texts = _texts()
+    try:
+        ids = pt.fast.encode(texts)
+    finally:
+        pt.close()
+    assert ids == [pt.fast.encoding.encode_ordinary(t) for t in texts]
+    assert "could not start" in caplog.text and _workers_of_this_process() == []
