@@ -44,7 +44,7 @@ PROCESSES_ENV = "PREP_ASSETS_ENCODE_PROCESSES"
 # cost more than they save, and small drops (tests, the sample data) never start one
 MIN_CHARS = 1 << 20
 
-_U64 = struct.Struct("<Q")
+U64 = struct.Struct("<Q")  # the protocol's integers: little-endian u64
 
 
 def processes_setting() -> int:
@@ -61,12 +61,12 @@ def processes_setting() -> int:
 
 def frame(*parts: bytes) -> bytes:
     """Each part as u64 length + bytes."""
-    return b"".join(_U64.pack(len(p)) + p for p in parts)
+    return b"".join(U64.pack(len(p)) + p for p in parts)
 
 
 def request(texts: list[bytes]) -> bytes:
     lengths = np.fromiter(map(len, texts), dtype="<u8", count=len(texts))
-    return _U64.pack(len(texts)) + lengths.tobytes() + b"".join(texts)
+    return U64.pack(len(texts)) + lengths.tobytes() + b"".join(texts)
 
 
 def read_exactly(stream: IO[bytes], n: int) -> bytes:

@@ -10,12 +10,12 @@ from typing import IO
 
 import numpy as np
 
-from prep_assets.core.encode_processes import _U64, read_exactly
+from prep_assets.core.encode_processes import U64, read_exactly
 from prep_assets.core.fast_bpe import build_encoding
 
 
 def _part(stream: IO[bytes]) -> bytes:
-    (n,) = _U64.unpack(read_exactly(stream, 8))
+    (n,) = U64.unpack(read_exactly(stream, 8))
     return read_exactly(stream, n)
 
 
@@ -25,7 +25,7 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     while head := stdin.read(8):
         if len(head) != 8:
             raise EOFError("a request ended inside its header")
-        (n,) = _U64.unpack(head)
+        (n,) = U64.unpack(head)
         lengths = np.frombuffer(read_exactly(stdin, 8 * n), dtype="<u8").astype(np.int64)
         payload = read_exactly(stdin, int(lengths.sum()))
         ends = np.cumsum(lengths).tolist()
