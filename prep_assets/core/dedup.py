@@ -17,7 +17,7 @@ already kept record reaches the threshold is removed, naming the earliest such k
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -173,18 +173,33 @@ def stale_silver(spec: DatasetSpec, paths: DatasetPaths) -> dict[str, list[str]]
     }
 
 
-def repeats_of_earlier(records: Path, earlier: Sequence[Path]) -> int:
-    """How many rows of a silver `records` file hold a content sha256 that one of the `earlier` silver records
-    files holds: only that column is read, by DuckDB (bounded memory, spilling beyond it)."""
-    if not earlier:
-        return 0
-    sql = (
-        "SELECT count(*) FROM read_parquet($records) WHERE content_sha256 IN "
-        "(SELECT content_sha256 FROM read_parquet($earlier))"
-    )
+def repeats_of_earlier(earlier: Sequence[Path], counted: Mapping[Path, int]) -> dict[Path, int]:
+    """For each silver records file of `counted`: how many of its rows hold a content sha256 that one of the first
+    `counted[file]` files of `earlier` (silver records files, earliest first) holds too. One DuckDB pass over that
+    column of every file, however many drops (bounded memory, spilling beyond it)."""
+    out = dict.fromkeys(counted, 0)
+    if not earlier or not any(counted.values()):
+        return out
+    sql = """
+        WITH e AS (SELECT r.rank, p.content_sha256 FROM read_parquet($earlier, filename = true) p
+                   JOIN ranks r ON p.filename = r.file),
+        f AS (SELECT content_sha256, min(rank) AS first FROM e GROUP BY content_sha256),
+        c AS (SELECT q.file, q.before, p.content_sha256 FROM read_parquet($counted, filename = true) p
+              JOIN befores q ON p.filename = q.file)
+        SELECT c.file, count(*) FILTER (WHERE f.first < c.before) AS repeats
+        FROM c LEFT JOIN f USING (content_sha256) GROUP BY c.file
+    """
+    ranks = pa.table({"file": [str(f) for f in earlier], "rank": pa.array(range(len(earlier)), pa.int64())})
+    befores = pa.table({"file": [str(f) for f in counted], "before": pa.array(list(counted.values()), pa.int64())})
     with sql_connect() as con:
-        row = con.execute(sql, {"records": str(records), "earlier": [str(p) for p in earlier]}).fetchone()
-    return int(row[0]) if row else 0
+        con.register("ranks", ranks)
+        con.register("befores", befores)
+        rows = con.execute(
+            sql, {"earlier": [str(f) for f in earlier], "counted": [str(f) for f in counted]}
+        ).fetchall()
+    by_name = {str(f): f for f in counted}
+    out.update({by_name[file]: int(n) for file, n in rows})
+    return out
 
 
 def merge_indexes(files: Sequence[Path]) -> dict[str, str]:

@@ -21,7 +21,7 @@ from prep_assets.core.records import (
     shard_schema,
 )
 from prep_assets.core.shards import ShardStats, totals
-from prep_assets.core.silver import repeats_of_earlier_drops
+from prep_assets.core.silver import repeats_in
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.tabular import initial_prefill
 
@@ -73,6 +73,7 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
     fingerprints = set()
     tabular: dict[str, Any] | None = None
     domains: dict[str, dict[str, int]] = {}  # with input.domain_key: gold's counts per domain, summed over drops
+    repeats = repeats_in(spec, paths, partitions)  # against the earlier drops of this manifest
     for partition in sorted(partitions):
         stats_path = paths.partition_dir("shards", partition) / STATS
         if not stats_path.is_file():
@@ -80,9 +81,8 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
         stats = ShardStats.from_json(read_json(stats_path))
         fingerprints.add(stats.tokenizer_fingerprint)
         parts[partition] = {"tokenizer_fingerprint": stats.tokenizer_fingerprint, **stats.totals}
-        repeats = repeats_of_earlier_drops(spec, paths, partition, among=partitions)
-        if repeats is not None:  # dedup_scope drop: kept records an earlier drop of this manifest holds too
-            parts[partition]["repeats_of_earlier_drops"] = repeats
+        if repeats is not None and partition in repeats:  # dedup_scope drop: kept records an earlier drop holds
+            parts[partition]["repeats_of_earlier_drops"] = repeats[partition]
         if stats.tabular is not None:
             tabular = _merge_tabular(tabular, stats.tabular)
         if stats.domains is not None:

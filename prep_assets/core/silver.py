@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from prep_assets.core.clean import (
     splits_by_count,
     trained_roles,
 )
-from prep_assets.core.drops import Drop, earlier_drops, resolve_drop
+from prep_assets.core.drops import Drop, DropSet, drop_order, earlier_drops, resolve_drop
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import (
     ACCOUNTING,
@@ -333,7 +334,31 @@ def repeats_of_earlier_drops(
     records = paths.partition_dir("silver", partition) / RECORDS
     if spec.clean.dedup_scope == "dataset" or not records.is_file():
         return None
-    return dedup.repeats_of_earlier(records, earlier_silver(paths, partition, among))
+    earlier = earlier_silver(paths, partition, among)
+    return dedup.repeats_of_earlier(earlier, {records: len(earlier)})[records]
+
+
+def repeats_in(spec: DatasetSpec, paths: DatasetPaths, partitions: Collection[str]) -> dict[str, int] | None:
+    """`repeats_of_earlier_drops(spec, paths, p, among=partitions)` for every p of `partitions` whose silver
+    exists, in one pass over the drops' silver (the manifest's figures: one query per drop, each reading every
+    earlier drop, grew with the square of the drops). None under `clean.dedup_scope: dataset`."""
+    if spec.clean.dedup_scope == "dataset":
+        return None
+    drops = DropSet.read(paths)
+    unknown = sorted(p for p in partitions if p not in drops.drops)
+    if unknown:
+        drops.earlier(unknown[0], paths.raw_dir)  # raises: not a registered drop
+    records = {p: paths.partition_dir("silver", p) / RECORDS for p in partitions}
+    # what `earlier_silver` gives each drop: registered before it, not superseded, among `partitions`, with silver
+    earlier = sorted(
+        (drops.drops[p] for p in partitions if p not in drops.superseded and records[p].is_file()), key=drop_order
+    )
+    orders = [drop_order(d) for d in earlier]
+    counted = {
+        records[p]: bisect_left(orders, drop_order(drops.drops[p])) for p in sorted(partitions) if records[p].is_file()
+    }
+    repeats = dedup.repeats_of_earlier([records[d.partition] for d in earlier], counted)
+    return {p: repeats[records[p]] for p in sorted(partitions) if records[p] in repeats}
 
 
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> SilverStats:

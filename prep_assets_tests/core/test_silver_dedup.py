@@ -13,7 +13,7 @@ import yaml
 from prep_assets.core.clean import heuristic_verdict, repeated_ngram_fraction
 from prep_assets.core.lake import dataset_paths, read_json
 from prep_assets.core.manifest import build_manifest
-from prep_assets.core.silver import repeats_of_earlier_drops
+from prep_assets.core.silver import repeats_in, repeats_of_earlier_drops
 from prep_assets.core.spec import load_spec, parse_spec
 from prep_assets.core.spec_sections import QualitySpec
 from prep_assets_tests.conftest import PROJECT, copy_sample_data, make_spec, shared_path
@@ -186,6 +186,12 @@ def test_manifest_counts_repeats_of_earlier_drops_under_drop_scope_among_its_own
     assert [manifest["partitions"][k]["repeats_of_earlier_drops"] for k in keys] == [0, 10, 3]
     without_a = build_manifest(spec, paths, keys[1:])
     assert [without_a["partitions"][k]["repeats_of_earlier_drops"] for k in keys[1:]] == [0, 0]
+    # the manifest's one pass over every drop gives each drop's own query's figure
+    for among in (keys, keys[1:], [keys[0], keys[2]]):
+        assert repeats_in(spec, paths, among) == {
+            k: repeats_of_earlier_drops(spec, paths, k, among=among) for k in among
+        }
     raw["clean"]["dedup_scope"] = "dataset"  # removes them: nothing to report
     dataset_scope = parse_spec(raw, path=Path("notes.yaml"), default_name="notes")
     assert repeats_of_earlier_drops(dataset_scope, paths, keys[1], among=keys) is None
+    assert repeats_in(dataset_scope, paths, keys) is None
