@@ -66,14 +66,20 @@ def example(section: str) -> str:
     return code
 
 
+def registered(section: str, registry: dict):
+    """Run a section's example (which registers its extension in `registry`), yield its names, then put the
+    registry back as it was."""
+    before = dict(registry)
+    namespace: dict = {}
+    exec(compile(example(section), str(DOC), "exec"), namespace)  # noqa: S102 - our own docs
+    yield namespace
+    registry.clear()
+    registry.update(before)
+
+
 @pytest.fixture
 def registered_format():
-    before = dict(formats.FORMATS)
-    namespace: dict = {}
-    exec(compile(example("Add an output format"), str(DOC), "exec"), namespace)  # noqa: S102 - our own docs
-    yield namespace
-    formats.FORMATS.clear()
-    formats.FORMATS.update(before)
+    yield from registered("Add an output format", formats.FORMATS)
 
 
 def test_the_output_format_example_writes_every_row_with_labels_and_is_listed_in_the_manifest(
@@ -127,12 +133,7 @@ def test_the_gate_example_passes_a_clean_partition_and_names_the_record_that_bre
 def registered_type():
     from prep_assets.core import record_types
 
-    before = dict(record_types.TYPES)
-    namespace: dict = {}
-    exec(compile(example("Add an input type"), str(DOC), "exec"), namespace)  # noqa: S102 - our own docs
-    yield namespace
-    record_types.TYPES.clear()
-    record_types.TYPES.update(before)
+    yield from registered("Add an input type", record_types.TYPES)
 
 
 def test_the_input_type_example_trains_on_the_first_answer_and_rejects_a_record_without_one(
