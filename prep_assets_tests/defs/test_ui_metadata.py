@@ -91,3 +91,16 @@ def test_a_long_examples_preview_decodes_only_its_first_tokens_and_says_how_many
     text = render_examples([long, short], max_chars=10**9)
     assert f"… ({n - DECODE_TOKENS} more tokens)" in text and text.count("more tokens") == 1
     assert f"more characters and {n - DECODE_TOKENS} more tokens)" in render_examples([long], max_chars=100)
+
+
+def test_a_preview_cuts_long_text_in_arrow_to_the_same_cells_as_whole_text(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from prep_assets.defs.metadata import CELL, md_table, preview
+
+    texts = ["x|" * 60, "é" * (CELL + 1), "😀|\n" * 40 + "tail", "a" * CELL, "b" * 3_000_000, "c|" * 59 + "d"]
+    rows = [{"record_id": f"r{i}", "content": t} for i, t in enumerate(texts)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "records.parquet")
+    assert preview(tmp_path / "records.parquet", ["record_id", "content"], n=len(texts)) == md_table(rows)
+    assert all(len(line) < 400 for line in md_table(rows).value.splitlines())
