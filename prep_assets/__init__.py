@@ -5,7 +5,7 @@ What importing the package does, all of it (nothing else changes global state on
   pool keeps memory the Parquet reader's threads freed);
 - `TRANSFORMERS_NO_ADVISORY_WARNINGS` and `TRANSFORMERS_VERBOSITY=error` unless set (`core/tokenizer.py`, before
   transformers loads: offline loading would otherwise warn on every run);
-- on glibc, unless `MALLOC_ARENA_MAX` is set, at most two malloc arenas per core (`limit_malloc_arenas`);
+- on glibc, unless the user set the arena limit, at most two malloc arenas per core (`limit_malloc_arenas`);
 - the output formats register themselves in `core.formats.FORMATS` when that module loads.
 Building the Dagster definitions happens only in `prep_assets.code_location`, which Dagster imports.
 
@@ -40,18 +40,21 @@ _M_ARENA_MAX = -8
 
 
 def limit_malloc_arenas() -> int | None:
-    """Cap glibc's malloc arenas at two per core unless `MALLOC_ARENA_MAX` says otherwise; returns the cap set
-    (None: not glibc, or the user's variable rules).
+    """Cap glibc's malloc arenas at two per core unless `MALLOC_ARENA_MAX` (or `glibc.malloc.arena_max` in
+    `GLIBC_TUNABLES`) says otherwise; returns the cap set (None: not glibc, or the user's setting rules).
 
     glibc gives each new thread its own arena, up to 8 per core. Arrow (on the system allocator), the tokenizer's
     and DuckDB's threads and the Parquet writer's thread each leave what they freed in their own arena, so one
     process running every layer grew by what every thread once held: on the 100 MB benchmark, 981 MiB peak with
     the default, 762 MiB with two per core. One per core saved 20 MiB more but made HF's `encode_batch_fast` 12%
-    slower (its threads then wait on each other's arena) (docs/decisions.md). Arenas already made stay."""
+    slower (its threads then wait on each other's arena) (docs/decisions.md). Arenas already made stay, and glibc
+    fixes its limit once a process has more than 8 arenas: a host that imports prep_assets after starting many
+    threads keeps glibc's limit unless `MALLOC_ARENA_MAX` is set in its environment."""
     import ctypes
     import sys
 
-    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
+    user_set = "MALLOC_ARENA_MAX" in os.environ or "glibc.malloc.arena_max" in os.environ.get("GLIBC_TUNABLES", "")
+    if user_set or not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(None)

@@ -17,13 +17,14 @@ def glibc() -> bool:
 PROBE = "import prep_assets, pyarrow; print(pyarrow.default_memory_pool().backend_name)"  # Arrow's C++ default
 
 
-def _probe(script: str, variable: str, value: str | None) -> str:
-    """What `script` prints in a fresh interpreter with the environment `variable` set to `value` (None: unset)."""
-    env = {k: v for k, v in os.environ.items() if k != variable}
+def _probe(script: str, variable: str, value: str | None, *args: str) -> str:
+    """What `script` (given `args`) prints in a fresh interpreter with the environment `variable` set to `value`
+    (None: unset)."""
+    env = {k: v for k, v in os.environ.items() if k not in (variable, "GLIBC_TUNABLES")}
     if value:
         env[variable] = value
     out = subprocess.run(
-        [sys.executable, "-c", script], env=env, cwd=PROJECT, capture_output=True, text=True, check=True
+        [sys.executable, "-c", script, *args], env=env, cwd=PROJECT, capture_output=True, text=True, check=True
     )
     return out.stdout.strip()
 
@@ -56,15 +57,15 @@ def test_a_data_preparing_process_keeps_torch_out_and_a_plain_one_does_not():
 
 # how many malloc arenas threads that each allocate end up in (glibc's malloc_info lists one <heap> per arena)
 ARENAS = """
-import ctypes, os, tempfile, threading
+import ctypes, os, sys, tempfile, threading
 import prep_assets
 def grab(hold, ready, go):
     held = [bytearray(65536) for _ in range(4)]  # below the mmap threshold: from the thread's arena
     ready.release(); go.acquire(); hold.append(held)
 ready, go, hold = threading.Semaphore(0), threading.Semaphore(0), []
-threads = [threading.Thread(target=grab, args=(hold, ready, go)) for _ in range(8)]
+threads = [threading.Thread(target=grab, args=(hold, ready, go)) for _ in range(int(sys.argv[1]))]
 for t in threads: t.start()
-for _ in threads: ready.acquire()  # all 8 alive at once, each holding its memory
+for _ in threads: ready.acquire()  # all alive at once, each holding its memory
 libc = ctypes.CDLL(None)
 libc.fdopen.restype = ctypes.c_void_p
 with tempfile.TemporaryFile() as f:
@@ -77,13 +78,16 @@ print(heaps)
 """
 
 
-def _arenas(env_max: str | None) -> int:
-    return int(_probe(ARENAS, "MALLOC_ARENA_MAX", env_max))
+def _arenas(threads: int, variable: str = "MALLOC_ARENA_MAX", value: str | None = None) -> int:
+    return int(_probe(ARENAS, variable, value, str(threads)))
 
 
 @pytest.mark.skipif(not glibc(), reason="malloc arenas are glibc's (this C library is not glibc)")
-def test_threads_share_two_malloc_arenas_per_core_unless_the_user_set_malloc_arena_max():
+def test_threads_share_two_malloc_arenas_per_core_unless_the_user_set_the_limit():
     # each thread's arena kept what it freed: 981 MiB peak on the benchmark with glibc's 8 per core, 762 with 2
     cap = 2 * (os.cpu_count() or 1)
-    assert _arenas(None) <= cap
-    assert _arenas(str(cap + 6)) > cap  # the user's variable wins (and the probe does see 8 threads' arenas)
+    threads = cap + 4  # more threads than the cap, fewer than glibc's own limit (8 per core)
+    assert _arenas(threads) <= cap
+    # the user's setting wins (and the probe does see one arena per thread where the limit allows it)
+    assert _arenas(threads, "MALLOC_ARENA_MAX", str(cap + 3)) == cap + 3
+    assert _arenas(threads, "GLIBC_TUNABLES", f"glibc.malloc.arena_max={cap + 2}") == cap + 2

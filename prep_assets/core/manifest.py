@@ -73,7 +73,8 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
     fingerprints = set()
     tabular: dict[str, Any] | None = None
     domains: dict[str, dict[str, int]] = {}  # with input.domain_key: gold's counts per domain, summed over drops
-    repeats = repeats_in(spec, paths, partitions)  # against the earlier drops of this manifest
+    listed = [p for p in partitions if (paths.partition_dir("shards", p) / STATS).is_file()]
+    repeats = repeats_in(spec, paths, listed, among=partitions)  # against the earlier drops of this manifest
     for partition in sorted(partitions):
         stats_path = paths.partition_dir("shards", partition) / STATS
         if not stats_path.is_file():

@@ -338,27 +338,31 @@ def repeats_of_earlier_drops(
     return dedup.repeats_of_earlier(earlier, {records: len(earlier)})[records]
 
 
-def repeats_in(spec: DatasetSpec, paths: DatasetPaths, partitions: Collection[str]) -> dict[str, int] | None:
-    """`repeats_of_earlier_drops(spec, paths, p, among=partitions)` for every p of `partitions` whose silver
-    exists, in one pass over the drops' silver (the manifest's figures: one query per drop, each reading every
-    earlier drop, grew with the square of the drops). None under `clean.dedup_scope: dataset`."""
+def repeats_in(
+    spec: DatasetSpec, paths: DatasetPaths, partitions: Collection[str], among: Collection[str] | None = None
+) -> dict[str, int] | None:
+    """`repeats_of_earlier_drops(spec, paths, p, among)` for every p of `partitions` whose silver exists (`among`:
+    `partitions` unless given), in one pass over the drops' silver (the manifest's figures: one query per drop,
+    each reading every earlier drop, grew with the square of the drops). None under `clean.dedup_scope: dataset`.
+    A drop of `among` that is not registered (one being retired) is no earlier drop, as for the per-drop call."""
     if spec.clean.dedup_scope == "dataset":
         return None
+    among = partitions if among is None else among
     drops = DropSet.read(paths)
-    unknown = sorted(p for p in partitions if p not in drops.drops)
-    if unknown:
-        drops.earlier(unknown[0], paths.raw_dir)  # raises: not a registered drop
-    records = {p: paths.partition_dir("silver", p) / RECORDS for p in partitions}
-    # what `earlier_silver` gives each drop: registered before it, not superseded, among `partitions`, with silver
+    records = {p: paths.partition_dir("silver", p) / RECORDS for p in {*partitions, *among}}
+    counted_drops = sorted(p for p in partitions if records[p].is_file())
+    for p in counted_drops:
+        if p not in drops.drops:
+            drops.earlier(p, paths.raw_dir)  # raises: not a registered drop (as the per-drop call does)
+    # what `earlier_silver` gives each drop: registered before it, not superseded, among `among`, with silver
     earlier = sorted(
-        (drops.drops[p] for p in partitions if p not in drops.superseded and records[p].is_file()), key=drop_order
+        (drops.drops[p] for p in among if p in drops.drops and p not in drops.superseded and records[p].is_file()),
+        key=drop_order,
     )
     orders = [drop_order(d) for d in earlier]
-    counted = {
-        records[p]: bisect_left(orders, drop_order(drops.drops[p])) for p in sorted(partitions) if records[p].is_file()
-    }
+    counted = {records[p]: bisect_left(orders, drop_order(drops.drops[p])) for p in counted_drops}
     repeats = dedup.repeats_of_earlier([records[d.partition] for d in earlier], counted)
-    return {p: repeats[records[p]] for p in sorted(partitions) if records[p] in repeats}
+    return {p: repeats[records[p]] for p in counted_drops}
 
 
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> SilverStats:

@@ -13,6 +13,7 @@ import yaml
 from prep_assets.core.clean import heuristic_verdict, repeated_ngram_fraction
 from prep_assets.core.lake import dataset_paths, read_json
 from prep_assets.core.manifest import build_manifest
+from prep_assets.core.retire import retire_drop
 from prep_assets.core.silver import repeats_in, repeats_of_earlier_drops
 from prep_assets.core.spec import load_spec, parse_spec
 from prep_assets.core.spec_sections import QualitySpec
@@ -195,3 +196,8 @@ def test_manifest_counts_repeats_of_earlier_drops_under_drop_scope_among_its_own
     dataset_scope = parse_spec(raw, path=Path("notes.yaml"), default_name="notes")
     assert repeats_of_earlier_drops(dataset_scope, paths, keys[1], among=keys) is None
     assert repeats_in(dataset_scope, paths, keys) is None
+    # a drop being retired (registration gone, still one of Dagster's partitions) is no earlier drop, and no error
+    retire_drop(paths, keys[0])
+    after = build_manifest(spec, paths, keys)
+    assert sorted(after["partitions"]) == keys[1:]
+    assert [after["partitions"][k]["repeats_of_earlier_drops"] for k in keys[1:]] == [0, 0]
