@@ -152,14 +152,12 @@ def render_examples(decoded: list[dict[str, Any]], max_chars: int = 2000) -> str
             f"--- {e['example_id']} · {e['split']} · {e['num_tokens']} tokens, {e['num_loss_tokens']} trained "
             f"(masked text in {MASK_OPEN}{MASK_CLOSE}) ---"
         )
-        text = marked(e["spans"])
-        unread = e["num_tokens"] - e.get("decoded_tokens", e["num_tokens"])  # tokens past those decoded
-        more = f" and {unread} more tokens" if unread > 0 else ""
+        text, left = marked(e["spans"]), []
         if len(text) > max_chars:
-            text = text[:max_chars] + f"\n… ({len(text) - max_chars} more characters{more})"
-        elif more:
-            text += f"\n… ({more.removeprefix(' and ')})"
-        lines.append(text)
+            text, left = text[:max_chars], [f"{len(text) - max_chars} more characters"]
+        unread = e["num_tokens"] - e.get("decoded_tokens", e["num_tokens"])  # tokens past those decoded
+        left += [f"{unread} more tokens"] if unread > 0 else []
+        lines.append(text + (f"\n… ({' and '.join(left)})" if left else ""))
     return "\n".join(lines)
 
 

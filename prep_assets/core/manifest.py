@@ -73,13 +73,10 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
     fingerprints = set()
     tabular: dict[str, Any] | None = None
     domains: dict[str, dict[str, int]] = {}  # with input.domain_key: gold's counts per domain, summed over drops
-    listed = [p for p in partitions if (paths.partition_dir("shards", p) / STATS).is_file()]
+    listed = sorted(p for p in partitions if (paths.partition_dir("shards", p) / STATS).is_file())
     repeats = repeats_in(spec, paths, listed, among=partitions)  # against the earlier drops of this manifest
-    for partition in sorted(partitions):
-        stats_path = paths.partition_dir("shards", partition) / STATS
-        if not stats_path.is_file():
-            continue
-        stats = ShardStats.from_json(read_json(stats_path))
+    for partition in listed:
+        stats = ShardStats.from_json(read_json(paths.partition_dir("shards", partition) / STATS))
         fingerprints.add(stats.tokenizer_fingerprint)
         parts[partition] = {"tokenizer_fingerprint": stats.tokenizer_fingerprint, **stats.totals}
         if repeats is not None and partition in repeats:  # dedup_scope drop: kept records an earlier drop holds

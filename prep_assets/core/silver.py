@@ -26,7 +26,7 @@ from prep_assets.core.clean import (
     splits_by_count,
     trained_roles,
 )
-from prep_assets.core.drops import Drop, DropSet, drop_order, earlier_drops, resolve_drop
+from prep_assets.core.drops import Drop, DropSet, drop_order, resolve_drop
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import (
     ACCOUNTING,
@@ -316,14 +316,6 @@ def _index_drop(spec: DatasetSpec, paths: DatasetPaths, drop: Drop, out_dir: Pat
         build_clean_records(spec, bronze, silver, batch_size=batch_size, index_dir=out_dir, near=False, splits=False)
 
 
-def earlier_silver(paths: DatasetPaths, partition: str, among: Collection[str] | None = None) -> list[Path]:
-    """The silver records files of the drops registered before `partition` that have one (`among`: only those
-    drops)."""
-    drops = [d.partition for d in earlier_drops(paths, partition) if among is None or d.partition in among]
-    files = (paths.partition_dir("silver", d) / RECORDS for d in drops)
-    return [f for f in files if f.is_file()]
-
-
 def repeats_of_earlier_drops(
     spec: DatasetSpec, paths: DatasetPaths, partition: str, among: Collection[str] | None = None
 ) -> int | None:
@@ -331,30 +323,26 @@ def repeats_of_earlier_drops(
     under `dataset`, which removes them, or before the drop's silver exists). `among`: only those earlier drops
     (the manifest's, so its figure depends on the drops it holds, never on which others happen to be built).
     Never a silver stats field: silver's published bytes do not depend on build order."""
-    records = paths.partition_dir("silver", partition) / RECORDS
-    if spec.clean.dedup_scope == "dataset" or not records.is_file():
-        return None
-    earlier = earlier_silver(paths, partition, among)
-    return dedup.repeats_of_earlier(earlier, {records: len(earlier)})[records]
+    repeats = repeats_in(spec, paths, [partition], among)
+    return None if repeats is None else repeats.get(partition)
 
 
 def repeats_in(
     spec: DatasetSpec, paths: DatasetPaths, partitions: Collection[str], among: Collection[str] | None = None
 ) -> dict[str, int] | None:
-    """`repeats_of_earlier_drops(spec, paths, p, among)` for every p of `partitions` whose silver exists (`among`:
-    `partitions` unless given), in one pass over the drops' silver (the manifest's figures: one query per drop,
-    each reading every earlier drop, grew with the square of the drops). None under `clean.dedup_scope: dataset`.
-    A drop of `among` that is not registered (one being retired) is no earlier drop, as for the per-drop call."""
+    """`repeats_of_earlier_drops` for every drop of `partitions` whose silver exists, in one pass over the drops'
+    silver (the manifest's figures: one query per drop, each reading every earlier drop, grew with the square of
+    the drops). The earlier drops of each: registered before it, not superseded, with silver, and of `among` where
+    given (a drop of `among` that is not registered, one being retired, is none). None under `dedup_scope: dataset`."""
     if spec.clean.dedup_scope == "dataset":
         return None
-    among = partitions if among is None else among
     drops = DropSet.read(paths)
+    among = drops.drops if among is None else among
     records = {p: paths.partition_dir("silver", p) / RECORDS for p in {*partitions, *among}}
     counted_drops = sorted(p for p in partitions if records[p].is_file())
     for p in counted_drops:
         if p not in drops.drops:
-            drops.earlier(p, paths.raw_dir)  # raises: not a registered drop (as the per-drop call does)
-    # what `earlier_silver` gives each drop: registered before it, not superseded, among `among`, with silver
+            drops.earlier(p, paths.raw_dir)  # raises: not a registered drop
     earlier = sorted(
         (drops.drops[p] for p in among if p in drops.drops and p not in drops.superseded and records[p].is_file()),
         key=drop_order,

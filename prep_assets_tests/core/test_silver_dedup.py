@@ -187,11 +187,12 @@ def test_manifest_counts_repeats_of_earlier_drops_under_drop_scope_among_its_own
     assert [manifest["partitions"][k]["repeats_of_earlier_drops"] for k in keys] == [0, 10, 3]
     without_a = build_manifest(spec, paths, keys[1:])
     assert [without_a["partitions"][k]["repeats_of_earlier_drops"] for k in keys[1:]] == [0, 0]
-    # the manifest's one pass over every drop gives each drop's own query's figure
-    for among in (keys, keys[1:], [keys[0], keys[2]]):
-        assert repeats_in(spec, paths, among) == {
-            k: repeats_of_earlier_drops(spec, paths, k, among=among) for k in among
-        }
+    # one pass over the drops gives each drop's figure against the earlier drops of `among` (default: all)
+    assert repeats_in(spec, paths, keys) == dict(zip(keys, [0, 10, 3], strict=True))
+    assert repeats_in(spec, paths, keys, among=keys[1:]) == dict(zip(keys, [0, 0, 0], strict=True))
+    assert repeats_in(spec, paths, keys[1:], among=[keys[0], keys[2]]) == {keys[1]: 10, keys[2]: 3}
+    assert repeats_in(spec, paths, [keys[2]], among=[keys[1], keys[2]]) == {keys[2]: 0}
+    assert [repeats_of_earlier_drops(spec, paths, k) for k in keys] == [0, 10, 3]
     raw["clean"]["dedup_scope"] = "dataset"  # removes them: nothing to report
     dataset_scope = parse_spec(raw, path=Path("notes.yaml"), default_name="notes")
     assert repeats_of_earlier_drops(dataset_scope, paths, keys[1], among=keys) is None
