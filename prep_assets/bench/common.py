@@ -161,8 +161,24 @@ def bare_fast(corpus: Path, tokenizer: Path, batch: int = 4096) -> tuple[int, fl
     return tokens, time.perf_counter() - start
 
 
+def tree_rss_pages(pid: int) -> int:
+    """Resident pages of process `pid` and of every process below it (gold's tiktoken workers): each one's RSS,
+    summed, so pages two of them share (their libraries) count twice: an upper bound."""
+    total, todo = 0, [pid]
+    while todo:
+        proc = Path(f"/proc/{todo.pop()}")
+        try:
+            total += int((proc / "statm").read_bytes().split()[1])
+            for task in (proc / "task").iterdir():
+                todo += [int(child) for child in (task / "children").read_bytes().split()]
+        except (OSError, ValueError, IndexError):  # ended meanwhile
+            continue
+    return total
+
+
 class RssSampler:
-    """This process' resident memory every 20 ms in a thread (/proc/self/statm), to tell which step peaked."""
+    """The resident memory of this process and its worker processes every 20 ms in a thread (`tree_rss_pages`), to
+    tell which step peaked."""
 
     def __init__(self) -> None:
         import os
@@ -170,15 +186,14 @@ class RssSampler:
 
         self.samples: list[tuple[float, float]] = []
         self._page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+        self._pid = os.getpid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with open("/proc/self/statm", "rb") as f:
-            while not self._stop.is_set():
-                f.seek(0)
-                self.samples.append((time.time(), int(f.read().split()[1]) * self._page_mib))
-                self._stop.wait(0.02)
+        while not self._stop.is_set():
+            self.samples.append((time.time(), tree_rss_pages(self._pid) * self._page_mib))
+            self._stop.wait(0.02)
 
     def __enter__(self) -> RssSampler:
         self._thread.start()
@@ -193,7 +208,7 @@ class RssSampler:
 
 
 def _step_peaks(instance: Any, run_id: str, rss: RssSampler) -> dict[str, dict[str, float]]:
-    """Per step: its time span and the process' RSS when it started and at its peak (MiB)."""
+    """Per step: its time span and the RSS of the process and its workers when it started and at their peak (MiB)."""
     from dagster import DagsterEventType
 
     spans: dict[str, list[float]] = {}
