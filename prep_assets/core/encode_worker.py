@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from itertools import chain
 from typing import IO
 
 import numpy as np
@@ -30,10 +29,12 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
         payload = read_exactly(stdin, int(lengths.sum()))
         ends = np.cumsum(lengths).tolist()
         starts = [0, *ends[:-1]] if ends else []
-        ids = [encode(payload[a:b].decode("utf-8")) for a, b in zip(starts, ends, strict=True)]
+        # each text's ids as int32 at once: the Python lists of a whole request held ~40 MiB more at the benchmark's
+        # batch size (36 bytes a token against 4)
+        ids = [np.array(encode(payload[a:b].decode("utf-8")), dtype="<i4") for a, b in zip(starts, ends, strict=True)]
         counts = np.fromiter(map(len, ids), dtype="<u8", count=n)
         stdout.write(counts.tobytes())
-        stdout.write(np.fromiter(chain.from_iterable(ids), dtype="<i4", count=int(counts.sum())).tobytes())
+        stdout.write(np.concatenate(ids).tobytes() if ids else b"")
         stdout.flush()
 
 
