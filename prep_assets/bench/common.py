@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -161,6 +162,19 @@ def bare_fast(corpus: Path, tokenizer: Path, batch: int = 4096) -> tuple[int, fl
     return tokens, time.perf_counter() - start
 
 
+def lists_children() -> bool:
+    """Whether this kernel lists a thread's child processes (/proc/PID/task/TID/children): without it
+    `tree_rss_pages` sees the process alone."""
+    return Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
+
+
+def peak_label() -> str:
+    """What the benchmarks' peak RSS measures here."""
+    if lists_children():
+        return "peak RSS of the pipeline process and its workers"
+    return "peak RSS of the pipeline process (its workers unseen: this kernel lists no child processes)"
+
+
 def tree_rss_pages(pid: int) -> int:
     """Resident pages of process `pid` and of every process below it (gold's tiktoken workers): each one's RSS,
     summed, so pages two of them share (their libraries) count twice: an upper bound."""
@@ -169,10 +183,14 @@ def tree_rss_pages(pid: int) -> int:
         proc = Path(f"/proc/{todo.pop()}")
         try:
             total += int((proc / "statm").read_bytes().split()[1])
-            for task in (proc / "task").iterdir():
-                todo += [int(child) for child in (task / "children").read_bytes().split()]
-        except (OSError, ValueError, IndexError):  # ended meanwhile
+            tasks = list((proc / "task").iterdir())
+        except (OSError, ValueError, IndexError):  # the process has ended
             continue
+        for task in tasks:  # a child is listed under the thread that started it
+            try:
+                todo += [int(child) for child in (task / "children").read_bytes().split()]
+            except (OSError, ValueError):  # the thread has ended (its children are listed under another one)
+                continue
     return total
 
 
@@ -181,7 +199,6 @@ class RssSampler:
     tell which step peaked."""
 
     def __init__(self) -> None:
-        import os
         import threading
 
         self.samples: list[tuple[float, float]] = []

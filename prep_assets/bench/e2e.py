@@ -19,6 +19,7 @@ from prep_assets.bench.common import (
     bare_fast,
     bare_tokenizer,
     pc_corpus,
+    peak_label,
     run_drop,
 )
 
@@ -155,7 +156,7 @@ def bench_e2e(args: argparse.Namespace) -> int:
             f"end-to-end / {name} over {len(results)} runs: median {ratios[(len(ratios) - 1) // 2]:.3f}, "
             f"min {ratios[0]:.3f}, max {ratios[-1]:.3f}"
         )
-    print(f"peak RSS of the pipeline process and its workers: {peak:,.0f} MiB")
+    print(f"{peak_label()}: {peak:,.0f} MiB")
     hf_path = _hf_path_run(work, corpus, args)
     if hf_path is None:
         return 1

@@ -15,6 +15,7 @@ from typing import Any
 from prep_assets import NO_TORCH_ENV
 from prep_assets.bench.common import (
     _missing,
+    peak_label,
     run_drop,
 )
 
@@ -103,7 +104,7 @@ def bench_longdoc(args: argparse.Namespace) -> int:
     print("  steps (time; RSS of the process and its workers when the step started -> their peak in the step):")
     for step, st in run["steps"].items():
         print(f"    {step:<58} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
-    print(f"peak RSS of the pipeline process and its workers: {run['peak_rss_mib']:,} MiB")
+    print(f"{peak_label()}: {run['peak_rss_mib']:,} MiB")
     print(json.dumps({"document_mb": round(len(doc) / 1e6, 2), "max_seq_len": args.max_seq_len, **run}))
     return 0 if run["success"] and child.returncode == 0 else 1
 
