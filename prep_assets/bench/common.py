@@ -249,6 +249,13 @@ def _step_peaks(instance: Any, run_id: str, rss: RssSampler) -> dict[str, dict[s
     }
 
 
+def print_steps(steps: dict[str, dict[str, float]]) -> None:
+    """A run's steps as `DropRun.summary` gives them: time, RSS at the start and the peak."""
+    print("  steps (time; RSS of the process and its workers when the step started -> their peak in the step):")
+    for step, st in steps.items():
+        print(f"    {step:<58} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
+
+
 @dataclass(frozen=True)
 class DropRun:
     """One drop's layers materialized through Dagster in this process, as the benchmark children run them."""
@@ -260,12 +267,14 @@ class DropRun:
     gold: gold.GoldStats
 
     def summary(self) -> dict[str, Any]:
-        """What every benchmark child prints of a run: success, wall time, RSS per step, the gates."""
+        """What every benchmark child prints of a run: success, wall time, RSS per step and the highest of them (the
+        process with its workers), the gates."""
         checks = self.result.get_asset_check_evaluations()
         return {
             "success": self.result.success and self.tokenizer_ok,
             "wall_s": self.wall,
             "steps": self.peaks,
+            "sampled_peak_mib": max((st["peak_mib"] for st in self.peaks.values()), default=0),
             "checks": len(checks),
             "checks_passed": sum(c.passed for c in checks),
             "tokens": self.gold.tokens,

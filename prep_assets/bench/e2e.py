@@ -20,6 +20,7 @@ from prep_assets.bench.common import (
     bare_tokenizer,
     pc_corpus,
     peak_label,
+    print_steps,
     run_drop,
 )
 
@@ -93,9 +94,7 @@ def _measured_runs(
         )
         for layer, sec in run["layers_s"].items():
             print(f"  {layer:<20} {sec:8.2f} s")
-        print("  steps (time; RSS of the process and its workers when the step started -> their peak in the step):")
-        for step, st in run["steps"].items():
-            print(f"    {step:<58} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
+        print_steps(run["steps"])
         for name, ratio in ratios.items():
             print(
                 f"  end-to-end / {name}: {ratio:.3f} (the anchor before the run {before[name][1]:.2f} s, "
@@ -126,7 +125,7 @@ def _hf_path_run(work: Path, corpus: Path, args: argparse.Namespace) -> dict[str
         "anchor_tokens_per_s": round(anchors[HF_ANCHOR][0] / anchors[HF_ANCHOR][1]),
         "wall_s": round(run["wall_s"], 2),
         "layers_s": {k: round(v, 2) for k, v in run["layers_s"].items()},
-        "peak_rss_mib": max((st["peak_mib"] for st in run["steps"].values()), default=0),
+        "peak_rss_mib": run["sampled_peak_mib"],
     }
 
 
@@ -147,7 +146,7 @@ def bench_e2e(args: argparse.Namespace) -> int:
         return 1
     results, anchors = measured
     # the largest single process (its whole life), or the layers' process with its workers summed, if larger
-    sampled = max((st["peak_mib"] for r in results for st in r["steps"].values()), default=0)
+    sampled = max((r["sampled_peak_mib"] for r in results), default=0)
     peak = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, sampled)
     mid = sorted(results, key=lambda r: r["ratio"])[(len(results) - 1) // 2]  # the median run (the lower middle)
     for name in anchors:

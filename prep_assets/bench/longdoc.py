@@ -16,6 +16,7 @@ from prep_assets import NO_TORCH_ENV
 from prep_assets.bench.common import (
     _missing,
     peak_label,
+    print_steps,
     run_drop,
 )
 
@@ -60,8 +61,7 @@ def _longdoc_child(work: Path) -> int:
         "failed_steps": [e.step_key for e in run.result.all_events if e.is_step_failure],
     }
     # this process' whole life, or the layers with their workers summed, if larger
-    sampled = max((st["peak_mib"] for st in summary["steps"].values()), default=0)
-    summary["peak_rss_mib"] = max(round(_own_peak_kib() / 1024), sampled)
+    summary["peak_rss_mib"] = max(round(_own_peak_kib() / 1024), summary["sampled_peak_mib"])
     print(json.dumps(summary))
     return 0 if run.result.success else 1
 
@@ -101,9 +101,7 @@ def bench_longdoc(args: argparse.Namespace) -> int:
         f"bronze -> shards through Dagster: {run['tokens']:,} tokens in {run['wall_s']:.2f} s, "
         f"{run['checks_passed']}/{run['checks']} checks passed{failed}"
     )
-    print("  steps (time; RSS of the process and its workers when the step started -> their peak in the step):")
-    for step, st in run["steps"].items():
-        print(f"    {step:<58} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
+    print_steps(run["steps"])
     print(f"{peak_label()}: {run['peak_rss_mib']:,} MiB")
     print(json.dumps({"document_mb": round(len(doc) / 1e6, 2), "max_seq_len": args.max_seq_len, **run}))
     return 0 if run["success"] and child.returncode == 0 else 1
