@@ -100,7 +100,8 @@ class GoldRows(SharedPass):
 
 @dataclass(frozen=True)
 class ShardRows(SharedPass):
-    """A shard gate that reads its `part` of `inv.shard_rows` (None: it makes the pass for its own part)."""
+    """A shard gate that reads its `part` of `inv.shard_rows` (None: it makes the pass for its own part). Judged
+    together with the other parts the screen stands in for (`inv.SCREENED_PARTS`), they read `inv.screened_rows`."""
 
     part: str
     from_rows: Callable[[Subject, pa.Table | None], inv.Outcome]
@@ -116,7 +117,10 @@ class ShardRows(SharedPass):
                 pad_id = load_pinned_info(subject.paths.tokenizer_dir).pad_id
             except TokenizerError:  # the padding gate meets this error judged alone; the others keep the pass
                 parts.remove("padding")
-        return inv.shard_rows(files, parts, subject.spec.sequence.max_seq_len, pad_id)
+        L = subject.spec.sequence.max_seq_len
+        if pad_id is not None and inv.SCREENED_PARTS <= set(parts):  # through the screen: one hash pass a side
+            return inv.screened_rows(files, subject.gold, subject.spec.sequence.overlap, L, pad_id, parts)
+        return inv.shard_rows(files, parts, L, pad_id)
 
     def from_shared(self, subject: Subject, value: pa.Table | None, index: int) -> inv.Outcome:
         if value is not None and inv.ROW_PART_COLUMNS[self.part] not in value.column_names:
@@ -360,7 +364,8 @@ GATES: tuple[Gate, ...] = (
         "shards",
         "packed_shards_match_gold",
         "token by token, each segment equals its gold example at its offset (id, type), with gold's mask except "
-        "the segment's first token (and a window's overlap), masked (rows first: a sum of per-token hashes of "
+        "the segment's first token (and a window's overlap), masked (judged with the other row gates, the screen "
+        "first: docs/shards.md; then, or alone, rows first: a sum of per-token hashes of "
         "position, id, mask and type against the same sum over the row's gold tokens; then, for failing rows "
         "only, segment by segment and the first bad token; a failing row whose listed segments all match is a "
         "violation of its own: its `seq_lengths` cover tokens no example id names)",

@@ -458,6 +458,107 @@ def test_shard_rows_pass_survives_seq_lengths_summing_past_32_bits_and_the_gates
     assert {r["row"] for r in inv.shards_positions_restart(f, rows).offending} == {1}
 
 
+ALL_ROW_PARTS = ["fixed", "layout", "checksum", "padding"]
+
+
+def _judged_from(files: list[Path], g: Path, rows: pa.Table) -> list[inv.Outcome]:
+    return [
+        inv.shards_fixed_length(files, 4, rows),
+        inv.shards_positions_restart(files, rows),
+        inv.shards_match_gold(files, g, 0, rows),
+        inv.shards_padding_masked(files, 0, rows),
+    ]
+
+
+def _judged_alone(files: list[Path], g: Path) -> list[inv.Outcome]:
+    return [
+        inv.shards_fixed_length(files, 4),
+        inv.shards_positions_restart(files),
+        inv.shards_match_gold(files, g),
+        inv.shards_padding_masked(files, 0),
+    ]
+
+
+def test_the_screen_passes_good_rows_and_its_gates_agree_with_each_judged_alone(tmp_path: Path):
+    g = write_gold(tmp_path / "g", [GOOD, {"token_ids": [8, 9], "loss_mask": [0, 1], "token_type_ids": [1, 3]}])
+    two = shard_row(
+        input_ids=[8, 9, 5, 6],
+        loss_mask=[0, 1, 0, 1],
+        position_ids=[0, 1, 0, 1],
+        segment_ids=[1, 1, 2, 2],
+        token_type_ids=[1, 3, 1, 1],
+        seq_lengths=[2, 2],
+        example_ids=["d:2", "d:1"],
+        example_offsets=[0, 0],
+        num_loss_tokens=2,
+    )  # d:2 whole, then d:1's first two tokens (a `full` row): two segments, no padding
+    files = [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row(), two, shard_row()])]
+    rows = inv.screened_rows(files, g, 0, 4, 0, ALL_ROW_PARTS)
+    assert rows.column(inv.shards_gold.SCREENED).to_pylist() == [True] * 3
+    assert rows.column("fixed_broken").to_pylist() == [False] * 3
+    together = _judged_from(files, g, rows)
+    assert together == _judged_alone(files, g) and all(o.passed for o in together)
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        {"input_ids": [5, 6, 8, 0]},
+        {"input_ids": [5, 7, 6, 0]},  # two tokens swapped
+        {"loss_mask": [0, 0, 1, 0], "num_loss_tokens": 1},
+        {"loss_mask": [1, 1, 1, 0], "num_loss_tokens": 3},  # the segment start trained
+        {"token_type_ids": [1, 1, 1, 2]},
+        {"position_ids": [0, 1, 1, 0]},
+        {"segment_ids": [1, 1, 2, 0]},
+        {"input_ids": [5, 6, 7, 9]},  # padding
+        {"loss_mask": [0, 1, 1, 1], "num_loss_tokens": 3},
+        {"token_type_ids": [1, 1, 3, 1]},
+        {"position_ids": [0, 1, 2, 3]},
+        {"segment_ids": [1, 1, 1, 1]},
+        {"seq_lengths": [2]},
+        {"seq_lengths": [0, 3], "example_ids": ["d:1", "d:1"], "example_offsets": [0, 0]},
+        {"example_offsets": [1]},
+        {"example_ids": ["d:9"]},
+        {"num_loss_tokens": 1},
+        {"input_ids": [], "loss_mask": [], "position_ids": [], "segment_ids": [], "token_type_ids": []},
+    ],
+    ids=[
+        "id_in_a_segment",
+        "two_ids_swapped",
+        "mask_in_a_segment",
+        "segment_start_trained",
+        "type_in_a_segment",
+        "position_in_a_segment",
+        "segment_id_in_a_segment",
+        "padding_id",
+        "padding_trained",
+        "padding_type",
+        "padding_position",
+        "padding_in_a_segment",
+        "seq_lengths_short",
+        "empty_segment",
+        "offset_past_gold",
+        "unknown_example",
+        "num_loss_tokens",
+        "empty_lists",
+    ],
+)
+def test_any_row_the_screen_does_not_pass_sends_every_gate_to_the_exact_pass(tmp_path: Path, corrupt: dict):
+    g = write_gold(tmp_path / "g", [GOOD])
+    files = [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row(), shard_row(**corrupt)])]
+    rows = inv.screened_rows(files, g, 0, 4, 0, ALL_ROW_PARTS)
+    assert rows.equals(inv.shard_rows(files, ALL_ROW_PARTS, 4, 0))  # no SCREENED column: the exact rows
+    together = _judged_from(files, g, rows)
+    assert together == _judged_alone(files, g) and not all(o.passed for o in together)
+
+
+def test_a_screen_without_readable_gold_leaves_the_row_gates_their_exact_pass(tmp_path: Path):
+    files = [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row()])]
+    rows = inv.screened_rows(files, tmp_path / "no_gold", 0, 4, 0, ALL_ROW_PARTS)
+    assert rows.equals(inv.shard_rows(files, ALL_ROW_PARTS, 4, 0))
+    assert inv.shards_positions_restart(files, rows).passed and inv.shards_padding_masked(files, 0, rows).passed
+
+
 def test_shard_rows_refuses_unknown_parts_and_fixed_without_a_length(tmp_path: Path):
     f = [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row()])]
     with pytest.raises(ValueError, match="parts"):

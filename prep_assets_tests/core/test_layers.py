@@ -10,6 +10,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
+from prep_assets.core import gates
 from prep_assets.core import invariants as inv
 from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.drops import register_drops, resolve_drop
@@ -77,6 +78,19 @@ def test_gsm8k_all_invariants_hold(gsm_run):
         inv.shards_utilization(files, L, 0.9),
     ]
     assert [(o.name, o.violations, o.offending[:1]) for o in outcomes if not o.passed] == []
+
+
+def test_the_shard_row_gates_of_a_real_lake_pass_through_the_screen(gsm_run):
+    """The gates judged together read the screen (one hash pass a side) and it passes every row of a good lake:
+    were it to miss one, the gates would still be right (the exact pass) but no faster."""
+    data_dir, spec, r = gsm_run
+    sh = r["dirs"][3]
+    judges = [g.judge for g in gates.gates_for(spec) if isinstance(g.judge, gates.ShardRows)]
+    assert {j.part for j in judges} >= inv.SCREENED_PARTS
+    rows = gates.ShardRows.shared(gates.Subject(spec, dataset_paths(data_dir, spec.name), sh.name), judges)
+    assert inv.shards_gold.SCREENED in rows.column_names
+    assert rows.num_rows == sum(pq.ParquetFile(f).metadata.num_rows for f in inv.shard_files(sh)) > 0
+    assert failed_gates(spec, data_dir, sh.name) == []
 
 
 def test_shards_verified_independently_with_duckdb(gsm_run):

@@ -99,6 +99,19 @@ def test_match_gold_over_a_long_example_is_the_same_whatever_the_chunk(tmp_path:
     assert [(r["row"], r["off"], r["token"]) for r in out.offending] == [(2, 24, 6)]
 
 
+@pytest.mark.parametrize("chunk", [1, 5, 64], ids=["chunk_1", "chunk_5", "chunk_over_the_example"])
+def test_the_screen_passes_a_long_example_in_full_rows_whatever_the_chunk(tmp_path: Path, monkeypatch, chunk):
+    """The screen's gold side hashes each token's position and segment on both routes (joined whole, or unnested
+    by chunks): a good packing passes it; one changed token sends the gates to their exact pass."""
+    monkeypatch.setattr(shards_gold, "GOLD_CHUNK", chunk)
+    g, ids = _gold_example(tmp_path / "g", 50)
+    parts = ["fixed", "layout", "checksum", "padding"]
+    ok = _full_rows(tmp_path / "ok" / "train" / "part-00000.parquet", ids, 12)
+    assert shards_gold.SCREENED in inv.screened_rows(ok, g, 0, 12, 0, parts).column_names
+    bad = _full_rows(tmp_path / "bad" / "train" / "part-00000.parquet", ids, 12, {29: 1})
+    assert inv.screened_rows(bad, g, 0, 12, 0, parts).equals(inv.shard_rows(bad, parts, 12, 0))
+
+
 def test_match_gold_windows_overlapping_in_gold_check_each_window(tmp_path: Path, monkeypatch):
     """Windows of 8 tokens with an overlap of 3 (stride 5) read gold chunks of 4 tokens in several segments."""
     monkeypatch.setattr(shards_gold, "GOLD_CHUNK", 4)
@@ -127,8 +140,11 @@ def test_match_gold_windows_overlapping_in_gold_check_each_window(tmp_path: Path
     f.parent.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=SHARD_SCHEMA), f)
     assert inv.shards_match_gold([f], g, overlap=3).passed
+    parts = ["fixed", "layout", "checksum", "padding"]
+    assert shards_gold.SCREENED in inv.screened_rows([f], g, 3, 8, 0, parts).column_names  # the overlap masked
     rows[1]["loss_mask"] = [0, 0, 1, 1, 1, 1, 1, 1]  # the overlap's last token trained
     pq.write_table(pa.Table.from_pylist(rows, schema=SHARD_SCHEMA), f)
+    assert shards_gold.SCREENED not in inv.screened_rows([f], g, 3, 8, 0, parts).column_names
     out = inv.shards_match_gold([f], g, overlap=3)
     assert [(r["row"], r["token"]) for r in out.offending] == [(1, 3)]
 
@@ -140,6 +156,8 @@ def test_shard_gates_on_a_long_example_stay_within_a_small_duckdb_budget(tmp_pat
     g, ids = _gold_example(tmp_path / "g", 300_000)
     ok = _full_rows(tmp_path / "ok" / "train" / "part-00000.parquet", ids, 512)
     assert inv.shards_match_gold(ok, g).passed
+    screened = inv.screened_rows(ok, g, 0, 512, 0, ["fixed", "layout", "checksum", "padding"])
+    assert shards_gold.SCREENED in screened.column_names  # the screen too, not its fallback
     assert inv.shards_tokens_conserved(ok, g, inv.Layout(512, "full")).passed
     bad = _full_rows(
         tmp_path / "bad" / "train" / "part-00000.parquet", ids, 512, {k * 512 + 7: 1 for k in range(0, 586, 10)}

@@ -45,7 +45,13 @@ from prep_assets.core.invariants.shards import (
     shards_positions_restart,
     shards_utilization,
 )
-from prep_assets.core.invariants.shards_gold import Layout, shards_match_gold, shards_tokens_conserved
+from prep_assets.core.invariants.shards_gold import (
+    SCREENED_PARTS,
+    Layout,
+    screened_rows,
+    shards_match_gold,
+    shards_tokens_conserved,
+)
 from prep_assets.core.invariants.silver import (
     silver_accounted,
     silver_lengths,
@@ -83,6 +89,8 @@ __all__ = [
     "ids_in_vocab_rule",
     "loss_tokens_rule",
     "mask_aligned_rule",
+    "SCREENED_PARTS",
+    "screened_rows",
     "shard_files",
     "shard_rows",
     "shards_fixed_length",

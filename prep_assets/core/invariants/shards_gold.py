@@ -3,15 +3,25 @@ placed as the packing layout requires, and every shard token equal to the gold t
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from prep_assets.core.invariants.common import SAMPLE, Outcome, _bound, _files, _rows_in, _violations_in
-from prep_assets.core.invariants.shards import _MOD_2_64, _ROWS_NAMED, _SEG_AT, _no_shards, shard_rows
-from prep_assets.core.records import TYPE_COMPLETION
+from prep_assets.core.invariants.shards import (
+    _FIXED_BROKEN,
+    _MOD_2_64,
+    _ROWS_NAMED,
+    _SEG_AT,
+    _no_shards,
+    shard_rows,
+)
+from prep_assets.core.records import TYPE_COMPLETION, TYPE_PADDING
 from prep_assets.core.sql import connect as sql_connect
 from prep_assets.core.sql import joins_as_written
 
@@ -242,12 +252,20 @@ _SEGMENTS_WITH_SLICES = f"""
 GOLD_CHUNK = 4096
 # a segment longer than this is broken (no row is that long); it bounds the chunks one corrupt length asks for
 SEGMENT_CAP = 1 << 24
-# `_HASHES`, the CTEs of `seg_gold` (file, row, seg, broken, h) from the segments `n` (file, row, seg, example_id,
+# `_hashes`, the CTEs of `seg_gold` (file, row, seg, broken, h) from the segments `n` (file, row, seg, example_id,
 # off, len, at, k0): per segment, the sum of per-token hashes of (position in the row, id, mask, type) over the gold
 # tokens it should hold, its first k0 tokens masked; `broken` where it names no gold example, starts before it or
 # runs past its end. Routed by num_tokens (gold's mask_aligned gate holds it equal to the lists); either route
-# judges the lists. The token hash is `shards._ROW_HASH`'s, with the mask of the segment's first k0 tokens as 0.
-_HASHES = """
+# judges the lists. The token hash is `shards._ROW_HASH`'s, with the mask of the segment's first k0 tokens as 0;
+# `laid_out` (the screen's) adds the token's position in its segment (0-based) and the segment's number.
+_SHORT_LAYOUT = ", (i - 1)::BIGINT, nk.seg::BIGINT"
+_LONG_LAYOUT = ", (lt.j - pc.off - 1)::BIGINT, pc.seg::BIGINT"
+
+
+def _hashes(laid_out: bool) -> str:
+    short_layout = _SHORT_LAYOUT if laid_out else ""
+    long_layout = _LONG_LAYOUT if laid_out else ""
+    return f"""
     gi AS (SELECT example_id, num_tokens > $C AS long FROM read_parquet($g)),
     nk AS (SELECT n.*, gi.long FROM n LEFT JOIN gi ON gi.example_id = n.example_id),
     short AS (SELECT nk.file, nk.row, nk.seg, nk.off < 0 OR nk.off + nk.len > len(g.token_ids) AS broken,
@@ -256,7 +274,7 @@ _HASHES = """
                                                                g.token_type_ids[nk.off + 1 : nk.off + nk.len]),
                          lambda x, i: hash((nk."at" + i)::BIGINT, (x[1])::BIGINT,
                                            (CASE WHEN i <= nk.k0 THEN 0 ELSE x[2] END)::BIGINT,
-                                           (x[3])::BIGINT))), 0)::HUGEINT AS h
+                                           (x[3])::BIGINT{short_layout}))), 0)::HUGEINT AS h
               FROM (SELECT example_id, token_ids, loss_mask, token_type_ids FROM read_parquet($g)
                     WHERE num_tokens <= $C) g JOIN nk ON g.example_id = nk.example_id
               WHERE NOT nk.long),
@@ -269,7 +287,7 @@ _HASHES = """
     lsum AS (SELECT pc.file, pc.row, pc.seg, count(*) AS matched,
                     sum(hash((pc."at" + lt.j - pc.off)::BIGINT, (lt.t)::BIGINT,
                              (CASE WHEN lt.j - pc.off <= pc.k0 THEN 0 ELSE lt.tm END)::BIGINT,
-                             (lt.ty)::BIGINT))::HUGEINT AS h
+                             (lt.ty)::BIGINT{long_layout}))::HUGEINT AS h
              FROM lt JOIN pc ON lt.example_id = pc.example_id AND (lt.j - 1) // $C = pc.c
                             AND lt.j > pc.off AND lt.j <= pc.off + pc.len
              GROUP BY pc.file, pc.row, pc.seg),
@@ -282,18 +300,112 @@ _HASHES = """
                  UNION ALL
                  SELECT file, row, seg, true, 0::HUGEINT FROM nk WHERE nk.long IS NULL)"""
 
-# Per shard row: `shard_rows`' checksum over the gold tokens each segment should hold, at the segment's place in
-# the row, with the segment's leading tokens (the first; a window's overlap) masked; `broken` when a segment names
-# no gold example or reaches past its end
-_GOLD_ROW_SUMS = f"""
+
+_HASHES = _hashes(False)
+
+
+def _gold_row_sums(hashes: str) -> str:
+    """Per shard row: the sum of `hashes` (`_hashes`' CTEs) over the gold tokens its segments should hold, at their
+    places in the row, the segments' leading tokens (the first; a window's overlap) masked; `broken` when a segment
+    names no gold example or reaches past its end."""
+    return f"""
     WITH s AS (SELECT filename AS file, file_row_number AS row, unnest(example_ids) AS example_id,
                       unnest(example_offsets) AS off, unnest(seq_lengths) AS len,
                       unnest(list_transform(generate_series(1, len(seq_lengths)), lambda k: {_SEG_AT})) AS "at",
                       unnest(range(1, 1 + greatest(len(example_ids), len(example_offsets), len(seq_lengths)))) AS seg
                FROM read_parquet($files, filename = true, file_row_number = true)),
     n AS (SELECT *, least(len, CASE WHEN off = 0 THEN 1 ELSE greatest($overlap, 1) END) AS k0 FROM s),
-    {_HASHES}
+    {hashes}
     SELECT file, row, bool_or(broken) AS broken, (sum(h) {_MOD_2_64})::UBIGINT AS h FROM seg_gold GROUP BY file, row"""
+
+
+# `shard_rows`' checksum of each row, over the gold tokens it should hold
+_GOLD_ROW_SUMS = _gold_row_sums(_HASHES)
+
+# The screen: one sum per shard row of a hash of every token's (place in the row, id, mask, type, position,
+# segment), padding included, against the same sum over what the row should hold: the gold tokens its segments
+# name, laid out as its seq_lengths say (positions from 0 in each segment, segments numbered from 1), then padding
+# (pad id, mask 0, the padding type, position 0, segment 0) to max_seq_len. A row that passes keeps the rules of
+# `fixed_broken` (judged exactly), of `layout_differs`, `pad_suspect` and match_gold's checksum, but for odds of
+# ~1e-19: one pass over each side judges all four. The shard side unnests the lists (a lambda over their
+# `list_zip` took a third longer); a row of empty lists has no token to unnest, so it is missing from it, and
+# `screened_rows` counts the rows.
+_SCREEN_SHARD = f"""
+    SELECT file, row, any_value(length) AS length, any_value(used) AS used, any_value(fixed_broken) AS fixed_broken,
+           any_value(sound) AS sound,
+           (sum(hash(i::BIGINT, id::BIGINT, m::BIGINT, typ::BIGINT, pos::BIGINT, seg::BIGINT))
+            {_MOD_2_64})::UBIGINT AS h
+    FROM (SELECT filename AS file, file_row_number AS row, len(input_ids) AS length, used,
+                 {_FIXED_BROKEN} AS fixed_broken,
+                 coalesce(list_count(seq_lengths) = len(seq_lengths) AND coalesce(list_min(seq_lengths), 1) >= 1
+                          AND used <= len(input_ids), false) AS sound,
+                 unnest(input_ids) AS id, unnest(loss_mask) AS m, unnest(token_type_ids) AS typ,
+                 unnest(position_ids) AS pos, unnest(segment_ids) AS seg, generate_subscripts(input_ids, 1) AS i
+          FROM (SELECT *, coalesce(list_sum(seq_lengths), 0)::BIGINT AS used
+                FROM read_parquet($files, filename = true, file_row_number = true)))
+    GROUP BY file, row"""
+# per count of tokens in segments (`used`, 0..max_seq_len): the sum of the hashes of the padding after them
+_PADDING_TAILS = """
+    SELECT i - 1 AS used, sum(h) OVER (ORDER BY i DESC ROWS UNBOUNDED PRECEDING) AS tail
+    FROM (SELECT i, hash(i::BIGINT, $pad::BIGINT, 0::BIGINT, $padding::BIGINT, 0::BIGINT, 0::BIGINT)::HUGEINT AS h
+          FROM range(1, $L + 1) t(i))
+    UNION ALL SELECT $L, 0::HUGEINT"""
+# the screen's checksum of each row's gold tokens: `_GOLD_ROW_SUMS` with each token's position and segment
+_LAID_OUT_ROW_SUMS = _gold_row_sums(_hashes(True))
+_SCREEN = f"""
+    WITH a AS ({_SCREEN_SHARD}), b AS ({_LAID_OUT_ROW_SUMS}), p AS ({_PADDING_TAILS})
+    SELECT a.file, a.row, a.length, a.fixed_broken,
+           coalesce(NOT a.fixed_broken AND a.sound AND NOT b.broken
+                    AND a.h = ((b.h::HUGEINT + p.tail) {_MOD_2_64})::UBIGINT, false) AS passed
+    FROM a LEFT JOIN b ON a.file = b.file AND a.row = b.row LEFT JOIN p ON p.used = a.used"""
+# `screened_rows`' column: every row passed the screen
+SCREENED = "screened"
+# the parts of `shard_rows` the screen stands in for, when all of them are asked for
+SCREENED_PARTS = frozenset({"layout", "checksum", "padding"})
+
+
+def _against_gold(files: list[Path], gold_dir: Path, overlap: int) -> dict[str, Any]:
+    """The parameters of `_hashes` and `_gold_row_sums`: the shards, gold, the overlap, the chunk and the cap (read
+    when called: tests set a small GOLD_CHUNK)."""
+    return {
+        "files": _files(files),
+        "g": str(gold_dir / "examples.parquet"),
+        "overlap": overlap,
+        "C": GOLD_CHUNK,
+        "cap": SEGMENT_CAP,
+    }
+
+
+def screened_rows(
+    files: list[Path], gold_dir: Path, overlap: int, max_seq_len: int, pad_id: int, parts: Iterable[str]
+) -> pa.Table:
+    """`shard_rows` of `parts` (all of "layout", "checksum" and "padding", and maybe "fixed") through the screen:
+    where every row passes it, their `fixed_broken` and no row suspect of the other rules (a `SCREENED` column,
+    all true, says so to match_gold); else the exact `shard_rows` of every row, as each gate judged alone reads
+    them. A screen that cannot be judged (gold unreadable) leaves the gates their exact pass."""
+    p = {**_against_gold(files, gold_dir, overlap), "L": max_seq_len, "pad": pad_id, "padding": TYPE_PADDING}
+    try:
+        with sql_connect() as con, joins_as_written(con):
+            screen = con.sql(_SCREEN, params=_bound(_SCREEN, p)).to_arrow_table()
+            rows = con.execute("SELECT count(*) FROM read_parquet($files)", {"files": p["files"]}).fetchall()[0][0]
+    except duckdb.Error:
+        screen, rows = None, None
+    if screen is None or screen.num_rows != rows or not pc.all(screen.column("passed")).as_py():
+        return shard_rows(files, parts, max_seq_len, pad_id)
+    n = screen.num_rows
+    false = pa.repeat(pa.scalar(False), n)
+    return pa.table(
+        {
+            "file": screen.column("file"),
+            "row": screen.column("row"),
+            "length": screen.column("length"),
+            "fixed_broken": screen.column("fixed_broken"),
+            "layout_differs": false,
+            "h": pa.nulls(n, pa.uint64()),
+            "pad_suspect": false,
+            SCREENED: pa.repeat(pa.scalar(True), n),
+        }
+    )
 
 
 def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows: pa.Table | None = None) -> Outcome:
@@ -308,13 +420,9 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
     # Pass 2, only for the rows that failed: the same sums segment by segment, to name the bad segments; then the
     # first bad token of the sampled ones. A failed row without a bad listed segment (its seq_lengths cover tokens
     # no segment names) is a violation of its own.
-    p = {
-        "files": _files(files),
-        "g": str(gold_dir / "examples.parquet"),
-        "overlap": overlap,
-        "C": GOLD_CHUNK,
-        "cap": SEGMENT_CAP,
-    }
+    p = _against_gold(files, gold_dir, overlap)
+    if rows is not None and SCREENED in rows.column_names and pc.all(rows.column(SCREENED)).as_py():
+        return Outcome(0)  # every row passed the screen (`screened_rows`)
     sums = shard_rows(files, ["checksum"]) if rows is None else rows
     rows_sql = f"""
         SELECT coalesce(a.file, b.file) AS file, coalesce(a.row, b.row) AS row
