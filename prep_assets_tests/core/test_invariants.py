@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core import invariants as inv
+from prep_assets.core.records import BRONZE_SCHEMA
 from prep_assets_tests.core.lakes import (
     GOOD,
     shard_row,
@@ -14,6 +15,25 @@ from prep_assets_tests.core.lakes import (
     write_shard,
     write_silver_and_gold_rejects,
 )
+
+
+def test_bronze_required_fields_names_repeated_ids_and_content_that_is_no_json(tmp_path: Path):
+    base = {"drop": "d", "source_file": "f.jsonl", "byte_offset": 0, "record_sha256": "x", "domain": None}
+    rows = [
+        {**base, "record_id": "d:1", "source_line": 1, "record": "{}", "content": '{"text":"a"}'},
+        {**base, "record_id": "d:2", "source_line": 2, "record": "{}", "content": '{"text":'},
+        {**base, "record_id": "d:3", "source_line": 3, "record": "{}", "content": '{"text":"c"}'},
+        {**base, "record_id": "d:3", "source_line": 4, "record": "{}", "content": '{"text":"d"}'},
+    ]
+    (tmp_path / "b").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=BRONZE_SCHEMA), tmp_path / "b" / "records.parquet")
+    out = inv.bronze_required_fields(tmp_path / "b")
+    assert out.violations == 3
+    assert sorted((r["record_id"], r["location"]) for r in out.offending) == [
+        ("d:2", "f.jsonl:2"),
+        ("d:3", "f.jsonl:3"),
+        ("d:3", "f.jsonl:4"),
+    ]
 
 
 def test_gold_mask_misaligned_is_named_with_file_and_line(tmp_path: Path):

@@ -132,7 +132,11 @@ def bronze_reject_rate(bronze_dir: Path, max_rate: float) -> Outcome:
 
 def bronze_required_fields(bronze_dir: Path) -> Outcome:
     """Every record has its provenance, a unique id and valid JSON content."""
-    source = "(SELECT *, count(*) OVER (PARTITION BY record_id) AS copies FROM read_parquet($r))"
+    # the columns judged, not `*`: the raw `record` text (the drop's size again) is not read
+    source = (
+        "(SELECT record_id, source_file, source_line, byte_offset, content, "
+        "count(*) OVER (PARTITION BY record_id) AS copies FROM read_parquet($r))"
+    )
     where = (
         "record_id IS NULL OR source_file IS NULL OR source_line IS NULL OR byte_offset IS NULL "
         "OR content IS NULL OR NOT json_valid(content) OR copies > 1"
