@@ -326,7 +326,7 @@ GATES: tuple[Gate, ...] = (
         "shards",
         "packed_shards_fixed_length",
         "every list column exactly `sequence.max_seq_len`; `num_loss_tokens` = sum of the mask; one example id "
-        "and offset per segment",
+        "and offset per segment; every file holds the token lists, lengths and offsets as lists of integers",
         ShardRows(
             "fixed", lambda on, rows: inv.shards_fixed_length(on.shard_files, on.spec.sequence.max_seq_len, rows)
         ),

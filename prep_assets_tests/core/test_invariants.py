@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prep_assets.core import invariants as inv
-from prep_assets.core.records import BRONZE_SCHEMA
+from prep_assets.core.records import BRONZE_SCHEMA, SHARD_SCHEMA
 from prep_assets_tests.core.lakes import (
     GOOD,
     shard_row,
@@ -577,6 +577,60 @@ def test_a_screen_without_readable_gold_leaves_the_row_gates_their_exact_pass(tm
     rows = inv.screened_rows(files, tmp_path / "no_gold", 0, 4, 0, ALL_ROW_PARTS)
     assert rows.equals(inv.shard_rows(files, ALL_ROW_PARTS, 4, 0))
     assert inv.shards_positions_restart(files, rows).passed and inv.shards_padding_masked(files, 0, rows).passed
+
+
+def _write_typed(path: Path, rows: list[dict], **types: pa.DataType) -> Path:
+    """Shard rows under SHARD_SCHEMA, the named columns made nullable lists of `types`' values."""
+    schema = SHARD_SCHEMA
+    for name, kind in types.items():
+        schema = schema.set(schema.get_field_index(name), pa.field(name, pa.list_(kind)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "over",
+    [{"position_ids": [0, 1, 2, 0.4]}, {"loss_mask": [0, 0.6, 1, 0.4]}],
+    ids=["positions_as_floats", "mask_as_floats_summing_right"],
+)
+def test_token_lists_held_as_floats_fail_fixed_length_and_never_pass_the_screen(tmp_path: Path, over: dict):
+    """A cast to an integer would round 0.4 to 0: the screen, which hashes integers, is not used on such a file,
+    and fixed_length names the column."""
+    g = write_gold(tmp_path / "g", [GOOD])
+    (name,) = over
+    good = write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row()])
+    floats = _write_typed(tmp_path / "train" / "part-00001.parquet", [shard_row(**over)], **{name: pa.float64()})
+    for files in ([floats], [good, floats]):  # DuckDB reads the second with the first one's types
+        rows = inv.screened_rows(files, g, 0, 4, 0, ALL_ROW_PARTS)
+        assert inv.shards_gold.SCREENED not in rows.column_names
+        together = _judged_from(files, g, rows)
+        assert together == _judged_alone(files, g)
+        assert {"file": str(floats), "column": name, "type": "list<element: double>"} in together[0].offending
+
+
+def test_nulls_in_padding_fail_padding_masked_judged_alone_or_together(tmp_path: Path):
+    g = write_gold(tmp_path / "g", [GOOD])
+    rows = [shard_row(), shard_row(input_ids=[5, 6, 7, None]), shard_row(token_type_ids=[1, 1, 3, None])]
+    types = {"input_ids": pa.int32(), "token_type_ids": pa.uint8()}
+    files = [_write_typed(tmp_path / "train" / "part-00000.parquet", rows, **types)]
+    screened = inv.screened_rows(files, g, 0, 4, 0, ALL_ROW_PARTS)
+    assert inv.shards_gold.SCREENED not in screened.column_names
+    together = _judged_from(files, g, screened)
+    assert together == _judged_alone(files, g)
+    assert [(r["row"], r["token"]) for r in together[3].offending] == [(1, 4), (2, 4)]
+
+
+def test_match_gold_names_a_row_whose_example_gold_holds_twice(tmp_path: Path):
+    """Both copies of d:1 sum into the row's gold side; no listed segment differs from either, so the row is
+    named as a violation of its own (the sample of bad segments to locate is empty)."""
+    g = write_gold(tmp_path / "g", [GOOD])
+    twice = pq.read_table(g / "examples.parquet")
+    pq.write_table(pa.concat_tables([twice, twice]), g / "examples.parquet")
+    files = [write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row()])]
+    out = inv.shards_match_gold(files, g)
+    assert out.violations == 1 and [(r["row"], r["token"]) for r in out.offending] == [(0, None)]
+    assert inv.shards_gold.SCREENED not in inv.screened_rows(files, g, 0, 4, 0, ALL_ROW_PARTS).column_names
 
 
 def test_shard_rows_refuses_unknown_parts_and_fixed_without_a_length(tmp_path: Path):

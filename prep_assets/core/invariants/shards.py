@@ -8,8 +8,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from prep_assets.core.invariants.common import Outcome, _bound, _files, _query, _violating_rows
+from prep_assets.core.invariants.common import SAMPLE, Outcome, _bound, _files, _query, _violating_rows
 from prep_assets.core.records import TYPE_PADDING
 from prep_assets.core.sql import connect as sql_connect
 
@@ -67,9 +68,12 @@ _ROW_HASH = f"""(list_sum(list_transform(list_zip(input_ids, loss_mask, token_ty
                                     ELSE 0 END)) {_MOD_2_64})::UBIGINT"""
 # padding_masked, step one: could the row's padding break the rule? Where the row is laid out as its seq_lengths say
 # (not `layout_differs`), its padding (segment 0) is exactly its tokens past `used`: their ids, masks, positions
-# and types compared at once; any other row is judged token by token
+# and types compared at once (list_min and list_max skip NULLs: a row holding one is suspect); any other row is
+# judged token by token
 _PAD_SUSPECT = """layout_differs OR coalesce(
-    list_min(input_ids[used + 1 :]) <> $pad OR list_max(input_ids[used + 1 :]) <> $pad
+    list_count(input_ids) <> len(input_ids) OR list_count(loss_mask) <> len(loss_mask)
+    OR list_count(token_type_ids) <> len(token_type_ids)
+    OR list_min(input_ids[used + 1 :]) <> $pad OR list_max(input_ids[used + 1 :]) <> $pad
     OR list_max(loss_mask[used + 1 :]) <> 0 OR list_min(position_ids[used + 1 :]) <> 0
     OR list_max(position_ids[used + 1 :]) <> 0 OR list_min(token_type_ids[used + 1 :]) <> $padding
     OR list_max(token_type_ids[used + 1 :]) <> $padding, false)"""
@@ -115,16 +119,44 @@ def shard_rows(
         return con.sql(sql, params=_bound(sql, p)).to_arrow_table()
 
 
+# the columns the row gates read as integers: DuckDB reads several files with the first one's types, and a cast to
+# an integer rounds a float (0.4 is 0) or reads a string ('01' is 1), so a file must hold them as integer lists
+INTEGER_LISTS = (
+    "input_ids",
+    "loss_mask",
+    "position_ids",
+    "segment_ids",
+    "token_type_ids",
+    "seq_lengths",
+    "example_offsets",
+)
+
+
+def schema_problems(files: list[Path]) -> list[dict[str, str]]:
+    """Per file, each of `INTEGER_LISTS` that it lacks or holds as anything but a list of integers."""
+    out = []
+    for f in files:
+        schema = pq.read_schema(f)
+        for name in INTEGER_LISTS:
+            at = schema.get_field_index(name)
+            kind = schema.field(at).type if at >= 0 else None
+            if kind is None or not pa.types.is_list(kind) or not pa.types.is_integer(kind.value_type):
+                out.append({"file": str(f), "column": name, "type": "missing" if kind is None else str(kind)})
+    return out
+
+
 def shards_fixed_length(files: list[Path], max_seq_len: int, rows: pa.Table | None = None) -> Outcome:
-    """Every list column of every row is max_seq_len long, the lists agree, and num_loss_tokens = sum(loss_mask).
-    `rows`: the shards' `shard_rows` with "fixed" (computed here when not given)."""
+    """Every file holds the token lists as lists of integers (`schema_problems`); every list column of every row
+    is max_seq_len long, the lists agree, and num_loss_tokens = sum(loss_mask). `rows`: the shards' `shard_rows`
+    with "fixed" (computed here when not given)."""
     if not files:
         return _no_shards()
+    problems = schema_problems(files)
     rows = shard_rows(files, ["fixed"], max_seq_len) if rows is None else rows
     n, bad = _violating_rows(
         "shard_rows", "fixed_broken", "file, row, length", {}, order="file, row", tables={"shard_rows": rows}
     )
-    return Outcome(n, bad, {"rows": rows.num_rows, "max_seq_len": max_seq_len})
+    return Outcome(n + len(problems), (problems + bad)[:SAMPLE], {"rows": rows.num_rows, "max_seq_len": max_seq_len})
 
 
 def shards_padding_masked(files: list[Path], pad_id: int, rows: pa.Table | None = None) -> Outcome:
@@ -139,7 +171,7 @@ def shards_padding_masked(files: list[Path], pad_id: int, rows: pa.Table | None 
     if suspect.num_rows == 0:
         return Outcome(0)
     p = {"files": _files(files), "pad": pad_id, "padding": TYPE_PADDING}
-    where = "seg = 0 AND (m <> 0 OR id <> $pad OR typ <> $padding OR pos <> 0)"
+    where = "seg = 0 AND NOT coalesce(m = 0 AND id = $pad AND typ = $padding AND pos = 0, false)"  # NULL breaks it
     n, bad = _violating_rows(
         f"({_TOKENS_OF_NAMED})",
         where,

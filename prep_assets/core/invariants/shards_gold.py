@@ -3,6 +3,7 @@ placed as the packing layout requires, and every shard token equal to the gold t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,14 @@ from prep_assets.core.invariants.shards import (
     _ROWS_NAMED,
     _SEG_AT,
     _no_shards,
+    schema_problems,
     shard_rows,
 )
 from prep_assets.core.records import TYPE_COMPLETION, TYPE_PADDING
 from prep_assets.core.sql import connect as sql_connect
 from prep_assets.core.sql import joins_as_written
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -304,32 +308,32 @@ def _hashes(laid_out: bool) -> str:
 _HASHES = _hashes(False)
 
 
-def _gold_row_sums(hashes: str) -> str:
-    """Per shard row: the sum of `hashes` (`_hashes`' CTEs) over the gold tokens its segments should hold, at their
-    places in the row, the segments' leading tokens (the first; a window's overlap) masked; `broken` when a segment
-    names no gold example or reaches past its end."""
-    return f"""
+# Per shard row: the sum of `_hashes`' token hashes over the gold tokens its segments should hold, at their places in
+# the row, the segments' leading tokens (the first; a window's overlap) masked; `broken` when a segment names no
+# gold example or reaches past its end. `_ROW_SUMS_HEAD` + one `_hashes` + `_ROW_SUMS_TAIL`.
+_ROW_SUMS_HEAD = f"""
     WITH s AS (SELECT filename AS file, file_row_number AS row, unnest(example_ids) AS example_id,
                       unnest(example_offsets) AS off, unnest(seq_lengths) AS len,
                       unnest(list_transform(generate_series(1, len(seq_lengths)), lambda k: {_SEG_AT})) AS "at",
                       unnest(range(1, 1 + greatest(len(example_ids), len(example_offsets), len(seq_lengths)))) AS seg
                FROM read_parquet($files, filename = true, file_row_number = true)),
-    n AS (SELECT *, least(len, CASE WHEN off = 0 THEN 1 ELSE greatest($overlap, 1) END) AS k0 FROM s),
-    {hashes}
+    n AS (SELECT *, least(len, CASE WHEN off = 0 THEN 1 ELSE greatest($overlap, 1) END) AS k0 FROM s),"""
+_ROW_SUMS_TAIL = f"""
     SELECT file, row, bool_or(broken) AS broken, (sum(h) {_MOD_2_64})::UBIGINT AS h FROM seg_gold GROUP BY file, row"""
-
-
 # `shard_rows`' checksum of each row, over the gold tokens it should hold
-_GOLD_ROW_SUMS = _gold_row_sums(_HASHES)
+_GOLD_ROW_SUMS = _ROW_SUMS_HEAD + _HASHES + _ROW_SUMS_TAIL
+# the screen's: each token's position in its segment and the segment's number hashed too
+_LAID_OUT_ROW_SUMS = _ROW_SUMS_HEAD + _hashes(True) + _ROW_SUMS_TAIL
 
 # The screen: one sum per shard row of a hash of every token's (place in the row, id, mask, type, position,
 # segment), padding included, against the same sum over what the row should hold: the gold tokens its segments
 # name, laid out as its seq_lengths say (positions from 0 in each segment, segments numbered from 1), then padding
 # (pad id, mask 0, the padding type, position 0, segment 0) to max_seq_len. A row that passes keeps the rules of
 # `fixed_broken` (judged exactly), of `layout_differs`, `pad_suspect` and match_gold's checksum, but for odds of
-# ~1e-19: one pass over each side judges all four. The shard side unnests the lists (a lambda over their
-# `list_zip` took a third longer); a row of empty lists has no token to unnest, so it is missing from it, and
-# `screened_rows` counts the rows.
+# ~1e-19: one pass over each side judges all four. That holds where every file holds the token lists as lists of
+# integers (`_screen` checks the schemas first: a cast to BIGINT rounds 0.4 to 0). The shard side unnests the
+# lists (a lambda over their `list_zip` took a third longer); a row of empty lists has no token to unnest, so it
+# is missing from it, and `_screen` counts the rows.
 _SCREEN_SHARD = f"""
     SELECT file, row, any_value(length) AS length, any_value(used) AS used, any_value(fixed_broken) AS fixed_broken,
            any_value(sound) AS sound,
@@ -350,14 +354,14 @@ _PADDING_TAILS = """
     FROM (SELECT i, hash(i::BIGINT, $pad::BIGINT, 0::BIGINT, $padding::BIGINT, 0::BIGINT, 0::BIGINT)::HUGEINT AS h
           FROM range(1, $L + 1) t(i))
     UNION ALL SELECT $L, 0::HUGEINT"""
-# the screen's checksum of each row's gold tokens: `_GOLD_ROW_SUMS` with each token's position and segment
-_LAID_OUT_ROW_SUMS = _gold_row_sums(_hashes(True))
+# the screen's verdict per row, from its two sides (`screen_shard`, `screen_gold`: registered tables) and the
+# padding tails; computed apart, the two sides never hold memory at once
 _SCREEN = f"""
-    WITH a AS ({_SCREEN_SHARD}), b AS ({_LAID_OUT_ROW_SUMS}), p AS ({_PADDING_TAILS})
     SELECT a.file, a.row, a.length, a.fixed_broken,
            coalesce(NOT a.fixed_broken AND a.sound AND NOT b.broken
                     AND a.h = ((b.h::HUGEINT + p.tail) {_MOD_2_64})::UBIGINT, false) AS passed
-    FROM a LEFT JOIN b ON a.file = b.file AND a.row = b.row LEFT JOIN p ON p.used = a.used"""
+    FROM screen_shard a LEFT JOIN screen_gold b ON a.file = b.file AND a.row = b.row
+         LEFT JOIN ({_PADDING_TAILS}) p ON p.used = a.used"""
 # `screened_rows`' column: every row passed the screen
 SCREENED = "screened"
 # the parts of `shard_rows` the screen stands in for, when all of them are asked for
@@ -365,7 +369,7 @@ SCREENED_PARTS = frozenset({"layout", "checksum", "padding"})
 
 
 def _against_gold(files: list[Path], gold_dir: Path, overlap: int) -> dict[str, Any]:
-    """The parameters of `_hashes` and `_gold_row_sums`: the shards, gold, the overlap, the chunk and the cap (read
+    """The parameters of `_hashes` and the row sums: the shards, gold, the overlap, the chunk and the cap (read
     when called: tests set a small GOLD_CHUNK)."""
     return {
         "files": _files(files),
@@ -376,21 +380,36 @@ def _against_gold(files: list[Path], gold_dir: Path, overlap: int) -> dict[str, 
     }
 
 
+def _screen(files: list[Path], gold_dir: Path, overlap: int, max_seq_len: int, pad_id: int) -> pa.Table | None:
+    """Every shard row's (file, row, length, fixed_broken, passed) if each one passed the screen, else None (a row
+    failed, or a file holds a token list as other than integers, which the hashes' casts would round)."""
+    if schema_problems(files):
+        return None
+    p = {**_against_gold(files, gold_dir, overlap), "L": max_seq_len, "pad": pad_id, "padding": TYPE_PADDING}
+    with sql_connect() as con, joins_as_written(con):
+        con.register("screen_shard", con.sql(_SCREEN_SHARD, params=_bound(_SCREEN_SHARD, p)).to_arrow_table())
+        con.register("screen_gold", con.sql(_LAID_OUT_ROW_SUMS, params=_bound(_LAID_OUT_ROW_SUMS, p)).to_arrow_table())
+        screen = con.sql(_SCREEN, params=_bound(_SCREEN, p)).to_arrow_table()
+        rows = con.execute("SELECT count(*) FROM read_parquet($files)", {"files": p["files"]}).fetchall()[0][0]
+    if screen.num_rows != rows or not pc.all(screen.column("passed")).as_py():
+        return None
+    return screen
+
+
 def screened_rows(
     files: list[Path], gold_dir: Path, overlap: int, max_seq_len: int, pad_id: int, parts: Iterable[str]
 ) -> pa.Table:
     """`shard_rows` of `parts` (all of "layout", "checksum" and "padding", and maybe "fixed") through the screen:
     where every row passes it, their `fixed_broken` and no row suspect of the other rules (a `SCREENED` column,
     all true, says so to match_gold); else the exact `shard_rows` of every row, as each gate judged alone reads
-    them. A screen that cannot be judged (gold unreadable) leaves the gates their exact pass."""
-    p = {**_against_gold(files, gold_dir, overlap), "L": max_seq_len, "pad": pad_id, "padding": TYPE_PADDING}
+    them. A screen that cannot be judged (gold unreadable, DuckDB's memory budget) is logged, and leaves the gates
+    their exact pass."""
     try:
-        with sql_connect() as con, joins_as_written(con):
-            screen = con.sql(_SCREEN, params=_bound(_SCREEN, p)).to_arrow_table()
-            rows = con.execute("SELECT count(*) FROM read_parquet($files)", {"files": p["files"]}).fetchall()[0][0]
-    except duckdb.Error:
-        screen, rows = None, None
-    if screen is None or screen.num_rows != rows or not pc.all(screen.column("passed")).as_py():
+        screen = _screen(files, gold_dir, overlap, max_seq_len, pad_id)
+    except duckdb.Error as exc:
+        _log.warning("the shard gates' screen could not be judged (%s); each gate makes its exact pass", exc)
+        screen = None
+    if screen is None:
         return shard_rows(files, parts, max_seq_len, pad_id)
     n = screen.num_rows
     false = pa.repeat(pa.scalar(False), n)
@@ -480,6 +499,8 @@ def shards_match_gold(files: list[Path], gold_dir: Path, overlap: int = 0, rows:
 def _first_bad_tokens(bad: list[dict[str, Any]], files: list[Path], gold_dir: Path) -> list[dict[str, Any]]:
     """Pass 2, for the sampled failing segments only: the row position of each one's first bad token (the
     segment's first where none differs, e.g. its gold example is missing). Token against token, both unnested."""
+    if not bad:  # every sampled failure is a row without a bad listed segment
+        return []
     sample = pa.Table.from_pylist(bad)
     sql = f"""
         WITH {_ROWS_NAMED},
