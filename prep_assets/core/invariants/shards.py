@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prep_assets.core.invariants.common import SAMPLE, Outcome, _bound, _files, _query, _violating_rows
-from prep_assets.core.records import TYPE_PADDING
+from prep_assets.core.records import SHARD_SCHEMA, TYPE_PADDING
 from prep_assets.core.sql import connect as sql_connect
 
 
@@ -119,16 +119,11 @@ def shard_rows(
         return con.sql(sql, params=_bound(sql, p)).to_arrow_table()
 
 
-# the columns the row gates read as integers: DuckDB reads several files with the first one's types, and a cast to
-# an integer rounds a float (0.4 is 0) or reads a string ('01' is 1), so a file must hold them as integer lists
-INTEGER_LISTS = (
-    "input_ids",
-    "loss_mask",
-    "position_ids",
-    "segment_ids",
-    "token_type_ids",
-    "seq_lengths",
-    "example_offsets",
+# the columns the row gates read as integers (the shard schema's integer lists): DuckDB reads several files with
+# the first one's types, and a cast to an integer rounds a float (0.4 is 0) or reads a string ('01' is 1), so a
+# file must hold them as integer lists
+INTEGER_LISTS = tuple(
+    f.name for f in SHARD_SCHEMA if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)
 )
 
 
