@@ -78,6 +78,7 @@ def test_e2e_benchmark_prints_both_anchors_ratios_layers_and_peak_rss_of_each_ru
     assert out.count("run 1/2: end to end") == out.count("run 2/2: end to end") == 1 and "median" in out
     assert figures["checks_passed"] == figures["checks"] == 18
     assert set(figures["layers_s"]) == {"raw_records", "clean_records", "tokenized_examples", "packed_shards"}
+    assert 0 < figures["around_gold_s"] < figures["wall_s"] and out.count("around gold (every step") == 3
     assert set(figures["anchors_tokens_per_s"]) == {"bare HF encode_batch_fast", "bare tiktoken"}
     assert 0 < figures["ratio"] and 0 < figures["ratio_fast"] and figures["peak_rss_mib"] > 0
     assert "end-to-end / bare HF encode_batch_fast" in out and "end-to-end / bare tiktoken" in out
