@@ -34,7 +34,7 @@ def _e2e_child(work: Path, tokenizer: Path, max_seq_len: int) -> int:
     for event in run.result.get_step_success_events():
         layer = next((n for n in PARTITIONED if n in (event.step_key or "")), "other")
         steps[layer] = steps.get(layer, 0.0) + event.event_specific_data.duration_ms / 1000  # type: ignore[union-attr]
-    # the "around gold": everything but gold's own step (every gate and Dagster's time between steps too)
+    # the time around gold: the run but gold's own step (every gate, and Dagster's time between steps)
     gold_step = next((st["s"] for key, st in run.peaks.items() if key.endswith(f"__{TOKENIZED_EXAMPLES}")), 0.0)
     around = run.wall - gold_step
     print(json.dumps({**run.summary(), "layers_s": steps, "around_gold_s": around, "examples": run.gold.examples}))

@@ -117,10 +117,12 @@ class ShardRows(SharedPass):
                 pad_id = load_pinned_info(subject.paths.tokenizer_dir).pad_id
             except TokenizerError:  # the padding gate meets this error judged alone; the others keep the pass
                 parts.remove("padding")
-        L = subject.spec.sequence.max_seq_len
+        if inv.lacks_a_column(files):
+            return None  # each gate judges alone: fixed_length names the file, the others meet its error
+        seq_len = subject.spec.sequence.max_seq_len
         if pad_id is not None and inv.SCREENED_PARTS <= set(parts):  # through the screen: one hash pass a side
-            return inv.screened_rows(files, subject.gold, subject.spec.sequence.overlap, L, pad_id, parts)
-        return inv.shard_rows(files, parts, L, pad_id)
+            return inv.screened_rows(files, subject.gold, subject.spec.sequence.overlap, seq_len, pad_id, parts)
+        return inv.shard_rows(files, parts, seq_len, pad_id)
 
     def from_shared(self, subject: Subject, value: pa.Table | None, index: int) -> inv.Outcome:
         if value is not None and inv.ROW_PART_COLUMNS[self.part] not in value.column_names:

@@ -12,9 +12,16 @@ from prep_assets.core import gates
 from prep_assets.core import invariants as inv
 from prep_assets.core.lake import dataset_paths
 from prep_assets.core.manifest import manifest_outcomes
-from prep_assets.core.records import SILVER_REJECT_SCHEMA, SILVER_SCHEMA
+from prep_assets.core.records import SHARD_SCHEMA, SILVER_REJECT_SCHEMA, SILVER_SCHEMA
 from prep_assets_tests.conftest import PROJECT, make_spec
-from prep_assets_tests.core.lakes import BY_ROWS, GOOD, write_gold, write_silver_and_gold_rejects
+from prep_assets_tests.core.lakes import (
+    BY_ROWS,
+    GOOD,
+    shard_row8,
+    write_gold,
+    write_shard,
+    write_silver_and_gold_rejects,
+)
 
 
 def test_shard_gates_run_together_report_what_each_finds_alone(lake):
@@ -52,6 +59,25 @@ def test_a_gate_that_raises_on_the_shared_rows_leaves_the_others_their_outcomes(
     assert str(out["packed_shards_positions_restart"]) == "positions broke"
     assert [r["row"] for r in out["packed_shards_fixed_length"].offending] == [1]  # type: ignore[union-attr]
     assert not out["packed_shards_match_gold"].passed  # type: ignore[union-attr]
+
+
+def _named(outcome: object) -> object:
+    return f"{type(outcome).__name__}: {outcome}" if isinstance(outcome, Exception) else outcome
+
+
+def test_a_shard_file_lacking_a_column_is_named_by_fixed_length_and_each_gate_reports_as_alone(tmp_path: Path):
+    paths = dataset_paths(tmp_path, "ds")
+    shards = paths.partition_dir("shards", "k") / "train"
+    write_shard(shards / "part-00000.parquet", [shard_row8()])
+    lacking = pa.Table.from_pylist([shard_row8()], schema=SHARD_SCHEMA).drop_columns(["segment_ids"])
+    pq.write_table(lacking, shards / "part-00001.parquet")
+    write_gold(paths.partition_dir("gold", "k"), [GOOD])
+    spec = make_spec(sequence={"max_seq_len": 8})
+    chosen = [g for g in gates.gates_for(spec) if g.name in BY_ROWS]
+    together = {g.name: _named(o) for g, o in gates.outcomes(spec, paths, "k", chosen)}
+    assert together == {g.name: _named(gates.outcomes(spec, paths, "k", [g])[0][1]) for g in chosen}
+    fixed = together["packed_shards_fixed_length"]
+    assert isinstance(fixed, inv.Outcome) and fixed.offending[0]["column"] == "segment_ids"
 
 
 def test_gold_row_gates_run_together_are_named_and_report_what_each_finds_alone(tmp_path: Path):

@@ -537,6 +537,8 @@ def test_the_screen_passes_good_rows_and_its_gates_agree_with_each_judged_alone(
         {"segment_ids": [1, 1, 1, 1]},
         {"seq_lengths": [2]},
         {"seq_lengths": [0, 3], "example_ids": ["d:1", "d:1"], "example_offsets": [0, 0]},
+        # the same, its segment ids those of the second segment: the hashes agree, the empty segment does not
+        {"seq_lengths": [0, 3], "example_ids": ["d:1", "d:1"], "example_offsets": [0, 0], "segment_ids": [2, 2, 2, 0]},
         {"example_offsets": [1]},
         {"example_ids": ["d:9"]},
         {"num_loss_tokens": 1},
@@ -557,6 +559,7 @@ def test_the_screen_passes_good_rows_and_its_gates_agree_with_each_judged_alone(
         "padding_in_a_segment",
         "seq_lengths_short",
         "empty_segment",
+        "empty_segment_numbered_past",
         "offset_past_gold",
         "unknown_example",
         "num_loss_tokens",
@@ -607,6 +610,34 @@ def test_token_lists_held_as_floats_fail_fixed_length_and_never_pass_the_screen(
         together = _judged_from(files, g, rows)
         assert together == _judged_alone(files, g)
         assert {"file": str(floats), "column": name, "type": "list<element: double>"} in together[0].offending
+
+
+@pytest.mark.parametrize(
+    "over",
+    [{"num_loss_tokens": None}, {"input_ids": None}, {"example_offsets": None}],
+    ids=["null_num_loss_tokens", "null_input_ids", "null_example_offsets"],
+)
+def test_a_null_list_or_count_fails_fixed_length_and_never_passes_the_screen(tmp_path: Path, over: dict):
+    g = write_gold(tmp_path / "g", [GOOD])
+    schema = pa.schema([f.with_nullable(True) for f in SHARD_SCHEMA])  # as another writer might leave it
+    f = tmp_path / "train" / "part-00000.parquet"
+    f.parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([shard_row(), shard_row(**over)], schema=schema), f)
+    rows = inv.screened_rows([f], g, 0, 4, 0, ALL_ROW_PARTS)
+    assert inv.shards_gold.SCREENED not in rows.column_names
+    fixed = inv.shards_fixed_length([f], 4, rows)
+    assert fixed == inv.shards_fixed_length([f], 4) and [r["row"] for r in fixed.offending] == [1]
+
+
+def test_a_file_lacking_a_column_is_named_by_fixed_length_not_raised(tmp_path: Path):
+    good = write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row()])
+    lacking = tmp_path / "train" / "part-00001.parquet"
+    pq.write_table(pa.Table.from_pylist([shard_row()], schema=SHARD_SCHEMA).drop_columns(["example_offsets"]), lacking)
+    assert inv.lacks_a_column([good, lacking]) and not inv.lacks_a_column([good])
+    for files in ([lacking], [good, lacking]):
+        out = inv.shards_fixed_length(files, 4)
+        assert out.offending[0] == {"file": str(lacking), "column": "example_offsets", "type": "missing"}
+        assert out.violations == 1 and out.facts["rows"] == len(files) - 1
 
 
 def test_nulls_in_padding_fail_padding_masked_judged_alone_or_together(tmp_path: Path):

@@ -37,6 +37,7 @@ from prep_assets.core.invariants.manifest import duplicates_resolve_to_kept, sha
 from prep_assets.core.invariants.shards import (
     ROW_PART_COLUMNS,
     ROW_PARTS,
+    lacks_a_column,
     shard_files,
     shard_rows,
     shards_fixed_length,
@@ -91,6 +92,7 @@ __all__ = [
     "mask_aligned_rule",
     "SCREENED_PARTS",
     "screened_rows",
+    "lacks_a_column",
     "shard_files",
     "shard_rows",
     "shards_fixed_length",

@@ -41,10 +41,14 @@ _TOKENS_OF_NAMED = f"""
 # seq_lengths cover): `shard_rows` evaluates those asked for in one pass over the shards.
 _SEG_AT = "coalesce(list_sum(seq_lengths[1 : k - 1]), 0)"  # where segment k starts in its row (0-based)
 # fixed_length: the lists are max_seq_len long, and agree with each other and with num_loss_tokens
+# (a NULL list or count breaks it: the other terms are then NULL, which coalesce would read as not broken)
 _FIXED_BROKEN = """coalesce((len(input_ids) <> $L OR len(loss_mask) <> $L OR len(position_ids) <> $L
     OR len(segment_ids) <> $L OR len(token_type_ids) <> $L OR list_sum(seq_lengths) > $L
     OR len(seq_lengths) <> len(example_ids) OR len(example_offsets) <> len(example_ids)
-    OR coalesce(list_sum(loss_mask), 0) <> num_loss_tokens), false)"""
+    OR coalesce(list_sum(loss_mask), 0) <> num_loss_tokens), false)
+    OR input_ids IS NULL OR loss_mask IS NULL OR position_ids IS NULL OR segment_ids IS NULL
+    OR token_type_ids IS NULL OR seq_lengths IS NULL OR example_ids IS NULL OR example_offsets IS NULL
+    OR num_loss_tokens IS NULL"""
 # positions_restart, step one: is the row laid out otherwise than its seq_lengths say (segments 1..k of those
 # lengths, positions 0..n-1 in each, zeros after, every segment start masked)? Built only from sane seq_lengths
 # (no NULL, none below 1, their sum within the row); any other row is judged token by token.
@@ -127,6 +131,9 @@ INTEGER_LISTS = tuple(
 )
 
 
+MISSING = "missing"  # `schema_problems`' type of a column the file lacks
+
+
 def schema_problems(files: list[Path]) -> list[dict[str, str]]:
     """Per file, each of `INTEGER_LISTS` that it lacks or holds as anything but a list of integers."""
     out = []
@@ -136,8 +143,13 @@ def schema_problems(files: list[Path]) -> list[dict[str, str]]:
             at = schema.get_field_index(name)
             kind = schema.field(at).type if at >= 0 else None
             if kind is None or not pa.types.is_list(kind) or not pa.types.is_integer(kind.value_type):
-                out.append({"file": str(f), "column": name, "type": "missing" if kind is None else str(kind)})
+                out.append({"file": str(f), "column": name, "type": MISSING if kind is None else str(kind)})
     return out
+
+
+def lacks_a_column(files: list[Path]) -> bool:
+    """Whether a file lacks one of `INTEGER_LISTS`: a pass over every file would raise on it."""
+    return any(p["type"] == MISSING for p in schema_problems(files))
 
 
 def shards_fixed_length(files: list[Path], max_seq_len: int, rows: pa.Table | None = None) -> Outcome:
@@ -147,10 +159,19 @@ def shards_fixed_length(files: list[Path], max_seq_len: int, rows: pa.Table | No
     if not files:
         return _no_shards()
     problems = schema_problems(files)
-    rows = shard_rows(files, ["fixed"], max_seq_len) if rows is None else rows
-    n, bad = _violating_rows(
-        "shard_rows", "fixed_broken", "file, row, length", {}, order="file, row", tables={"shard_rows": rows}
-    )
+    lacking = {p["file"] for p in problems if p["type"] == MISSING}
+    readable = [f for f in files if str(f) not in lacking]  # a file lacking a column is named, not read
+    if rows is None:
+        rows = (
+            shard_rows(readable, ["fixed"], max_seq_len)
+            if readable
+            else pa.table({"fixed_broken": pa.array([], pa.bool_())})
+        )
+    n, bad = 0, []
+    if rows.num_rows:
+        n, bad = _violating_rows(
+            "shard_rows", "fixed_broken", "file, row, length", {}, order="file, row", tables={"shard_rows": rows}
+        )
     return Outcome(n + len(problems), (problems + bad)[:SAMPLE], {"rows": rows.num_rows, "max_seq_len": max_seq_len})
 
 

@@ -407,7 +407,11 @@ def screened_rows(
     try:
         screen = _screen(files, gold_dir, overlap, max_seq_len, pad_id)
     except duckdb.Error as exc:
-        _log.warning("the shard gates' screen could not be judged (%s); each gate makes its exact pass", exc)
+        _log.warning(
+            "the shard gates' screen could not be judged (%s: %s); each gate makes its exact pass",
+            type(exc).__name__,
+            exc,
+        )
         screen = None
     if screen is None:
         return shard_rows(files, parts, max_seq_len, pad_id)
