@@ -42,6 +42,23 @@ def test_gold_mask_misaligned_is_named_with_file_and_line(tmp_path: Path):
     assert out.violations == 1 and out.offending == [{"example_id": "d:2", "location": "f.jsonl:2"}]
 
 
+def test_gold_lists_held_as_floats_fail_mask_aligned_judged_alone_or_together(tmp_path: Path):
+    """A mask of 0.5, 0.5 and 1 sums to its count and stays within {0..1}: the file itself is the violation."""
+    g = write_gold(tmp_path / "g", [GOOD])
+    examples = pq.read_table(g / "examples.parquet")
+    at = examples.schema.get_field_index("loss_mask")
+    floats = examples.set_column(
+        at, pa.field("loss_mask", pa.list_(pa.float64())), pa.array([[0.5, 0.5, 1]], pa.list_(pa.float64()))
+    )
+    pq.write_table(floats, g / "examples.parquet")
+    alone = inv.gold_mask_aligned(g)
+    named = {"file": str(g / "examples.parquet"), "column": "loss_mask", "type": "list<element: double>"}
+    assert alone.violations == 1 and alone.offending == [named]
+    rules = [inv.mask_aligned_rule(), inv.loss_tokens_rule(), inv.ids_in_vocab_rule(50)]
+    together = inv.gold_rows(g, rules)
+    assert together[0] == alone and together[1].passed and together[2].passed  # only mask_aligned names the file
+
+
 def test_gold_mask_on_prompt_type_fails(tmp_path: Path):
     g = write_gold(tmp_path / "g", [{"token_ids": [5, 6], "loss_mask": [0, 1], "token_type_ids": [0, 0]}])
     assert inv.gold_mask_aligned(g).violations == 1

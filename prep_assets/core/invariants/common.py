@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from prep_assets.core.sql import connect as sql_connect
 
 SAMPLE = 20
+MISSING = "missing"  # `integer_list_problems`' type of a column a file lacks
 
 
 @dataclass(frozen=True)
@@ -122,3 +124,19 @@ def _one_to_one(
         )
     }
     return Outcome(n, bad, facts)
+
+
+def integer_list_problems(files: list[Path], schema: pa.Schema) -> list[dict[str, str]]:
+    """Per file, each column that `schema` (a layer's) holds as a list of integers and the file lacks or holds
+    otherwise. The gates read those lists as integers: DuckDB reads several files with the first one's types, and
+    a cast to an integer rounds a float (0.4 is 0) or reads a string ('01' is 1)."""
+    wanted = [f.name for f in schema if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)]
+    out = []
+    for path in files:
+        found = pq.read_schema(path)
+        for name in wanted:
+            at = found.get_field_index(name)
+            kind = found.field(at).type if at >= 0 else None
+            if kind is None or not pa.types.is_list(kind) or not pa.types.is_integer(kind.value_type):
+                out.append({"file": str(path), "column": name, "type": MISSING if kind is None else str(kind)})
+    return out

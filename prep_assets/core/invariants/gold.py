@@ -17,8 +17,9 @@ from prep_assets.core.invariants.common import (
     _scalar,
     _violating_rows,
     _violations_in,
+    integer_list_problems,
 )
-from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PADDING, TYPE_PROMPT
+from prep_assets.core.records import GOLD_SCHEMA, TYPE_COMPLETION, TYPE_EOS, TYPE_PADDING, TYPE_PROMPT
 from prep_assets.core.sql import connect as sql_connect
 
 # the largest token type a gold example may hold
@@ -37,6 +38,9 @@ class RowRule:
     columns: str = ""
     params: dict[str, Any] = field(default_factory=dict)
     facts: dict[str, Any] | None = None
+    names_file: bool = (
+        False  # also a violation: the file holds gold's integer lists otherwise (`integer_list_problems`)
+    )
 
 
 def gold_rows(gold_dir: Path, rules: list[RowRule]) -> list[Outcome]:
@@ -45,6 +49,9 @@ def gold_rows(gold_dir: Path, rules: list[RowRule]) -> list[Outcome]:
     p: dict[str, Any] = {"g": str(gold_dir / "examples.parquet")}
     for rule in rules:
         p.update(rule.params)
+    problems = (
+        integer_list_problems([gold_dir / "examples.parquet"], GOLD_SCHEMA) if any(r.names_file for r in rules) else []
+    )
     flags = ", ".join(f"coalesce(({rule.where}), false) AS broken_{i}" for i, rule in enumerate(rules))
     broken_any = " OR ".join(f"broken_{i}" for i in range(len(rules)))
     create = f"CREATE TEMP TABLE flagged AS SELECT * FROM (SELECT *, {flags} FROM read_parquet($g)) WHERE {broken_any}"
@@ -54,13 +61,16 @@ def gold_rows(gold_dir: Path, rules: list[RowRule]) -> list[Outcome]:
         for i, rule in enumerate(rules):
             flag = f"broken_{i}"
             n, bad = _violations_in(con, "flagged", flag, f"example_id, {_LOCATION}{rule.columns}", p, "source_line")
-            out.append(Outcome(n, bad, dict(rule.params) if rule.facts is None else rule.facts))
+            named = problems if rule.names_file else []
+            facts = dict(rule.params) if rule.facts is None else rule.facts
+            out.append(Outcome(n + len(named), (named + bad)[:SAMPLE], facts))
             con.execute("DROP TABLE violations")
     return out
 
 
 def mask_aligned_rule(trainable_types: tuple[int, ...] = _TRAINED) -> RowRule:
-    """Equal list lengths; mask in {0,1}; mask 1 only on the types the spec trains; counts match the lists."""
+    """Equal list lengths; mask in {0,1}; mask 1 only on the types the spec trains; counts match the lists; the file
+    holds the lists as lists of integers (a float mask of 0.5, 0.5 and 1 would otherwise pass every rule)."""
     where = (
         "len(token_ids) <> len(loss_mask) OR len(token_ids) <> len(token_type_ids) OR len(token_ids) <> num_tokens "
         "OR list_max(loss_mask) > 1 OR list_max(token_type_ids) > $last_type "
@@ -69,7 +79,10 @@ def mask_aligned_rule(trainable_types: tuple[int, ...] = _TRAINED) -> RowRule:
     )
     trained = list(trainable_types)
     return RowRule(
-        where, params={"trainable_types": trained, "last_type": _LAST_TYPE}, facts={"trainable_types": trained}
+        where,
+        params={"trainable_types": trained, "last_type": _LAST_TYPE},
+        facts={"trainable_types": trained},
+        names_file=True,
     )
 
 

@@ -8,9 +8,17 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from prep_assets.core.invariants.common import SAMPLE, Outcome, _bound, _files, _query, _violating_rows
+from prep_assets.core.invariants.common import (
+    MISSING,
+    SAMPLE,
+    Outcome,
+    _bound,
+    _files,
+    _query,
+    _violating_rows,
+    integer_list_problems,
+)
 from prep_assets.core.records import SHARD_SCHEMA, TYPE_PADDING
 from prep_assets.core.sql import connect as sql_connect
 
@@ -123,28 +131,9 @@ def shard_rows(
         return con.sql(sql, params=_bound(sql, p)).to_arrow_table()
 
 
-# the columns the row gates read as integers (the shard schema's integer lists): DuckDB reads several files with
-# the first one's types, and a cast to an integer rounds a float (0.4 is 0) or reads a string ('01' is 1), so a
-# file must hold them as integer lists
-INTEGER_LISTS = tuple(
-    f.name for f in SHARD_SCHEMA if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)
-)
-
-
-MISSING = "missing"  # `schema_problems`' type of a column the file lacks
-
-
 def schema_problems(files: list[Path]) -> list[dict[str, str]]:
-    """Per file, each of `INTEGER_LISTS` that it lacks or holds as anything but a list of integers."""
-    out = []
-    for f in files:
-        schema = pq.read_schema(f)
-        for name in INTEGER_LISTS:
-            at = schema.get_field_index(name)
-            kind = schema.field(at).type if at >= 0 else None
-            if kind is None or not pa.types.is_list(kind) or not pa.types.is_integer(kind.value_type):
-                out.append({"file": str(f), "column": name, "type": MISSING if kind is None else str(kind)})
-    return out
+    """Per file, each integer list of the shard schema it lacks or holds otherwise (`integer_list_problems`)."""
+    return integer_list_problems(files, SHARD_SCHEMA)
 
 
 def lacks_a_column(files: list[Path]) -> bool:
