@@ -38,9 +38,8 @@ class RowRule:
     columns: str = ""
     params: dict[str, Any] = field(default_factory=dict)
     facts: dict[str, Any] | None = None
-    names_file: bool = (
-        False  # also a violation: the file holds gold's integer lists otherwise (`integer_list_problems`)
-    )
+    # also a violation: the file holds gold's integer lists otherwise (`integer_list_problems`)
+    names_file: bool = False
 
 
 def gold_rows(gold_dir: Path, rules: list[RowRule]) -> list[Outcome]:

@@ -137,7 +137,7 @@ def schema_problems(files: list[Path]) -> list[dict[str, str]]:
 
 
 def lacks_a_column(files: list[Path]) -> bool:
-    """Whether a file lacks one of `INTEGER_LISTS`: a pass over every file would raise on it."""
+    """Whether a file lacks one of the shard schema's integer lists: a pass over every file would raise on it."""
     return any(p["type"] == MISSING for p in schema_problems(files))
 
 
@@ -150,18 +150,15 @@ def shards_fixed_length(files: list[Path], max_seq_len: int, rows: pa.Table | No
     problems = schema_problems(files)
     lacking = {p["file"] for p in problems if p["type"] == MISSING}
     readable = [f for f in files if str(f) not in lacking]  # a file lacking a column is named, not read
-    if rows is None:
-        rows = (
-            shard_rows(readable, ["fixed"], max_seq_len)
-            if readable
-            else pa.table({"fixed_broken": pa.array([], pa.bool_())})
-        )
+    if rows is None and readable:
+        rows = shard_rows(readable, ["fixed"], max_seq_len)
     n, bad = 0, []
-    if rows.num_rows:
+    if rows is not None:
         n, bad = _violating_rows(
             "shard_rows", "fixed_broken", "file, row, length", {}, order="file, row", tables={"shard_rows": rows}
         )
-    return Outcome(n + len(problems), (problems + bad)[:SAMPLE], {"rows": rows.num_rows, "max_seq_len": max_seq_len})
+    facts = {"rows": 0 if rows is None else rows.num_rows, "max_seq_len": max_seq_len}
+    return Outcome(n + len(problems), (problems + bad)[:SAMPLE], facts)
 
 
 def shards_padding_masked(files: list[Path], pad_id: int, rows: pa.Table | None = None) -> Outcome:
