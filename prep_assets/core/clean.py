@@ -134,7 +134,7 @@ def empty_turn(r: Record) -> Verdict | None:
     if r.clean.keep_empty_turns:
         return None
     content = r.content
-    if "turns" in content:
+    if "turns" in content:  # prompt/completion turns: no branches, no messages
         empty = [i + 1 for i, t in enumerate(content["turns"]) if not t["completion"].strip()]
         if empty:
             return Verdict(
@@ -142,6 +142,7 @@ def empty_turn(r: Record) -> Verdict | None:
                 f"turn(s) {empty} have an empty or whitespace-only completion "
                 "(clean.keep_empty_turns: true keeps them)",
             )
+        return None
     for branch in ("chosen", "rejected"):
         if branch in content and not any(m["content"].strip() for m in content[branch]):
             return Verdict(
@@ -191,13 +192,27 @@ def quality(r: Record) -> Verdict | None:
 FILTERS: tuple[Filter, ...] = (empty_turn, identical_branches, length, quality)
 
 
+def active_filters(clean: CleanSpec) -> tuple[Filter, ...]:
+    """`FILTERS` less those that keep every record under `clean` (the quality heuristics when none is set,
+    `empty_turn` with `keep_empty_turns`): what silver asks of each record, decided once per drop."""
+    off = {quality} if not clean.quality.enabled else set()
+    if clean.keep_empty_turns:
+        off.add(empty_turn)
+    return tuple(f for f in FILTERS if f not in off)
+
+
 def quality_verdict(
-    content: dict[str, Any], clean: CleanSpec, texts: list[str] | None = None, trained: frozenset[str] = frozenset()
+    content: dict[str, Any],
+    clean: CleanSpec,
+    texts: list[str] | None = None,
+    trained: frozenset[str] = frozenset(),
+    filters: tuple[Filter, ...] = FILTERS,
 ) -> Verdict | None:
-    """None to keep the record, else why it goes to the rejects table (the first filter that rejects it).
-    `texts`: its `content_texts`, if at hand; `trained`: the chat roles that are training targets."""
+    """None to keep the record, else why it goes to the rejects table (the first of `filters` that rejects it).
+    `texts`: its `content_texts`, if at hand; `trained`: the chat roles that are training targets; `filters`:
+    `active_filters(clean)` where a caller judges many records."""
     record = Record(content, content_texts(content) if texts is None else texts, clean, trained)
-    for keep_or_reason in FILTERS:
+    for keep_or_reason in filters:
         verdict = keep_or_reason(record)
         if verdict is not None:
             return verdict

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from prep_assets.core import dedup
 from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.clean import (
+    active_filters,
     assign_split,
     content_digest,
     left_as_is,
@@ -126,6 +127,7 @@ def _clean_pass(
     exact = dedup.ExactDedup(earlier, colliding) if clean.dedup != "none" else None
     near = dedup.NearDuplicates(clean.near) if clean.dedup == "near" and with_near else None
     trained = trained_roles(spec)
+    filters = active_filters(clean)
     near_of: dict[str, str] = {}  # record removed as a near duplicate -> the kept record it is near
     reasons: Counter[str] = Counter()
     splits: Counter[str] = Counter()
@@ -179,7 +181,7 @@ def _clean_pass(
                         content = normalize_content(content, norm)
                         canonical = canonical_json(content)
                     texts = content_texts(content)
-                    verdict = quality_verdict(content, clean, texts, trained)
+                    verdict = quality_verdict(content, clean, texts, trained, filters)
                     if verdict is not None:
                         reject(i, verdict.reason, verdict.detail, canonical)
                         continue

@@ -5,6 +5,8 @@ from collections import Counter
 import pyarrow as pa
 
 from prep_assets.core.clean import (
+    FILTERS,
+    active_filters,
     assign_split,
     content_sha256,
     left_as_is,
@@ -145,6 +147,36 @@ def test_whitespace_only_trained_turns_are_rejected_unless_the_spec_keeps_them()
         "rejected": [{"role": "assistant", "content": "no"}],
     }
     assert quality_verdict(pref, chat.clean, trained=trained).reason == "empty_completion"  # type: ignore[union-attr]
+
+
+def test_active_filters_judge_every_record_as_all_filters_do_whatever_the_spec_switches_off():
+    records = [
+        {"text": ""},
+        {"text": "abc"},
+        {"text": "one two two two two two two two two"},
+        {"turns": [{"prompt": "q", "completion": " "}]},
+        {"turns": [{"prompt": "q", "completion": "a fine answer"}]},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "\t"}]},
+        {
+            "prompt": [],
+            "chosen": [{"role": "assistant", "content": "same"}],
+            "rejected": [{"role": "assistant", "content": "same"}],
+        },
+    ]
+    quality = {"min_words": 3, "max_repeated_ngram_fraction": 0.2, "repeated_ngram_size": 2}
+    for clean in (
+        {},
+        {"keep_empty_turns": True},
+        {"quality": quality},
+        {"quality": quality, "keep_empty_turns": True},
+    ):
+        spec = make_spec(input={"type": "chat"}, clean={"min_chars": 3, **clean})
+        active, trained = active_filters(spec.clean), trained_roles(spec)
+        assert len(active) == len(FILTERS) - ("quality" not in clean) - ("keep_empty_turns" in clean)
+        for content in records:
+            assert quality_verdict(content, spec.clean, trained=trained, filters=active) == quality_verdict(
+                content, spec.clean, trained=trained
+            ), (clean, content)
 
 
 def test_quality_verdicts_name_their_reason():
