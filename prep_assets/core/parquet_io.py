@@ -191,9 +191,12 @@ class ColumnBuffer:
         self.columns: list[list[Any]] = [[] for _ in self.names]
 
     def add(self, *values: Any) -> None:
-        for column, value in zip(self.columns, values, strict=True):
+        columns = self.columns
+        if len(values) != len(columns):
+            raise ValueError(f"{len(values)} values for the {len(columns)} columns {self.names}")
+        for column, value in zip(columns, values):
             column.append(value)
-        if len(self.columns[0]) >= self.batch:
+        if len(columns[0]) >= self.batch:
             self.flush()
 
     def flush(self) -> None:

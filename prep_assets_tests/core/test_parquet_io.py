@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from prep_assets.core.parquet_io import ParquetSink, token_columns
+from prep_assets.core.parquet_io import ColumnBuffer, ParquetSink, token_columns
 from prep_assets.core.records import SHARD_SCHEMA
 from prep_assets_tests.core.lakes import shard_row
 
@@ -67,3 +67,18 @@ def test_a_failing_row_group_stops_the_writing_raises_and_leaves_no_file(tmp_pat
                 sink.write(pa.table({"i": list(range(4 * k, 4 * k + 4))}))
     assert calls == [4]
     assert sink._writer.is_open is False and not path.exists()
+
+
+def test_column_buffer_writes_constants_and_refuses_a_row_of_the_wrong_width(tmp_path: Path):
+    schema = pa.schema([("drop", pa.string()), ("line", pa.int64()), ("text", pa.string())])
+    with ParquetSink(tmp_path / "rows.parquet", schema) as sink:
+        rows = ColumnBuffer(sink, 2, {"drop": "d1"})
+        rows.add(1, "a")
+        rows.add(2, "b")  # a full batch: flushed
+        rows.add(3, "c")
+        with pytest.raises(ValueError, match="1 values for the 2 columns"):
+            rows.add(4)
+        rows.flush()
+    assert pq.read_table(tmp_path / "rows.parquet").to_pylist() == [
+        {"drop": "d1", "line": n, "text": t} for n, t in ((1, "a"), (2, "b"), (3, "c"))
+    ]
