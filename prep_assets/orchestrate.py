@@ -43,7 +43,7 @@ from prep_assets.core.lake import (
     sweep_stale_staging,
     verify_published,
 )
-from prep_assets.core.mix import MixSpec, mix_inputs_digest, mix_path, scan_mixes
+from prep_assets.core.mix import MixSpec, held_path, mix_inputs_digest, mix_path, scan_mixes
 from prep_assets.core.progress import bar_shown, reporting
 from prep_assets.core.shards import ShardStats
 from prep_assets.core.silver import SilverStats, repeats_of_earlier_drops
@@ -256,8 +256,8 @@ def mix_up_to_date(instance: DagsterInstance, spec: MixSpec, lake: Path) -> bool
     mix.json holds the bytes published then; a new drop in a source (a new manifest) makes it stale."""
     latest = _latest(instance, mix_asset_key(spec.name), None)
     folder = mix_path(lake, spec.name).parent
-    if latest is None or not folder.is_dir() or verify_published(folder):
-        return False
+    if latest is None or not folder.is_dir() or verify_published(folder) or held_path(lake, spec.name).is_file():
+        return False  # a held plan (its gates failed it) is planned and judged again on every run
     return latest["metadata"].get(INPUTS_DIGEST) == mix_inputs_digest(spec, lake)
 
 
@@ -277,10 +277,11 @@ def _run_mixes(
         mix = read_json(path) if path.is_file() else {"buckets": {}, "phases": []}
         rows = ", ".join(f"{b} {f['rows']}" for b, f in mix["buckets"].items())
         checks = "up to date" if run is None else f"{run['checks_passed']}/{run['checks_run']}"
-        report["mixes"].append(
-            {"mix": spec.name, "phases": len(mix["phases"]), "rows": rows,
-             "checks": checks + ("" if run is None or run["success"] else " FAILED")}
-        )  # fmt: skip
+        checks += "" if run is None or run["success"] else " FAILED"
+        held = held_path(data_dir / "lake", spec.name)
+        if held.is_file():  # the newest plan failed its gates: the rows shown are those of the last that passed
+            checks += f" (plan held at {held}; mix.json is the last plan that passed)"
+        report["mixes"].append({"mix": spec.name, "phases": len(mix["phases"]), "rows": rows, "checks": checks})
 
 
 RUN_LOCK = ".run.lock"

@@ -66,6 +66,17 @@ def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
     forced = _run(["run", "--data-dir", str(data), "--all"], home, PROJECT)
     assert forced.returncode == 0 and "up to date" not in forced.stdout
     assert tree_digests(data / "lake") == before  # every output file byte-identical after a full rematerialization
+    mix_spec = data / "mixes" / "sample_mix.yaml"  # a plan its inventory gate fails: held, mix.json kept
+    mix_spec.write_text(
+        mix_spec.read_text().replace("total_tokens: 6144", "total_tokens: 43008").replace("4096", "40960"), "utf-8"
+    )
+    short = _run(["run", "--data-dir", str(data)], home, PROJECT)
+    assert short.returncode == 1 and "training_mix_inventory" in short.stderr
+    assert "rows per bucket: instruct 10, text 14; checks 4/5 FAILED (plan held at " in short.stdout
+    published = "_mixes/sample_mix/"
+    assert tree_digests(data / "lake" / published) == {
+        k.removeprefix(published): v for k, v in before.items() if k.startswith(published)
+    }
 
 
 SAMPLE_DATASETS = ("sample_text", "sample_instruct", "sample_chat", "sample_pref", "sample_sensors")

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,14 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from prep_assets.core.errors import PrepAssetsError, SpecError
-from prep_assets.core.lake import read_json, sha256_file, staged_dir, write_json_atomic
+from prep_assets.core.lake import partition_lock, read_json, sha256_file, staged_dir, write_json_atomic
 from prep_assets.core.mix_outputs import Output, gpt_simple_layout, megatron_blend, write_outputs
 from prep_assets.core.reading import order
 from prep_assets.core.spec import _format_error
 from prep_assets.core.spec_sections import _Strict
 
 MIXES_DIR = "_mixes"  # lake/_mixes/<name>/: no dataset name starts with "_"
+HELD_DIR = "_held"  # lake/_mixes/_held/<name>/: a plan its gates failed (no mix name starts with "_")
 MIX_FILE = "mix.json"
 MIX_VERSION = "2"  # bump when the plan or mix.json's layout changes
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -174,6 +176,11 @@ def scan_mixes(mixes_dir: Path, datasets: set[str]) -> MixScan:
 
 def mix_path(lake: Path, name: str) -> Path:
     return lake / MIXES_DIR / name / MIX_FILE
+
+
+def held_path(lake: Path, name: str) -> Path:
+    """Where a mix's newest plan is kept when its gates failed it, apart from the published mix.json."""
+    return lake / MIXES_DIR / HELD_DIR / name / MIX_FILE
 
 
 def bucket_seed(seed: int, bucket: str) -> int:
@@ -395,9 +402,23 @@ def mix_inputs_digest(spec: MixSpec, lake: Path) -> str:
 
 
 def write_mix(spec: MixSpec, lake: Path, mix: dict[str, Any]) -> Path:
-    """Publish `lake/_mixes/<name>/` whole (staged, then exchanged): the same plan gives the same bytes."""
+    """Publish `lake/_mixes/<name>/` whole (staged, then exchanged): the same plan gives the same bytes. A plan
+    held before (`hold_mix`) is removed: the published mix is the newest plan again."""
     final = mix_path(lake, spec.name).parent
     with staged_dir(final) as staging:
         write_json_atomic(staging / MIX_FILE, mix)
         write_outputs(mix, lake, staging)
+    held = held_path(lake, spec.name).parent
+    if held.is_dir():
+        with partition_lock(held):
+            shutil.rmtree(held)
+    return final / MIX_FILE
+
+
+def hold_mix(spec: MixSpec, lake: Path, mix: dict[str, Any]) -> Path:
+    """Keep a plan its gates failed at `held_path` (staged, then exchanged), never over the published mix: trainers
+    keep reading the last plan that passed, and the gates judge the held one (`mix_gates.MixSubject`)."""
+    final = held_path(lake, spec.name).parent
+    with staged_dir(final) as staging:
+        write_json_atomic(staging / MIX_FILE, mix)
     return final / MIX_FILE

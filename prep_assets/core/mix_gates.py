@@ -1,6 +1,7 @@
-"""The blocking gates of a training mix, declared once (`MIX_GATES`): each a pure judge of the published mix.json
-and its sources' manifests, returning the `Outcome` every other gate returns. The Dagster asset checks
-(`defs/mix.py`) and the tests run these declarations."""
+"""The blocking gates of a training mix, declared once (`MIX_GATES`): each a pure judge of the mix's newest plan
+(mix.json, or the plan held because they failed it) and its sources' manifests, returning the `Outcome` every
+other gate returns. The Dagster asset checks (`defs/mix.py`) and the tests run these declarations; `publish_mix`
+publishes a plan only when every gate passes it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from prep_assets.core.invariants.common import Outcome
 from prep_assets.core.lake import read_json, sha256_file
-from prep_assets.core.mix import MixError, MixSpec, SourceSpec, domain_ranges, mix_path
+from prep_assets.core.mix import MixError, MixSpec, SourceSpec, domain_ranges, held_path, hold_mix, mix_path, write_mix
 from prep_assets.core.mix_outputs import curriculum_demand
 
 EXHAUSTION_REMEDY = (
@@ -23,7 +24,8 @@ EXHAUSTION_REMEDY = (
 
 @dataclass(frozen=True)
 class MixSubject:
-    """What a mix gate judges: the spec, the lake, and the mix (the given plan, else the published mix.json)."""
+    """What a mix gate judges: the spec, the lake, and the mix (the given plan, else the newest one written: the
+    plan held because its gates failed it, if there is one, else the published mix.json)."""
 
     spec: MixSpec
     lake: Path
@@ -31,7 +33,10 @@ class MixSubject:
 
     @cached_property
     def mix(self) -> dict[str, Any]:
-        return read_json(mix_path(self.lake, self.spec.name)) if self.given_mix is None else self.given_mix
+        if self.given_mix is not None:
+            return self.given_mix
+        held = held_path(self.lake, self.spec.name)
+        return read_json(held if held.is_file() else mix_path(self.lake, self.spec.name))
 
     def manifest(self, bucket: str) -> dict[str, Any] | None:
         path = self.lake / self.mix["sources"][bucket]["manifest"]
@@ -238,3 +243,12 @@ MIX_GATES: tuple[MixGate, ...] = (
 def judge_mix(spec: MixSpec, lake: Path, mix: dict[str, Any] | None = None) -> list[Outcome]:
     subject = MixSubject(spec, lake, mix)
     return [g.evaluate(subject) for g in MIX_GATES]
+
+
+def publish_mix(spec: MixSpec, lake: Path, mix: dict[str, Any]) -> tuple[Path, list[Outcome]]:
+    """`mix` published as the mix's mix.json when every gate passes it, else held apart (`hold_mix`) with the
+    published mix left as it was; the path written and the gates' outcomes."""
+    outcomes = judge_mix(spec, lake, mix)
+    if all(o.passed for o in outcomes):
+        return write_mix(spec, lake, mix), outcomes
+    return hold_mix(spec, lake, mix), outcomes

@@ -1,5 +1,6 @@
-"""A `training_mix` asset per mix spec: plans the mix from its sources' manifests, publishes mix.json and shows the
-plan per phase; the mix's gates (`core.mix_gates`) are its blocking asset checks."""
+"""A `training_mix` asset per mix spec: plans the mix from its sources' manifests, publishes mix.json when every gate
+passes the plan (else holds the plan apart and leaves the published mix as it was) and shows the plan per phase;
+the mix's gates (`core.mix_gates`) are its blocking asset checks, judging the newest plan."""
 
 import base64
 from collections.abc import Iterator
@@ -20,8 +21,8 @@ from dagster import (
 )
 
 from prep_assets.core.lake import sha256_file
-from prep_assets.core.mix import MIX_VERSION, MixSpec, mix_inputs_digest, plan_mix, write_mix
-from prep_assets.core.mix_gates import MIX_GATES, MixSubject
+from prep_assets.core.mix import MIX_VERSION, MixSpec, mix_inputs_digest, mix_path, plan_mix
+from prep_assets.core.mix_gates import MIX_GATES, MixSubject, publish_mix
 from prep_assets.core.mix_plot import plot_caption, plot_mix
 from prep_assets.defs.automation import layer_condition
 from prep_assets.defs.checks import outcome_result
@@ -102,10 +103,14 @@ def mix_asset(spec: MixSpec) -> AssetsDefinition:
         with user_errors():
             digest = mix_inputs_digest(spec, root)
             mix = plan_mix(spec, root)
-            path = write_mix(spec, root, mix)
-        inventory = next(g for g in MIX_GATES if g.name == "training_mix_inventory").evaluate(
-            MixSubject(spec, root, mix)
-        )
+            path, outcomes = publish_mix(spec, root, mix)
+        failed = [o.name for o in outcomes if not o.passed]
+        if failed:
+            context.log.error(
+                f"the plan fails {', '.join(failed)}: held at {path}, not published; "
+                f"{mix_path(root, spec.name)} stays the last plan that passed (see the checks)"
+            )
+        inventory = next(o for o in outcomes if o.name == "training_mix_inventory")
         warnings = list(inventory.facts.get("warnings", []))
         for w in warnings:
             context.log.warning(w)
@@ -113,6 +118,7 @@ def mix_asset(spec: MixSpec) -> AssetsDefinition:
             metadata={
                 **mix_metadata(mix, warnings),
                 INPUTS_DIGEST: digest,
+                "published": not failed,
                 "path": MetadataValue.path(str(path)),
             },
             data_version=DataVersion(sha256_file(path)),

@@ -10,8 +10,9 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, materialize
 
-from prep_assets.core.lake import read_json
-from prep_assets.core.mix import load_mix, mix_path
+from prep_assets.core.lake import read_json, verify_published
+from prep_assets.core.mix import held_path, load_mix, mix_path
+from prep_assets.core.reading import MixRows
 from prep_assets.core.spec import load_spec
 from prep_assets.definitions import build_definitions
 from prep_assets.defs.keys import mix_asset_key
@@ -22,6 +23,7 @@ from prep_assets_tests.conftest import SAMPLE_DATA, copy_sample_data
 from prep_assets_tests.core.helpers import run_core
 
 DATASETS = {"sample_instruct", "sample_text", "sample_chat"}
+TEXT_ONLY = {"sources": {"text": "sample_text"}, "weights": {"text": 1}}  # a mix of sample_text's 24 train rows
 
 
 @pytest.fixture
@@ -86,20 +88,47 @@ def test_the_sample_mix_materializes_with_its_gates_and_reruns_byte_identically(
 
 
 def test_a_shortfall_fails_the_blocking_gate_unless_exhaustion_is_allowed(data: Path) -> None:
-    doc = {"sources": {"text": "sample_text"}, "weights": {"text": 1}, "duration_tokens": 40 * 256}
+    doc = {**TEXT_ONLY, "duration_tokens": 40 * 256}
     write_mix_spec(data, "short", doc)
+    lake = data / "lake"
     with DagsterInstance.ephemeral() as instance:
-        _, result = run_mix(data, "short", instance)
+        spec, result = run_mix(data, "short", instance)
         assert not result.success
         failed = checks(result)["training_mix_inventory"]
         assert not failed.passed
         assert "from bucket 'text' but only 6.1K available" in failed.description
         assert "10,240 tokens" in failed.description and "allow_bucket_exhaustion: true" in failed.description
+        assert not mix_path(lake, "short").exists() and held_path(lake, "short").is_file()  # nothing to train on
+        assert metadata(result)["published"] is False and not mix_up_to_date(instance, spec, lake)
         write_mix_spec(data, "short", {**doc, "allow_bucket_exhaustion": True})
         _, allowed = run_mix(data, "short", instance)
         assert allowed.success and checks(allowed)["training_mix_inventory"].passed
+        assert mix_path(lake, "short").is_file() and not held_path(lake, "short").parent.exists()
         shown = metadata(allowed)
         assert "bucket 'text'" in shown["warnings"] and "| text | 16 |" in shown["shortfalls"]
+
+
+def test_a_plan_failing_its_gates_is_held_and_trainers_keep_reading_the_last_one_that_passed(data: Path) -> None:
+    write_mix_spec(data, "notes", {**TEXT_ONLY, "duration_tokens": 10 * 256})
+    lake = data / "lake"
+    with DagsterInstance.ephemeral() as instance:
+        spec, good = run_mix(data, "notes", instance)
+        assert good.success and metadata(good)["published"] is True
+        published = mix_path(lake, "notes").read_bytes()
+        assert len(MixRows(lake / "_mixes" / "notes")) == 10
+        write_mix_spec(data, "notes", {**TEXT_ONLY, "duration_tokens": 40 * 256})  # more than the bucket holds
+        _, short = run_mix(data, "notes", instance)
+        assert not short.success and not checks(short)["training_mix_inventory"].passed  # judged: the held plan
+        assert mix_path(lake, "notes").read_bytes() == published and not verify_published(
+            mix_path(lake, "notes").parent
+        )
+        assert read_json(held_path(lake, "notes"))["buckets"]["text"]["shortfall_rows"] == 16
+        assert len(MixRows(lake / "_mixes" / "notes")) == 10  # the last plan that passed, whole
+        assert not mix_up_to_date(instance, spec, lake)  # planned and judged again on the next run
+        write_mix_spec(data, "notes", {**TEXT_ONLY, "duration_tokens": 20 * 256})
+        _, fixed = run_mix(data, "notes", instance)
+        assert fixed.success and len(MixRows(lake / "_mixes" / "notes")) == 20
+        assert not held_path(lake, "notes").parent.exists()
 
 
 def test_mixed_tokenizers_fail_the_gate(data: Path) -> None:
