@@ -38,6 +38,7 @@ from prep_assets.defs.keys import (
     tokenizer_job_name,
 )
 from prep_assets.defs.layers import layer_asset
+from prep_assets.defs.logs import console_logger
 from prep_assets.defs.mix import mix_asset, mix_checks
 from prep_assets.defs.resources import LakeResource, default_batch_size, default_data_dir
 from prep_assets.defs.retire import retire_job
@@ -132,4 +133,5 @@ def build_definitions(data_dir: Path | None = None, dataset: str | None = None) 
         sensors=[*sensors, automation_sensor()] if sensors else [],
         resources={"lake": LakeResource(data_dir=str(data_dir), batch_size=default_batch_size())},
         executor=executor_from_env(),
+        loggers={"console": console_logger},
     )

@@ -156,6 +156,8 @@ def _failure(result: ExecuteInProcessResult) -> str:
     ]
     for event in result.all_events:
         if event.is_step_failure and event.step_failure_data is not None:
+            if reasons and getattr(event.step_failure_data.error, "cls_name", None) == "DagsterAssetCheckFailedError":
+                continue  # the failed checks, named above with what they found
             error = event.step_failure_data.user_failure_data
             message = error.description if error is not None else event.step_failure_data.error.message
             reasons.append(f"{event.step_key}: {(message or '').strip().splitlines()[0] if message else ''}")

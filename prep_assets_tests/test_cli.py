@@ -109,7 +109,8 @@ def test_run_exits_non_zero_when_a_gate_fails(in_process: Path, capsys: pytest.C
     code = main(["run", "--data-dir", str(data), "--dataset", "strict"])
     out = capsys.readouterr()
     assert code == 1
-    assert "raw_records_reject_rate failed" in out.err and "FAILED" in out.out
+    assert "raw_records_reject_rate failed: 1 of 2 records rejected (50.00%) > max_reject_rate 0.00%" in out.err
+    assert "FAILED" in out.out and "Stack Trace" not in out.err  # a failed gate is the user's to fix: no traceback
 
 
 def test_unknown_dataset_and_bad_spec_are_clear_errors(in_process: Path, capsys: pytest.CaptureFixture[str]):
@@ -331,7 +332,8 @@ def test_retire_takes_a_drop_out_for_good_unless_its_bytes_change(
     with DagsterInstance.get() as instance:
         assert key not in instance.get_dynamic_partitions(f"{ds}_drops")
     assert main(["retire", ds, key, "--data-dir", str(data)]) == 2  # once only
-    assert "already retired" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "already retired" in err and "Stack Trace" not in err  # the user's error, without Dagster's frames
 
     bad.write_bytes(content)  # the same bytes dropped again: refused, the manifest unchanged
     assert main(["run", "--data-dir", str(data), "--dataset", ds]) == 0

@@ -127,7 +127,11 @@ def bronze_reject_rate(bronze_dir: Path, max_rate: float) -> Outcome:
         )
     }
     facts = {"reject_rate": round(rate, 6), "max_reject_rate": max_rate, "rejects_by_reason": by_reason}
-    return Outcome(int(rate > max_rate), offending, facts)
+    said = ""
+    if rate > max_rate:  # the figures, not only the rule: what a failed run prints
+        reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])))
+        said = f"{rejects} of {total} records rejected ({rate:.2%}) > max_reject_rate {max_rate:.2%}: {reasons}"
+    return Outcome(int(rate > max_rate), offending, facts, said)
 
 
 def bronze_required_fields(bronze_dir: Path) -> Outcome:
