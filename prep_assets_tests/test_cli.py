@@ -166,6 +166,13 @@ def test_decode_prints_masked_spans_and_segments(in_process: Path, capsys: pytes
     assert main(["decode", str(shard), "--row", "0"]) == 0
     text = capsys.readouterr().out
     assert "--- segment 1 ·" in text and "«" in text
+    # not a shard: a clear error, not a traceback or a missing tokenizer
+    lake = data / "lake" / "sample_instruct"
+    gold = next((lake / "gold").glob("*/examples.parquet"))
+    assert main(["decode", str(gold)]) == 2
+    assert "not a packed shard (no input_ids, segment_ids, example_ids column)" in capsys.readouterr().err
+    assert main(["decode", str(lake / "manifest.json")]) == 2
+    assert "manifest.json: not a Parquet file" in capsys.readouterr().err
 
 
 def test_decode_names_where_a_continued_segment_starts(in_process: Path, capsys: pytest.CaptureFixture[str]):

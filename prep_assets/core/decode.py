@@ -34,10 +34,30 @@ def _decoder(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
 _ROWS_PER_READ = 64
 
 
-def decode_row(shard: Path, row: int, tokenizer_dir: Path | None = None) -> dict[str, Any]:
+# what a row needs to be decoded: a packed shard's columns (a gold examples file has no segments)
+_SHARD_COLUMNS = ("input_ids", "loss_mask", "segment_ids", "example_ids")
+
+
+def open_shard(shard: Path, *, pre_buffer: bool = True) -> pq.ParquetFile:
+    """A packed shard file, or a clear error: no such file, not Parquet, or Parquet without a shard's columns."""
     if not shard.is_file():
         raise PrepAssetsError(f"{shard}: no such shard file")
-    pf = pq.ParquetFile(str(shard), pre_buffer=False)
+    try:
+        pf = pq.ParquetFile(str(shard), pre_buffer=pre_buffer)
+    except (pa.ArrowException, OSError) as exc:
+        raise PrepAssetsError(
+            f"{shard}: not a Parquet file ({exc}); give a packed shard, lake/<dataset>/shards/…"
+        ) from None
+    missing = [c for c in _SHARD_COLUMNS if c not in pf.schema_arrow.names]
+    if missing:
+        raise PrepAssetsError(
+            f"{shard}: not a packed shard (no {', '.join(missing)} column); give a file of lake/<dataset>/shards/"
+        )
+    return pf
+
+
+def decode_row(shard: Path, row: int, tokenizer_dir: Path | None = None) -> dict[str, Any]:
+    pf = open_shard(shard, pre_buffer=False)
     meta = pf.metadata
     if not 0 <= row < meta.num_rows:
         raise PrepAssetsError(f"{shard}: row {row} out of range (0..{meta.num_rows - 1})")
@@ -60,10 +80,8 @@ def decode_row(shard: Path, row: int, tokenizer_dir: Path | None = None) -> dict
 
 def decode_rows(shard: Path, tokenizer_dir: Path | None = None) -> Iterator[dict[str, Any]]:
     """Every row of a shard decoded (the file and the tokenizer loaded once)."""
-    if not shard.is_file():
-        raise PrepAssetsError(f"{shard}: no such shard file")
+    pf, i = open_shard(shard), 0
     tok = _decoder(tokenizer_dir or tokenizer_dir_for(shard))
-    pf, i = pq.ParquetFile(str(shard)), 0
     for group in range(pf.metadata.num_row_groups):  # a row group at a time: memory stays bounded
         for r in pf.read_row_group(group).to_pylist():
             yield _decode(shard, i, r, tok)
