@@ -24,10 +24,12 @@ def test_the_export_locations_snippet_finds_every_trainer_format_of_the_sample(t
     run_core(data, spec)
     monkeypatch.chdir(tmp_path)  # the snippet's paths are relative to the project
     scope: dict = {}
-    exec(_snippet("megatron_prefix"), scope)  # noqa: S102 - the README's own code
-    assert scope["megatron_prefix"].with_suffix(".bin").is_file()
-    assert {p.suffix for p in scope["gpt_simple_dir"].iterdir()} == {".bin", ".idx"}
-    assert (scope["gdp_folder"] / "metadata.yaml").is_file()
+    exec(_snippet("megatron_prefixes"), scope)  # noqa: S102 - the README's own code
+    drops = len(list((data / "raw" / "sample_text").iterdir()))
+    assert drops == 2 == len(scope["megatron_prefixes"]) == len(scope["gpt_simple_dirs"]) == len(scope["gdp_folders"])
+    assert all(prefix.with_suffix(".bin").is_file() for prefix in scope["megatron_prefixes"])
+    assert all({p.suffix for p in d.iterdir()} == {".bin", ".idx"} for d in scope["gpt_simple_dirs"])
+    assert all((folder / "metadata.yaml").is_file() for folder in scope["gdp_folders"])
 
 
 def test_the_pytorch_snippet_names_what_the_loader_exports():

@@ -3,9 +3,10 @@ changed no output byte. Run it before and after a change and compare the two fil
 
     .venv/bin/python scripts/lake_digests.py [--data-dir data] [--shared] > before.txt
 
-It copies the data dir's specs, drops, corpus and templates to a temporary folder, runs `prep-assets run`
-there with a fresh DAGSTER_HOME and prints `<sha256>  <path under lake/>`, one line per file, sorted. With
-`--shared`, the real datasets and tokenizers the tests read from ../shared are run too (as extra datasets).
+It copies the data dir's specs, mixes, drops, corpus and templates to a temporary folder, runs `prep-assets run`
+there with a fresh DAGSTER_HOME and prints `<sha256>  <path under lake/>`, one line per file, sorted; it exits
+with the run's exit code (non-zero: a gate failed or a dataset is in error, and the digests are not evidence).
+With `--shared`, the real datasets and tokenizers the tests read from ../shared are run too (as extra datasets).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lake_digests_") as tmp:
         data = Path(tmp) / "data"
-        for sub in ("datasets", "raw", "corpus", "templates"):
+        for sub in ("datasets", "mixes", "raw", "corpus", "templates"):
             if (Path(args.data_dir) / sub).is_dir():
                 shutil.copytree(Path(args.data_dir) / sub, data / sub)
         if args.shared:
@@ -84,7 +85,7 @@ def main() -> int:
         lake = data / "lake"
         for path in sorted(p for p in lake.rglob("*") if p.is_file() and not p.name.endswith(".lock")):
             print(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.relative_to(lake)}")
-    return 0
+    return done.returncode
 
 
 if __name__ == "__main__":
