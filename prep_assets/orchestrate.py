@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetKey,
     AssetRecordsFilter,
     DagsterInstance,
@@ -148,9 +149,15 @@ def _fingerprint(paths: DatasetPaths) -> str | None:
     return read_json(fp)["fingerprint"] if fp.is_file() else None
 
 
+def _violations(evaluation: AssetCheckEvaluation) -> str:
+    """' (3 violations)': what a failed gate counted (`defs.checks.outcome_result`), where it says."""
+    n = getattr(evaluation.metadata.get("num_violations"), "value", None)
+    return f" ({n} violation{'' if n == 1 else 's'})" if isinstance(n, int) else ""
+
+
 def _failure(result: ExecuteInProcessResult) -> str:
     reasons = [
-        f"check {e.check_name} failed" + (f": {e.description}" if e.description else "")
+        f"check {e.check_name} failed{_violations(e)}" + (f": {e.description}" if e.description else "")
         for e in result.get_asset_check_evaluations()
         if not e.passed
     ]

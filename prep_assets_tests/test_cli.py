@@ -109,7 +109,10 @@ def test_run_exits_non_zero_when_a_gate_fails(in_process: Path, capsys: pytest.C
     code = main(["run", "--data-dir", str(data), "--dataset", "strict"])
     out = capsys.readouterr()
     assert code == 1
-    assert "raw_records_reject_rate failed: 1 of 2 records rejected (50.00%) > max_reject_rate 0.00%" in out.err
+    assert (
+        "raw_records_reject_rate failed (1 violation): 1 of 2 records rejected (50.00%) > max_reject_rate 0.00%"
+        in out.err
+    )
     assert "FAILED" in out.out and "Stack Trace" not in out.err  # a failed gate is the user's to fix: no traceback
 
 
