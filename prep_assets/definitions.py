@@ -38,7 +38,7 @@ from prep_assets.defs.keys import (
     tokenizer_job_name,
 )
 from prep_assets.defs.layers import layer_asset
-from prep_assets.defs.logs import console_logger
+from prep_assets.defs.logs import JOB_CONFIG, console_logger
 from prep_assets.defs.mix import mix_asset, mix_checks
 from prep_assets.defs.resources import LakeResource, default_batch_size, default_data_dir
 from prep_assets.defs.retire import retire_job
@@ -54,17 +54,20 @@ def dataset_jobs(spec: DatasetSpec) -> list:
             tokenizer_job_name(spec),
             selection=AssetSelection.assets(asset_key(spec, TOKENIZER)),
             executor_def=executor,
+            config=JOB_CONFIG,
         ),
         define_asset_job(
             drop_job_name(spec),
             selection=AssetSelection.assets(*(asset_key(spec, n) for n in PARTITIONED)),
             description=f"All layers of one {spec.name} drop: bronze -> silver -> gold -> packed shards, with gates.",
             executor_def=executor,
+            config=JOB_CONFIG,
         ),
         define_asset_job(
             manifest_job_name(spec),
             selection=AssetSelection.assets(asset_key(spec, DATASET_MANIFEST)),
             executor_def=executor,
+            config=JOB_CONFIG,
         ),
         retire_job(spec),
     ]
@@ -124,7 +127,9 @@ def build_definitions(data_dir: Path | None = None, dataset: str | None = None) 
         for mix in mixes.mixes:
             assets += [mix_asset(mix), mix_checks(mix)]
             jobs.append(
-                define_asset_job(mix_job_name(mix.name), selection=AssetSelection.assets(mix_asset_key(mix.name)))
+                define_asset_job(
+                    mix_job_name(mix.name), selection=AssetSelection.assets(mix_asset_key(mix.name)), config=JOB_CONFIG
+                )
             )
     return Definitions(
         assets=[a for a in assets if not isinstance(a, AssetChecksDefinition)],

@@ -289,7 +289,8 @@ def _run_mixes(
         checks += "" if run is None or run["success"] else " FAILED"
         held = held_path(data_dir / "lake", spec.name)
         if held.is_file():  # the newest plan failed its gates: the rows shown are those of the last that passed
-            checks += f" (plan held at {held}; mix.json is the last plan that passed)"
+            last = "mix.json is the last plan that passed" if path.is_file() else "no plan has passed yet"
+            checks += f" (plan held at {held}; {last})"
         report["mixes"].append({"mix": spec.name, "phases": len(mix["phases"]), "rows": rows, "checks": checks})
 
 

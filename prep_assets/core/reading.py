@@ -257,9 +257,17 @@ class MixRows:
             src = data["sources"][bucket]
             rows = PackedRows(lake / src["manifest"], data["split"], verify=False)
             if [(f.sha256, f.rows) for f in rows.files] != [(f["sha256"], f["sequences"]) for f in src["files"]]:
+                from prep_assets.core.mix import held_path  # here: core.mix imports this module
+
+                held = held_path(path.parent.parent.parent, path.parent.name)
+                again = (
+                    f"its newest plan is held at {held}, failing its gates: fix the mix (see its checks)"
+                    if held.is_file()
+                    else "materialize the mix again"
+                )
                 raise ManifestMismatchError(
                     f"{path}: bucket {bucket!r}: {src['manifest']} no longer lists the files the mix was planned "
-                    "from (a new drop or a rebuild): materialize the mix again"
+                    f"from (a new drop or a rebuild): {again}"
                 )
             if verify:
                 verify_files(rows.files)

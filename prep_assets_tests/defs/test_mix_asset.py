@@ -10,12 +10,13 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, materialize
 
+from prep_assets.core.errors import ManifestMismatchError
 from prep_assets.core.lake import read_json, verify_published
 from prep_assets.core.mix import held_path, load_mix, mix_path
 from prep_assets.core.reading import MixRows
 from prep_assets.core.spec import load_spec
 from prep_assets.definitions import build_definitions
-from prep_assets.defs.keys import mix_asset_key
+from prep_assets.defs.keys import mix_asset_key, mix_job_name
 from prep_assets.defs.mix import mix_asset, mix_checks
 from prep_assets.defs.resources import LakeResource
 from prep_assets.orchestrate import mix_up_to_date
@@ -125,6 +126,11 @@ def test_a_plan_failing_its_gates_is_held_and_trainers_keep_reading_the_last_one
         assert read_json(held_path(lake, "notes"))["buckets"]["text"]["shortfall_rows"] == 16
         assert len(MixRows(lake / "_mixes" / "notes")) == 10  # the last plan that passed, whole
         assert not mix_up_to_date(instance, spec, lake)  # planned and judged again on the next run
+        notes = [f"Note {i}: the tide gauge read high again at the harbor before dawn." for i in range(60)]
+        (data / "raw" / "sample_text" / "more_notes.txt").write_text("\n".join(notes) + "\n", encoding="utf-8")
+        run_core(data, load_spec(data / "datasets" / "sample_text.yaml", data))  # the published plan goes stale
+        with pytest.raises(ManifestMismatchError, match="its newest plan is held at .*failing its gates"):
+            MixRows(lake / "_mixes" / "notes")
         write_mix_spec(data, "notes", {**TEXT_ONLY, "duration_tokens": 20 * 256})
         _, fixed = run_mix(data, "notes", instance)
         assert fixed.success and len(MixRows(lake / "_mixes" / "notes")) == 20
@@ -172,3 +178,15 @@ def test_definitions_hold_each_mix_and_a_broken_one_as_an_error_asset(data: Path
         AssetKey(["sample_text", "dataset_manifest"])
         in defs.resolve_asset_graph().get(mix_asset_key("sample_mix")).parent_keys
     )
+
+
+def test_a_failing_mix_job_launched_without_run_config_prints_no_dagster_traceback(
+    data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_mix_spec(data, "short", {**TEXT_ONLY, "duration_tokens": 40 * 256})
+    job = build_definitions(data).resolve_job_def(mix_job_name("short"))
+    with DagsterInstance.ephemeral() as instance:  # as a sensor or `dagster job execute` launches it: no config
+        result = job.execute_in_process(instance=instance, raise_on_error=False)
+    err = capsys.readouterr().err
+    assert not result.success and "training_mix_inventory" in err and "not published" in err
+    assert "Stack Trace" not in err  # the job's own console logger (defs/logs.py), not Dagster's default
