@@ -7,6 +7,7 @@ and resume scheme): docs/training.md.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,9 @@ class MixDataset(Dataset):
 
 class PackedIterableDataset(IterableDataset):
     """One epoch of the rank's stream in seeded order, from the cursor on, split over DataLoader workers in chunks
-    of `batch_size` (give the DataLoader the same batch size). The training loop calls `advance(batch)` for each
-    batch it consumes; `state_dict()` is then the cursor a new dataset resumes from, with any worker count."""
+    of `batch_size` (give the DataLoader the same batch size, and the same `drop_last`). The training loop calls
+    `advance(batch)` for each batch it consumes; `state_dict()` is then the cursor a new dataset resumes from, with
+    any worker count, over the same rows (a cursor saved over other rows is refused mid-epoch)."""
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class PackedIterableDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         verify: bool = True,
+        drop_last: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -77,13 +80,15 @@ class PackedIterableDataset(IterableDataset):
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
         self.rows = PackedRows(manifests, split, verify=verify)
-        self.batch_size = batch_size
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.stream = reading.stream_id(self.rows.files, split, self.rank, self.world_size)
         self.cursor = reading.new_cursor(seed)
 
     @property
     def stream_len(self) -> int:
-        """Rows in this rank's stream per epoch."""
-        return len(range(self.rank, len(self.rows), self.world_size))
+        """Rows in this rank's stream per epoch (with `drop_last`, whole batches of them only)."""
+        rows = len(range(self.rank, len(self.rows), self.world_size))
+        return rows - rows % self.batch_size if self.drop_last else rows
 
     def __len__(self) -> int:
         return self.stream_len - self.cursor["consumed"]
@@ -91,7 +96,13 @@ class PackedIterableDataset(IterableDataset):
     def __iter__(self):
         c = self.cursor
         positions = reading.rank_positions(len(self.rows), c["seed"], c["epoch"], self.rank, self.world_size)
-        positions = positions[c["consumed"] :]
+        positions = positions[c["consumed"] : self.stream_len]
+        if 0 < len(positions) < self.batch_size:
+            warnings.warn(
+                f"{len(positions)} rows are left in this epoch, less than a batch: a DataLoader with drop_last=True "
+                "never yields them, and the epoch would never end; give the dataset drop_last=True too",
+                stacklevel=2,
+            )
         info = get_worker_info()
         if info is not None:
             positions = reading.worker_positions(positions, self.batch_size, info.id, info.num_workers)
@@ -109,13 +120,27 @@ class PackedIterableDataset(IterableDataset):
             )
         self.cursor = reading.advance(self.cursor, n, self.stream_len)
 
-    def state_dict(self) -> dict[str, int]:
-        return dict(self.cursor)
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.cursor, "stream": self.stream}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a cursor. Mid-epoch it must count the same rows (`reading.stream_id`): over a changed lake,
+        split, rank or world size its count would repeat some rows and skip others. At an epoch's start it holds
+        only the epoch and the seed, and fits any rows."""
         cursor = reading.check_cursor(dict(state))
+        stream = cursor.pop("stream", None)
+        if cursor["consumed"] and stream is None:
+            warnings.warn(f"cursor {cursor} records no stream: it cannot be checked against these rows", stacklevel=2)
+        elif cursor["consumed"] and stream != self.stream:
+            raise ValueError(
+                f"cursor {dict(state)} was saved over other rows than this dataset's (stream {self.stream}: the "
+                "manifest's files, the split, the rank or the world size differ); resuming it mid-epoch would repeat "
+                "some rows and skip others. Resume from the epoch's start (consumed 0) or the next epoch."
+            )
         if cursor["consumed"] > self.stream_len:
             raise ValueError(f"cursor {cursor} is past this rank's stream of {self.stream_len} rows")
+        if cursor["consumed"] == self.stream_len > 0:  # the epoch's last batch was consumed: the next epoch
+            cursor = reading.advance(cursor, 0, self.stream_len)
         self.cursor = cursor
 
 

@@ -166,6 +166,11 @@ def _take(ds: PackedIterableDataset, workers: int, batches: int | None) -> list[
     return seen
 
 
+def _counts(cursor: dict) -> dict:
+    """A cursor's counts, without the stream id it names its rows by."""
+    return {k: cursor[k] for k in ("epoch", "seed", "consumed")}
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 @pytest.mark.parametrize(("world_size", "after"), [(1, 0), (1, 3), (2, 3)])
 def test_resume_with_another_worker_count_yields_exactly_the_rest(packed_lakes, world_size: int, after: int):
@@ -176,13 +181,13 @@ def test_resume_with_another_worker_count_yields_exactly_the_rest(packed_lakes, 
         first = PackedIterableDataset(manifests, batch_size=8, seed=7, rank=rank, world_size=world_size)
         head = _take(first, workers=2, batches=5)  # 5 batches: one worker a batch ahead of the other
         state = json.loads(json.dumps(first.state_dict()))  # a cursor survives JSON
-        assert state == {"epoch": 0, "seed": 7, "consumed": 40}
+        assert _counts(state) == {"epoch": 0, "seed": 7, "consumed": 40} and state["stream"] == first.stream
         resumed = PackedIterableDataset(manifests, batch_size=8, rank=rank, world_size=world_size)
         resumed.load_state_dict(state)
         tail = _take(resumed, workers=after, batches=None)
         # the stream's own order, whatever the workers: the rank's positions of the seeded permutation
         assert head + tail == reading.rank_positions(total, 7, 0, rank, world_size).tolist()
-        assert resumed.state_dict() == {"epoch": 1, "seed": 7, "consumed": 0}
+        assert _counts(resumed.state_dict()) == {"epoch": 1, "seed": 7, "consumed": 0}
         union += head + tail
     assert sorted(union) == list(range(total))
 
@@ -263,8 +268,55 @@ def test_the_training_doc_snippets_run_as_written(
         (tmp_path / f"{name}.py").write_text(code, encoding="utf-8")
     first = runpy.run_path(str(tmp_path / "torch_snippet.py"))
     rows = len(first["ds"].rows)
-    assert first["ds"].state_dict() == {"epoch": 1, "seed": 0, "consumed": 0} and first["step"] == -(-rows // 8) - 1
-    assert json.loads((tmp_path / "cursor.json").read_text()) == {"epoch": 0, "seed": 0, "consumed": 8}  # step 0
+    assert _counts(first["ds"].state_dict()) == {"epoch": 1, "seed": 0, "consumed": 0}
+    assert first["step"] == -(-rows // 8) - 1
+    assert _counts(json.loads((tmp_path / "cursor.json").read_text())) == {"epoch": 0, "seed": 0, "consumed": 8}
     second = runpy.run_path(str(tmp_path / "torch_snippet.py"))  # resumes after the first batch
-    assert second["ds"].state_dict() == {"epoch": 1, "seed": 0, "consumed": 0} and second["step"] == first["step"] - 1
+    assert _counts(second["ds"].state_dict()) == {"epoch": 1, "seed": 0, "consumed": 0}
+    assert second["step"] == first["step"] - 1  # resumed after step 0
     assert len(runpy.run_path(str(tmp_path / "hf_snippet.py"))["ds"]) == len(PackedDataset(lake / "sample_instruct"))
+
+
+def test_a_cursor_saved_over_other_rows_is_refused_mid_epoch_and_fits_any_rows_at_an_epochs_start(
+    packed_lakes, tmp_path: Path
+):
+    ds = PackedIterableDataset(packed_lakes["text"], batch_size=4, seed=1)
+    ds.advance(4)
+    mid = ds.state_dict()
+    more = build_packed_lake(tmp_path / "more", "text")  # a second manifest: the split holds more rows
+    grown = PackedIterableDataset([packed_lakes["text"], more], batch_size=4)
+    with pytest.raises(ValueError, match="saved over other rows .*repeat some rows and skip others"):
+        grown.load_state_dict(mid)
+    other_rank = PackedIterableDataset(packed_lakes["text"], batch_size=4, rank=1, world_size=2)
+    with pytest.raises(ValueError, match="saved over other rows"):
+        other_rank.load_state_dict(mid)
+    grown.load_state_dict({**mid, "epoch": 2, "consumed": 0})  # an epoch's start: only the epoch and the seed count
+    assert _counts(grown.state_dict()) == {"epoch": 2, "seed": 1, "consumed": 0}
+    with pytest.warns(UserWarning, match="records no stream"):  # a cursor saved before streams were recorded
+        grown.load_state_dict(_counts(mid))
+    for bad in ({**mid, "consumed": True}, {**mid, "stream": 5}, {**mid, "extra": 1}):
+        with pytest.raises(ValueError, match="cursor"):
+            ds.load_state_dict(bad)
+
+
+def test_a_cursor_at_the_end_of_its_stream_starts_the_next_epoch(packed_lakes):
+    ds = PackedIterableDataset(packed_lakes["text"], batch_size=4, seed=1)
+    ds.load_state_dict({**ds.state_dict(), "consumed": ds.stream_len})
+    assert _counts(ds.state_dict()) == {"epoch": 1, "seed": 1, "consumed": 0} and len(ds) == ds.stream_len
+
+
+def test_drop_last_ends_the_epoch_at_its_last_whole_batch_and_a_partial_batch_left_is_warned(packed_lakes):
+    rows = len(PackedIterableDataset(packed_lakes["text"], batch_size=1).rows)
+    batch = next(b for b in range(3, rows) if rows % b)  # a batch size that leaves a partial batch
+    ds = PackedIterableDataset(packed_lakes["text"], batch_size=batch, drop_last=True)
+    loader = DataLoader(ds, batch_size=batch, drop_last=True, collate_fn=collate_packed)
+    for epoch in range(2):
+        seen = []
+        for b in loader:
+            seen += b["row_index"].tolist()
+            ds.advance(b)
+        assert len(seen) == rows - rows % batch and _counts(ds.state_dict())["epoch"] == epoch + 1
+    kept = PackedIterableDataset(packed_lakes["text"], batch_size=batch)  # the DataLoader drops; the dataset not
+    kept.load_state_dict({**kept.state_dict(), "consumed": rows - rows % batch})
+    with pytest.warns(UserWarning, match="less than a batch: a DataLoader with drop_last=True never yields them"):
+        assert list(DataLoader(kept, batch_size=batch, drop_last=True, collate_fn=collate_packed)) == []

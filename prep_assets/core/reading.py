@@ -17,6 +17,7 @@ batch ahead, so the consumed rows would not be a prefix a single count can name.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -135,12 +136,26 @@ def advance(cursor: dict[str, int], rows: int, stream_len: int) -> dict[str, int
     return {**cursor, "consumed": consumed}
 
 
-def check_cursor(state: dict[str, Any]) -> dict[str, int]:
-    """A cursor as saved by `state_dict`: exactly the integer keys epoch, seed and consumed."""
-    if not isinstance(state, dict) or set(state) != {"epoch", "seed", "consumed"}:
-        raise ValueError(f"not a loader cursor (want keys epoch, seed, consumed): {state!r}")
-    if not all(isinstance(v, int) and v >= 0 for v in state.values()):
+_COUNTS = ("epoch", "seed", "consumed")
+
+
+def stream_id(files: Sequence[ShardFile], split: str, rank: int, world_size: int) -> str:
+    """What a rank stream is made of, as 16 hex digits: the split's files (sha256 and rows, in order), the rank and
+    the world size. A cursor records it, so it is never resumed over other rows (a new drop, a rebuild, another
+    rank), which would repeat some rows and skip others."""
+    doc = {"split": split, "rank": rank, "world_size": world_size, "files": [[f.sha256, f.rows] for f in files]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def check_cursor(state: dict[str, Any]) -> dict[str, Any]:
+    """A cursor as saved by `state_dict`: the non-negative integers epoch, seed and consumed, and the `stream_id` of
+    the rows it counts (`stream`; cursors saved before it was recorded have none)."""
+    if not isinstance(state, dict) or not set(_COUNTS) <= set(state) <= {*_COUNTS, "stream"}:
+        raise ValueError(f"not a loader cursor (want keys epoch, seed, consumed and stream): {state!r}")
+    if not all(type(state[k]) is int and state[k] >= 0 for k in _COUNTS):  # a bool is no count
         raise ValueError(f"a cursor holds non-negative integers: {state!r}")
+    if not isinstance(state.get("stream", ""), str):
+        raise ValueError(f"a cursor's stream is a string: {state!r}")
     return dict(state)
 
 
@@ -273,6 +288,10 @@ class MixRows:
                 verify_files(rows.files)
             self.sources.append(rows)
         agree([m for r in self.sources for m in r.manifests])
+        names = [p["name"] for p in data["phases"]]
+        unknown = sorted(set(phases) - set(names)) if phases is not None else []
+        if unknown or phases is not None and not phases:
+            raise ReadError(f"{path}: no phase {unknown or '(none given)'}; its phases are {names}")
         chosen = [p for p in data["phases"] if phases is None or p["name"] in phases]
         self.phase_names = [p["name"] for p in chosen]
         self.order = np.array(

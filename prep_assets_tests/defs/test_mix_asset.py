@@ -10,7 +10,7 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, materialize
 
-from prep_assets.core.errors import ManifestMismatchError
+from prep_assets.core.errors import ManifestMismatchError, ReadError
 from prep_assets.core.lake import read_json, verify_published
 from prep_assets.core.mix import held_path, load_mix, mix_path
 from prep_assets.core.reading import MixRows
@@ -82,6 +82,9 @@ def test_the_sample_mix_materializes_with_its_gates_and_reruns_byte_identically(
         assert plot.startswith("![planned vs achieved tokens](data:image/png;base64,iVBORw0KGgo")  # a PNG
         assert "phases left to right (warmup, main)" in plot and "instruct `#1f77b4`" in plot
         first = mix_path(data / "lake", "sample_mix").read_bytes()
+        for phases in (["mian"], []):  # a misspelled phase, or none: an error naming the mix's phases
+            with pytest.raises(ReadError, match=r"no phase .*; its phases are \['warmup', 'main'\]"):
+                MixRows(data / "lake" / "_mixes" / "sample_mix", phases=phases)
         assert mix_up_to_date(instance, spec, data / "lake")
         _, again = run_mix(data, "sample_mix", instance)
         assert again.success and mix_path(data / "lake", "sample_mix").read_bytes() == first
