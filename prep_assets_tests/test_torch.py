@@ -320,3 +320,20 @@ def test_drop_last_ends_the_epoch_at_its_last_whole_batch_and_a_partial_batch_le
     kept.load_state_dict({**kept.state_dict(), "consumed": rows - rows % batch})
     with pytest.warns(UserWarning, match="less than a batch: a DataLoader with drop_last=True never yields them"):
         assert list(DataLoader(kept, batch_size=batch, drop_last=True, collate_fn=collate_packed)) == []
+
+
+def test_a_shard_rewritten_during_training_is_refused_unless_its_bytes_are_the_same(lake_copy: Path):
+    ds = PackedDataset(lake_copy)
+    shard = ds.rows.files[0].path
+    same = shard.with_name("same.tmp")
+    shutil.copyfile(shard, same)
+    same.replace(shard)  # a rerun's publication: another file, the same bytes
+    assert ds[0]["row_index"] == 0
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    changed = shard.with_name("changed.tmp")
+    changed.write_bytes(bytes(data))
+    changed.replace(shard)  # a rebuild with other bytes, after the dataset verified the old ones
+    ds.rows._cache.clear()  # as a new epoch's workers start: no row group of the old file decoded
+    with pytest.raises(ShardIntegrityError, match="changed since this split was read .*sha256 differs"):
+        ds[0]

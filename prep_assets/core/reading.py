@@ -86,6 +86,15 @@ def load_manifest(path: str | Path) -> Manifest:
     return Manifest(p, data)
 
 
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """(size, mtime in ns, inode) of a file, or None where there is none: what changes when it is rewritten."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
 def verify_files(files: Sequence[ShardFile]) -> None:
     """Every file exists and holds the bytes its manifest recorded; the first that does not is named."""
     for f in files:
@@ -179,6 +188,7 @@ class PackedRows:
         agree(self.manifests)
         self.split = split
         self.files = [f for m in self.manifests for f in m.split_files(split)]
+        self._seen = [_signature(f.path) for f in self.files]  # before verifying: a change after it is caught
         if verify:
             verify_files(self.files)
         first = self.manifests[0].data
@@ -216,9 +226,24 @@ class PackedRows:
         for i in range(len(self)):
             yield self[i]
 
+    def _opened(self, fi: int) -> pq.ParquetFile:
+        """File `fi`, if it still holds the bytes its manifest recorded: one whose size, mtime or inode changed since
+        the split was read is hashed again (a lake rebuilt in place during training would otherwise be read
+        unverified)."""
+        path = self.files[fi].path
+        now = _signature(path)
+        if now != self._seen[fi]:  # rewritten: read only the bytes the manifest recorded (a rerun's are the same)
+            if now is None or sha256_file(path) != self.files[fi].sha256:
+                how = "missing" if now is None else "its sha256 differs from the manifest's"
+                raise ShardIntegrityError(
+                    f"{path}: changed since this split was read ({how}); build the dataset again to read the new lake"
+                )
+            self._seen[fi] = now
+        return pq.ParquetFile(path)
+
     def _group_starts(self, fi: int) -> np.ndarray:
         if fi not in self._groups:
-            meta = pq.ParquetFile(self.files[fi].path).metadata
+            meta = self._opened(fi).metadata
             sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
             if sum(sizes) != self.files[fi].rows:
                 raise ShardIntegrityError(
@@ -232,7 +257,7 @@ class PackedRows:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        table = pq.ParquetFile(self.files[fi].path).read_row_group(gi)
+        table = self._opened(fi).read_row_group(gi)
         L = self.max_seq_len
         group: dict[str, Any] = {}
         for c in TOKEN_COLUMNS:
