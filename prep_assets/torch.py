@@ -83,12 +83,23 @@ class PackedIterableDataset(IterableDataset):
         self.batch_size, self.drop_last = batch_size, drop_last
         self.stream = reading.stream_id(self.rows.files, split, self.rank, self.world_size)
         self.cursor = reading.new_cursor(seed)
+        if drop_last and self.stream_len == 0:
+            raise ValueError(
+                f"rank {self.rank}'s stream of {self.rank_rows} rows holds no whole batch of {batch_size}: with "
+                "drop_last nothing would ever be yielded"
+            )
+
+    @property
+    def rank_rows(self) -> int:
+        """Rows in this rank's stream per epoch."""
+        return len(range(self.rank, len(self.rows), self.world_size))
 
     @property
     def stream_len(self) -> int:
-        """Rows in this rank's stream per epoch (with `drop_last`, whole batches of them only)."""
-        rows = len(range(self.rank, len(self.rows), self.world_size))
-        return rows - rows % self.batch_size if self.drop_last else rows
+        """Where this rank's epoch ends: after its rows, or with `drop_last` after the last whole batch counted from
+        the cursor (batches of another size before a resume leave the same rows over)."""
+        rows = self.rank_rows
+        return rows - (rows - self.cursor["consumed"]) % self.batch_size if self.drop_last else rows
 
     def __len__(self) -> int:
         return self.stream_len - self.cursor["consumed"]
@@ -97,7 +108,7 @@ class PackedIterableDataset(IterableDataset):
         c = self.cursor
         positions = reading.rank_positions(len(self.rows), c["seed"], c["epoch"], self.rank, self.world_size)
         positions = positions[c["consumed"] : self.stream_len]
-        if 0 < len(positions) < self.batch_size:
+        if c["consumed"] and 0 < len(positions) < self.batch_size:  # a resumed epoch left with a partial batch
             warnings.warn(
                 f"{len(positions)} rows are left in this epoch, less than a batch: a DataLoader with drop_last=True "
                 "never yields them, and the epoch would never end; give the dataset drop_last=True too",
@@ -119,6 +130,8 @@ class PackedIterableDataset(IterableDataset):
                 f"dataset's ({self.batch_size}), or the cursor would not name the rows consumed"
             )
         self.cursor = reading.advance(self.cursor, n, self.stream_len)
+        if self.cursor["consumed"] == 0:  # a new epoch: its workers start from this process' view of the files
+            self.rows.refresh()
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.cursor, "stream": self.stream}
@@ -137,11 +150,11 @@ class PackedIterableDataset(IterableDataset):
                 "manifest's files, the split, the rank or the world size differ); resuming it mid-epoch would repeat "
                 "some rows and skip others. Resume from the epoch's start (consumed 0) or the next epoch."
             )
-        if cursor["consumed"] > self.stream_len:
-            raise ValueError(f"cursor {cursor} is past this rank's stream of {self.stream_len} rows")
-        if cursor["consumed"] == self.stream_len > 0:  # the epoch's last batch was consumed: the next epoch
-            cursor = reading.advance(cursor, 0, self.stream_len)
+        if cursor["consumed"] > self.rank_rows:
+            raise ValueError(f"cursor {cursor} is past this rank's stream of {self.rank_rows} rows")
         self.cursor = cursor
+        if cursor["consumed"] and cursor["consumed"] == self.stream_len:  # its epoch's last batch was consumed
+            self.cursor = reading.advance(cursor, 0, self.stream_len)
 
 
 def collate_packed(rows: Sequence[Row], *, block_mask: bool = False) -> dict[str, Any]:

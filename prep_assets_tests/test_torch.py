@@ -12,6 +12,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -316,6 +317,19 @@ def test_drop_last_ends_the_epoch_at_its_last_whole_batch_and_a_partial_batch_le
             seen += b["row_index"].tolist()
             ds.advance(b)
         assert len(seen) == rows - rows % batch and _counts(ds.state_dict())["epoch"] == epoch + 1
+    resumed = PackedIterableDataset(packed_lakes["text"], batch_size=2 * batch, drop_last=True)  # another size
+    resumed.load_state_dict({**ds.state_dict(), "consumed": batch})
+    taken = []
+    for b in DataLoader(resumed, batch_size=2 * batch, drop_last=True, collate_fn=collate_packed):
+        taken += b["row_index"].tolist()
+        resumed.advance(b)
+    assert len(taken) == (rows - batch) // (2 * batch) * 2 * batch and _counts(resumed.state_dict())["epoch"] == 3
+    with pytest.raises(ValueError, match="holds no whole batch"):
+        PackedIterableDataset(packed_lakes["text"], batch_size=rows + 1, drop_last=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a split smaller than a batch, read whole each epoch: no warning
+        small = PackedIterableDataset(packed_lakes["text"], batch_size=rows + 1)
+        assert len(list(DataLoader(small, batch_size=rows + 1, collate_fn=collate_packed))) == 1
     kept = PackedIterableDataset(packed_lakes["text"], batch_size=batch)  # the DataLoader drops; the dataset not
     kept.load_state_dict({**kept.state_dict(), "consumed": rows - rows % batch})
     with pytest.warns(UserWarning, match="less than a batch: a DataLoader with drop_last=True never yields them"):
@@ -324,11 +338,15 @@ def test_drop_last_ends_the_epoch_at_its_last_whole_batch_and_a_partial_batch_le
 
 def test_a_shard_rewritten_during_training_is_refused_unless_its_bytes_are_the_same(lake_copy: Path):
     ds = PackedDataset(lake_copy)
+    epoch = PackedIterableDataset(lake_copy, batch_size=len(ds))
     shard = ds.rows.files[0].path
     same = shard.with_name("same.tmp")
     shutil.copyfile(shard, same)
     same.replace(shard)  # a rerun's publication: another file, the same bytes
     assert ds[0]["row_index"] == 0
+    epoch.advance(len(ds))  # an epoch ends: its process takes the new file, so the next workers hash nothing again
+    st = shard.stat()
+    assert epoch.rows._seen[0] == (st.st_size, st.st_mtime_ns, st.st_ino)
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     changed = shard.with_name("changed.tmp")
@@ -337,3 +355,5 @@ def test_a_shard_rewritten_during_training_is_refused_unless_its_bytes_are_the_s
     ds.rows._cache.clear()  # as a new epoch's workers start: no row group of the old file decoded
     with pytest.raises(ShardIntegrityError, match="changed since this split was read .*sha256 differs"):
         ds[0]
+    with pytest.raises(ShardIntegrityError, match="changed since this split was read"):
+        epoch.advance(len(ds))  # the next epoch's end checks the files too

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -86,13 +88,17 @@ def load_manifest(path: str | Path) -> Manifest:
     return Manifest(p, data)
 
 
-def _signature(path: Path) -> tuple[int, int, int] | None:
-    """(size, mtime in ns, inode) of a file, or None where there is none: what changes when it is rewritten."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
+def _signature(st: os.stat_result) -> tuple[int, int, int]:
+    """(size, mtime in ns, inode) of a file: what changes when it is rewritten."""
     return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def _sha256_of(handle: BinaryIO) -> str:
+    h = hashlib.sha256()
+    while block := handle.read(1 << 20):
+        h.update(block)
+    handle.seek(0)
+    return h.hexdigest()
 
 
 def verify_files(files: Sequence[ShardFile]) -> None:
@@ -188,7 +194,8 @@ class PackedRows:
         agree(self.manifests)
         self.split = split
         self.files = [f for m in self.manifests for f in m.split_files(split)]
-        self._seen = [_signature(f.path) for f in self.files]  # before verifying: a change after it is caught
+        # before verifying: a change after it is caught (None: no file yet; read, it is hashed first)
+        self._seen = [_signature(f.path.stat()) if f.path.is_file() else None for f in self.files]
         if verify:
             verify_files(self.files)
         first = self.manifests[0].data
@@ -226,24 +233,43 @@ class PackedRows:
         for i in range(len(self)):
             yield self[i]
 
-    def _opened(self, fi: int) -> pq.ParquetFile:
-        """File `fi`, if it still holds the bytes its manifest recorded: one whose size, mtime or inode changed since
-        the split was read is hashed again (a lake rebuilt in place during training would otherwise be read
-        unverified)."""
+    @contextmanager
+    def _handle(self, fi: int) -> Iterator[BinaryIO]:
+        """File `fi` opened, if it still holds the bytes its manifest recorded: one whose size, mtime or inode changed
+        since the split was read is hashed again through the handle it is then read by (a lake rebuilt in place
+        during training would otherwise be read unverified)."""
         path = self.files[fi].path
-        now = _signature(path)
-        if now != self._seen[fi]:  # rewritten: read only the bytes the manifest recorded (a rerun's are the same)
-            if now is None or sha256_file(path) != self.files[fi].sha256:
-                how = "missing" if now is None else "its sha256 differs from the manifest's"
-                raise ShardIntegrityError(
-                    f"{path}: changed since this split was read ({how}); build the dataset again to read the new lake"
-                )
-            self._seen[fi] = now
-        return pq.ParquetFile(path)
+        try:
+            handle = path.open("rb")
+        except FileNotFoundError:
+            raise ShardIntegrityError(f"{path}: missing since this split was read") from None
+        with handle:
+            now = _signature(os.fstat(handle.fileno()))
+            if now != self._seen[fi]:  # rewritten: read only the bytes the manifest recorded (a rerun's are the same)
+                if _sha256_of(handle) != self.files[fi].sha256:
+                    raise ShardIntegrityError(
+                        f"{path}: changed since this split was read (its sha256 differs from the manifest's); build "
+                        "the dataset again to read the new lake"
+                    )
+                self._seen[fi] = now
+            yield handle
+
+    @contextmanager
+    def _opened(self, fi: int) -> Iterator[pq.ParquetFile]:
+        with self._handle(fi) as handle:
+            yield pq.ParquetFile(handle)
+
+    def refresh(self) -> None:
+        """Take the files' current signatures where they still hold the recorded bytes (else raise), so processes
+        started from this object later (a new epoch's DataLoader workers) do not hash them again."""
+        for fi in range(len(self.files)):
+            with self._handle(fi):
+                pass
 
     def _group_starts(self, fi: int) -> np.ndarray:
         if fi not in self._groups:
-            meta = self._opened(fi).metadata
+            with self._opened(fi) as pf:
+                meta = pf.metadata
             sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
             if sum(sizes) != self.files[fi].rows:
                 raise ShardIntegrityError(
@@ -257,7 +283,8 @@ class PackedRows:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        table = self._opened(fi).read_row_group(gi)
+        with self._opened(fi) as pf:
+            table = pf.read_row_group(gi)
         L = self.max_seq_len
         group: dict[str, Any] = {}
         for c in TOKEN_COLUMNS:
@@ -285,11 +312,16 @@ class MixRows:
     list the files (sha256 and rows) the mix was planned from; with `verify`, those files' bytes are checked too.
     A row carries `bucket`, `phase` and `mix_index` besides the shard columns."""
 
-    def __init__(self, mix: str | Path, *, phases: Sequence[str] | None = None, verify: bool = True) -> None:
+    def __init__(self, mix: str | Path, *, phases: str | Sequence[str] | None = None, verify: bool = True) -> None:
         path = Path(mix) / "mix.json" if Path(mix).is_dir() else Path(mix)
         if not path.is_file():
             raise ReadError(f"{path}: no mix (give lake/_mixes/<name>/ or its mix.json)")
         data = json.loads(path.read_text(encoding="utf-8"))
+        names = [p["name"] for p in data["phases"]]
+        phases = [phases] if isinstance(phases, str) else phases
+        unknown = sorted(set(phases) - set(names)) if phases is not None else []
+        if unknown or phases is not None and not phases:  # before any file is hashed
+            raise ReadError(f"{path}: no phase {unknown or '(none given)'}; its phases are {names}")
         lake = path.parent / data["lake"]
         self.buckets = list(data.get("bucket_order", data["sources"]))  # what the order's bucket indices index
         self.sources: list[PackedRows] = []
@@ -313,10 +345,6 @@ class MixRows:
                 verify_files(rows.files)
             self.sources.append(rows)
         agree([m for r in self.sources for m in r.manifests])
-        names = [p["name"] for p in data["phases"]]
-        unknown = sorted(set(phases) - set(names)) if phases is not None else []
-        if unknown or phases is not None and not phases:
-            raise ReadError(f"{path}: no phase {unknown or '(none given)'}; its phases are {names}")
         chosen = [p for p in data["phases"] if phases is None or p["name"] in phases]
         self.phase_names = [p["name"] for p in chosen]
         self.order = np.array(

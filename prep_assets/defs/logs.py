@@ -9,7 +9,8 @@ from dagster import InitLoggerContext, colored_console_logger, logger
 
 # A job's default run config naming this logger: Dagster builds a job's loggers only for the keys its run config
 # names, and falls back to its own console logger otherwise (a job launched with no config of ours: a sensor's run,
-# `dagster job execute`). The assets' implicit job (the UI's Materialize) has no such default and keeps Dagster's.
+# `dagster job execute`). The assets' implicit job (the UI's Materialize, automation's runs, asset backfills) and
+# the retire job (its Launchpad config has a required key, so it takes no default) keep Dagster's.
 JOB_CONFIG = {"loggers": {"console": {"config": {}}}}
 
 # the error classes whose message is the whole report

@@ -85,6 +85,7 @@ def test_the_sample_mix_materializes_with_its_gates_and_reruns_byte_identically(
         for phases in (["mian"], []):  # a misspelled phase, or none: an error naming the mix's phases
             with pytest.raises(ReadError, match=r"no phase .*; its phases are \['warmup', 'main'\]"):
                 MixRows(data / "lake" / "_mixes" / "sample_mix", phases=phases)
+        assert {r["phase"] for r in MixRows(data / "lake" / "_mixes" / "sample_mix", phases="main")} == {"main"}
         assert mix_up_to_date(instance, spec, data / "lake")
         _, again = run_mix(data, "sample_mix", instance)
         assert again.success and mix_path(data / "lake", "sample_mix").read_bytes() == first
