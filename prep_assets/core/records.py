@@ -97,6 +97,18 @@ def _message_text(value: Any, where: str) -> str | Invalid:
     return Invalid("wrong_type", f"{where}: content is {type(value).__name__}; expected a string or text parts")
 
 
+def _unread_training_fields(item: dict[str, Any]) -> str:
+    """What a message says about its training that its role and content do not carry (empty: nothing): an OpenAI
+    fine-tuning `weight` other than 1 (0: do not train this turn), or reasoning beside the content."""
+    said = []
+    if "weight" in item and item["weight"] != 1:
+        said.append(f"weight {json.dumps(item['weight'])[:20]} is not supported (every assistant turn is trained)")
+    for key in ("reasoning_content", "reasoning"):
+        if item.get(key) not in (None, ""):
+            said.append(f"{key!r} is not supported (only the content is rendered)")
+    return "; ".join(said)
+
+
 def _messages(items: Any, spec: InputSpec, what: str) -> list[dict[str, str]] | Invalid:
     """A list of OpenAI `{role, content}`, ShareGPT `{from, value}` or `{prompt, completion}` items."""
     if not isinstance(items, list):
@@ -117,11 +129,18 @@ def _messages(items: Any, spec: InputSpec, what: str) -> list[dict[str, str]] | 
             continue
         role_key = spec.role_key or ("role" if "role" in item else "from")
         content_key = spec.content_key or ("content" if "content" in item else "value")
-        if item.get("tool_calls"):
+        if item.get("tool_calls") or item.get("function_call"):
             return Invalid(
                 "unsupported_tool_calls",
-                f"{where}: structured tool_calls are not supported; "
-                "give the call as the message content (as ShareGPT function_call turns do)",
+                f"{where}: structured {'tool_calls' if item.get('tool_calls') else 'function_call'} are not "
+                "supported; give the call as the message content (as ShareGPT function_call turns do)",
+            )
+        unread = _unread_training_fields(item)
+        if unread:
+            return Invalid(
+                "unsupported_message_field",
+                f"{where}: {unread}; the message would be trained as if it were absent: drop it or keep the "
+                "record out",
             )
         raw_role = item.get(role_key)
         if not isinstance(raw_role, str):
@@ -193,9 +212,23 @@ def extract_chat(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
         if isinstance(part, Invalid):
             return part
     assert isinstance(messages, list) and isinstance(system, list)
+    clash = _two_systems(system, messages, spec)
+    if clash is not None:
+        return clash
     if system and messages[0]["role"] != "system":
         messages = system + messages
     return {"messages": messages, **({"tools": tools} if tools else {})}
+
+
+def _two_systems(system: list[dict[str, str]], messages: list[dict[str, str]], spec: InputSpec) -> Invalid | None:
+    """A record naming two different system prompts (`input.system_key` and a first system message): which one
+    to train with is the author's call, not ours."""
+    if system and messages and messages[0]["role"] == "system" and messages[0]["content"] != system[0]["content"]:
+        return Invalid(
+            "conflicting_system",
+            f"{spec.system_key!r} and the first message both give a system prompt, and they differ; keep one",
+        )
+    return None
 
 
 _HH_TURN = re.compile(r"(?:^\s*|\n\n)(Human|Assistant): ?")
@@ -251,8 +284,15 @@ def extract_preference(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
             return part
     assert isinstance(chosen, list) and isinstance(rejected, list) and isinstance(prompt, list)
     assert isinstance(system, list)
-    if prompt and chosen[: len(prompt)] == prompt and rejected[: len(prompt)] == prompt:
+    repeats = [b[: len(prompt)] == prompt for b in (chosen, rejected)] if prompt else [False, False]
+    if all(repeats):
         chosen, rejected = chosen[len(prompt) :], rejected[len(prompt) :]  # branches that repeat the prompt
+    elif any(repeats):  # trained on different contexts: one branch would see the prompt twice
+        which = spec.chosen_key if repeats[0] else spec.rejected_key
+        return Invalid(
+            "inconsistent_prompt",
+            f"only {which!r} repeats the given prompt at its start; repeat it in both branches or in neither",
+        )
     if not prompt:
         k = 0
         while k < min(len(chosen), len(rejected)) - 1 and chosen[k] == rejected[k]:
@@ -260,6 +300,9 @@ def extract_preference(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
         prompt, chosen, rejected = chosen[:k], chosen[k:], rejected[k:]
     if chosen == rejected:
         return Invalid("identical_branches", "chosen and rejected are the same after the shared prompt")
+    clash = _two_systems(system, prompt, spec)
+    if clash is not None:
+        return clash
     if system and (not prompt or prompt[0]["role"] != "system"):
         prompt = system + prompt
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected, **({"tools": tools} if tools else {})}

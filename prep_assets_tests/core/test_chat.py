@@ -211,6 +211,37 @@ def test_sharegpt_roles_map_system_and_tools(tmp_path: Path):
     assert bad.reason == "unknown_role" and "input.role_map" in bad.detail
 
 
+def test_what_a_message_says_beyond_its_role_and_content_is_a_reject_never_dropped():
+    spec = make_spec(input={"type": "chat"}).input
+    user = {"role": "user", "content": "q"}
+
+    def reason(**extra: Any) -> str | None:
+        got = extract_chat({"messages": [user, {"role": "assistant", "content": "a", **extra}]}, spec)
+        return getattr(got, "reason", None)
+
+    assert reason(function_call={"name": "f", "arguments": "{}"}) == "unsupported_tool_calls"  # OpenAI's legacy call
+    assert reason(weight=0) == "unsupported_message_field"  # "do not train this turn": it would be trained
+    assert reason(reasoning_content="because") == "unsupported_message_field"
+    assert reason(weight=1) is None and reason(name="bot", reasoning_content="") is None  # nothing lost
+    two = {"system": "be brief", "messages": [{"role": "system", "content": "be verbose"}, user]}
+    assert extract_chat(two, spec).reason == "conflicting_system"  # type: ignore[union-attr]
+    same = {"system": "be brief", "messages": [{"role": "system", "content": "be brief"}, user]}
+    assert extract_chat(same, spec) == {"messages": same["messages"]}
+    pair = {"system": "k", "prompt": [{"role": "system", "content": "m"}, user], "chosen": "A", "rejected": "B"}
+    assert extract_preference(pair, spec).reason == "conflicting_system"  # type: ignore[union-attr]
+
+
+def test_a_given_prompt_repeated_by_one_branch_only_is_a_reject():
+    spec = make_spec(input={"type": "preference"}).input
+    repeated = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A"}]
+    one = extract_preference({"prompt": "Q?", "chosen": repeated, "rejected": "B"}, spec)
+    assert one.reason == "inconsistent_prompt" and "'chosen'" in one.detail  # type: ignore[union-attr]
+    both = extract_preference(
+        {"prompt": "Q?", "chosen": repeated, "rejected": [repeated[0], {**repeated[1], "content": "B"}]}, spec
+    )
+    assert both["prompt"] == [repeated[0]] and both["chosen"] == [repeated[1]]  # type: ignore[index]
+
+
 def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_path: Path):
     spec = _spec("tinyllama", type_="preference", max_seq_len=4096)
     pt = pin_and_load(spec, tmp_path)
