@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
 import orjson
@@ -97,10 +97,17 @@ def dataset_paths(data_dir: Path, dataset: str) -> DatasetPaths:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+        return sha256_handle(f, chunk)
+
+
+def sha256_handle(handle: BinaryIO, chunk: int = 1 << 20) -> str:
+    """sha256 of an open file from its start; the handle is left at its start again, to be read."""
+    handle.seek(0)
+    h = hashlib.sha256()
+    while block := handle.read(chunk):
+        h.update(block)
+    handle.seek(0)
     return h.hexdigest()
 
 

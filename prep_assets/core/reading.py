@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from prep_assets.core.errors import ManifestMismatchError, ReadError, ShardIntegrityError, SplitNotFoundError
-from prep_assets.core.lake import sha256_file
+from prep_assets.core.lake import sha256_file, sha256_handle
 
 MANIFEST = "manifest.json"
 # the fixed-length token columns (max_seq_len per row) and the per-segment ones
@@ -91,14 +91,6 @@ def load_manifest(path: str | Path) -> Manifest:
 def _signature(st: os.stat_result) -> tuple[int, int, int]:
     """(size, mtime in ns, inode) of a file: what changes when it is rewritten."""
     return st.st_size, st.st_mtime_ns, st.st_ino
-
-
-def _sha256_of(handle: BinaryIO) -> str:
-    h = hashlib.sha256()
-    while block := handle.read(1 << 20):
-        h.update(block)
-    handle.seek(0)
-    return h.hexdigest()
 
 
 def verify_files(files: Sequence[ShardFile]) -> None:
@@ -246,7 +238,7 @@ class PackedRows:
         with handle:
             now = _signature(os.fstat(handle.fileno()))
             if now != self._seen[fi]:  # rewritten: read only the bytes the manifest recorded (a rerun's are the same)
-                if _sha256_of(handle) != self.files[fi].sha256:
+                if sha256_handle(handle) != self.files[fi].sha256:
                     raise ShardIntegrityError(
                         f"{path}: changed since this split was read (its sha256 differs from the manifest's); build "
                         "the dataset again to read the new lake"
