@@ -20,7 +20,7 @@ import regex
 
 from prep_assets.core.lake import canonical_json
 from prep_assets.core.record_types import record_type
-from prep_assets.core.records import content_texts, map_content_texts
+from prep_assets.core.records import WEIGHT, content_texts, map_content_texts
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spec_sections import CleanSpec, NormalizeSpec, QualitySpec, SplitSpec
 
@@ -153,7 +153,7 @@ def empty_turn(r: Record) -> Verdict | None:
         empty = [
             f"{key}[{i}] ({m['role']})"
             for i, m in enumerate(content.get(key, []))
-            if m["role"] in r.trained and not m["content"].strip()
+            if m["role"] in r.trained and m.get(WEIGHT, 1) != 0 and not m["content"].strip()
         ]
         if empty:
             return Verdict(

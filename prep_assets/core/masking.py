@@ -25,7 +25,7 @@ import numpy as np
 from prep_assets.core.arrays import offsets_from_lengths, ranges_index, segment_sums
 from prep_assets.core.chat import ChatTemplate, EncodedChat
 from prep_assets.core.record_types import shape_of
-from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT, Invalid
+from prep_assets.core.records import TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT, WEIGHT, Invalid
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.tokenizer import PinnedTokenizer
 
@@ -228,17 +228,25 @@ def tokenize_batches(
 def chat_examples(
     content: dict[str, Any], spec: DatasetSpec
 ) -> list[tuple[str | None, list[dict[str, str]], list[bool]]]:
-    """(branch, messages, trained flags) of each example of a chat or preference record."""
+    """(branch, messages, trained flags) of each example of a chat or preference record. A message of `weight` 0
+    is not trained whatever its role; the template sees each message's role and content only."""
     train = {role: spec.mask_action(role) == "train" for role in spec.mask_keys}
+    default = spec.mask_default == "train"
+
+    def flags(msgs: list[dict[str, Any]]) -> list[bool]:
+        return [train.get(m["role"], default) and m.get(WEIGHT, 1) != 0 for m in msgs]
+
+    def shown(msgs: list[dict[str, Any]]) -> list[dict[str, str]]:
+        return [{k: v for k, v in m.items() if k != WEIGHT} if WEIGHT in m else m for m in msgs]
+
     if "messages" in content:
         msgs = content["messages"]
-        return [(None, msgs, [train.get(m["role"], spec.mask_default == "train") for m in msgs])]
-    prompt = content["prompt"]
+        return [(None, shown(msgs), flags(msgs))]
+    prompt = shown(content["prompt"])
     out = []
     for branch in ("chosen", "rejected"):
         msgs = content[branch]
-        flags = [False] * len(prompt) + [train.get(m["role"], spec.mask_default == "train") for m in msgs]
-        out.append((branch, prompt + msgs, flags))
+        out.append((branch, prompt + shown(msgs), [False] * len(prompt) + flags(msgs)))
     return out
 
 

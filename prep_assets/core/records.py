@@ -97,26 +97,40 @@ def _message_text(value: Any, where: str) -> str | Invalid:
     return Invalid("wrong_type", f"{where}: content is {type(value).__name__}; expected a string or text parts")
 
 
+# A message's OpenAI fine-tuning `weight` of 0 (do not train this turn) travels in its content under this key;
+# weight 1 (the default: the spec's mask decides) is left out, so records without weights keep their bytes.
+WEIGHT = "weight"
+
+
+def _weight(item: dict[str, Any]) -> int | None:
+    """The message's OpenAI fine-tuning weight, 0 or 1 (None: it gives none or another value)."""
+    value = item.get(WEIGHT, 1)
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return int(value)
+    return None
+
+
 def _unread_training_fields(item: dict[str, Any]) -> str:
     """What a message says about its training that its role and content do not carry (empty: nothing): an OpenAI
-    fine-tuning `weight` other than 1 (0: do not train this turn), or reasoning beside the content."""
+    fine-tuning `weight` other than 0 or 1, or reasoning beside the content."""
     said = []
-    if "weight" in item and item["weight"] != 1:
-        said.append(f"weight {json.dumps(item['weight'])[:20]} is not supported (every assistant turn is trained)")
+    if _weight(item) is None:
+        said.append(f"weight {json.dumps(item[WEIGHT])[:20]} is not supported (OpenAI's weights are 0 and 1)")
     for key in ("reasoning_content", "reasoning"):
         if item.get(key) not in (None, ""):
             said.append(f"{key!r} is not supported (only the content is rendered)")
     return "; ".join(said)
 
 
-def _messages(items: Any, spec: InputSpec, what: str) -> list[dict[str, str]] | Invalid:
-    """A list of OpenAI `{role, content}`, ShareGPT `{from, value}` or `{prompt, completion}` items."""
+def _messages(items: Any, spec: InputSpec, what: str) -> list[dict[str, Any]] | Invalid:
+    """A list of OpenAI `{role, content}` (with `weight` 0: not trained), ShareGPT `{from, value}` or
+    `{prompt, completion}` items."""
     if not isinstance(items, list):
         return Invalid("wrong_type", f"{what} is {type(items).__name__}, expected a list of messages")
     if not items:
         return Invalid("empty_dialogue", f"{what} is an empty list")
     roles = spec.roles
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     for i, item in enumerate(items, start=1):
         where = f"{what} item {i}"
         if not isinstance(item, dict):
@@ -156,7 +170,7 @@ def _messages(items: Any, spec: InputSpec, what: str) -> list[dict[str, str]] | 
         text = _message_text(item[content_key], where)
         if isinstance(text, Invalid):
             return text
-        out.append({"role": role, "content": text})
+        out.append({"role": role, "content": text, **({WEIGHT: 0} if _weight(item) == 0 else {})})
     return out
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from prep_assets.core.chat import ChatTemplate
+from prep_assets.core.clean import Record, empty_turn, trained_roles
 from prep_assets.core.masking import tokenize_batch
 from prep_assets.core.records import (
     TYPE_COMPLETION,
@@ -220,8 +221,10 @@ def test_what_a_message_says_beyond_its_role_and_content_is_a_reject_never_dropp
         return getattr(got, "reason", None)
 
     assert reason(function_call={"name": "f", "arguments": "{}"}) == "unsupported_tool_calls"  # OpenAI's legacy call
-    assert reason(weight=0) == "unsupported_message_field"  # "do not train this turn": it would be trained
+    assert reason(weight=0.5) == "unsupported_message_field"  # OpenAI's weights are 0 and 1 only
+    assert reason(weight="0") == "unsupported_message_field"
     assert reason(reasoning_content="because") == "unsupported_message_field"
+    assert reason(weight=0) is None  # "do not train this turn": kept, masked (the weights test below)
     assert reason(weight=1) is None and reason(name="bot", reasoning_content="") is None  # nothing lost
     two = {"system": "be brief", "messages": [{"role": "system", "content": "be verbose"}, user]}
     assert extract_chat(two, spec).reason == "conflicting_system"  # type: ignore[union-attr]
@@ -229,6 +232,28 @@ def test_what_a_message_says_beyond_its_role_and_content_is_a_reject_never_dropp
     assert extract_chat(same, spec) == {"messages": same["messages"]}
     pair = {"system": "k", "prompt": [{"role": "system", "content": "m"}, user], "chosen": "A", "rejected": "B"}
     assert extract_preference(pair, spec).reason == "conflicting_system"  # type: ignore[union-attr]
+
+
+def test_openai_weight_0_turn_is_rendered_but_not_trained_weight_1_is_the_default(tmp_path: Path):
+    spec = _spec("gpt2")
+    pt = pin_and_load(spec, tmp_path)
+    first, second = {"role": "assistant", "content": "draft"}, {"role": "assistant", "content": "final"}
+    plain = {"messages": [_u("q"), first, _u("again"), second]}
+    weighted = {"messages": [_u("q"), {**first, "weight": 0}, _u("again"), {**second, "weight": 1}]}
+    content = extract_chat(weighted, spec.input)
+    assert content["messages"][1] == {**first, "weight": 0}  # type: ignore[index]
+    assert content["messages"][3] == second  # type: ignore[index]  # weight 1 is the default: same bytes
+    ((ids, mask, _),) = batch_examples(tokenize_batch([extract_chat(plain, spec.input)], spec, pt))
+    ((w_ids, w_mask, _),) = batch_examples(tokenize_batch([content], spec, pt))
+    assert w_ids.tolist() == ids.tolist()  # the template never sees the weight: the same rendering
+    assert [pt.hf.decode(ids[a:b].tolist()) for a, b in mask_runs(mask)] == ["draft<|im_end|>", "final<|im_end|>"]
+    assert [pt.hf.decode(w_ids[a:b].tolist()) for a, b in mask_runs(w_mask)] == ["final<|im_end|>"]
+    # an empty weight-0 answer is no empty trained turn; every answer at weight 0 leaves nothing to train
+    empty = {"messages": [_u("q"), {"role": "assistant", "content": " ", "weight": 0}, _u("again"), second]}
+    assert empty_turn(Record(extract_chat(empty, spec.input), [], spec.clean, trained_roles(spec))) is None
+    muted = {"messages": [_u("q"), {**first, "weight": 0}]}
+    tb = tokenize_batch([extract_chat(muted, spec.input)], spec, pt)
+    assert len(tb.kept) == 0 and tb.rejects[0][1] == "no_trained_tokens"
 
 
 def test_a_given_prompt_repeated_by_one_branch_only_is_a_reject():
