@@ -85,6 +85,9 @@ def test_e2e_benchmark_prints_both_anchors_ratios_layers_and_peak_rss_of_each_ru
     gold_step = float(re.search(r"bench__tokenized_examples +([\d.]+) s", first).group(1))  # type: ignore[union-attr]
     around = float(re.search(r"around gold \(every step[^:]*: ([\d.]+) s", first).group(1))  # type: ignore[union-attr]
     assert abs(around - (wall - gold_step)) <= 0.02 and 0 < figures["around_gold_s"] < figures["wall_s"]
+    # and the CPU its steps used, each step's printed beside its time
+    cpu = float(re.search(r"around gold \(every step[^)]*\): [\d.]+ s, ([\d.]+) CPU s", first).group(1))  # type: ignore[union-attr]
+    assert 0 < cpu and 0 < figures["around_gold_cpu_s"] and "CPU s" in first.split("bench__raw_records", 1)[1]
     assert set(figures["anchors_tokens_per_s"]) == {"bare HF encode_batch_fast", "bare tiktoken"}
     assert 0 < figures["ratio"] and 0 < figures["ratio_fast"] and figures["peak_rss_mib"] > 0
     assert "end-to-end / bare HF encode_batch_fast" in out and "end-to-end / bare tiktoken" in out
@@ -187,3 +190,23 @@ def test_the_memory_sampled_counts_a_worker_started_from_another_thread():
     assert tree >= min(before, after) + worker - 4, (before, after, worker, tree)
     assert sampler.peak(0, time.time()) >= min(before, after) + worker - 4
     assert tree_rss_pages(2**22 + 12345) == 0  # no such process: nothing, no error
+
+
+def test_the_cpu_sampled_counts_a_worker_also_after_it_ended():
+    """The steps' CPU seconds include gold's worker processes: while they run (their /proc stat) and after they
+    ended (the process' reaped children)."""
+    import subprocess
+    import sys
+    import time
+
+    from prep_assets.bench.common import RssSampler
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    with RssSampler() as sampler:
+        time.sleep(0.05)
+        start = time.time()
+        subprocess.run([sys.executable, "-c", burn], check=True)
+        time.sleep(0.1)
+        end = time.time()
+    assert sampler.cpu(end) - sampler.cpu(start) >= 0.4
+    assert sampler.cpu(start - 60) == 0.0  # before the first sample

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import sys
 import time
@@ -175,14 +176,15 @@ def peak_label() -> str:
     return "peak RSS of the pipeline process (its workers unseen: this kernel lists no child processes)"
 
 
-def tree_rss_pages(pid: int) -> int:
-    """Resident pages of process `pid` and of every process below it (gold's tiktoken workers): each one's RSS,
-    summed, so pages two of them share (their libraries) count twice: an upper bound."""
-    total, todo = 0, [pid]
+def _tree_totals(pid: int) -> tuple[int, int]:
+    """(resident pages, CPU clock ticks: user + system) of process `pid` and of every process below it."""
+    pages, ticks, todo = 0, 0, [pid]
     while todo:
         proc = Path(f"/proc/{todo.pop()}")
         try:
-            total += int((proc / "statm").read_bytes().split()[1])
+            pages += int((proc / "statm").read_bytes().split()[1])
+            fields = (proc / "stat").read_bytes().rsplit(b")", 1)[1].split()  # after the command's name
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime: the stat file's 14th and 15th fields
             tasks = list((proc / "task").iterdir())
         except (OSError, ValueError, IndexError):  # the process has ended
             continue
@@ -191,26 +193,47 @@ def tree_rss_pages(pid: int) -> int:
                 todo += [int(child) for child in (task / "children").read_bytes().split()]
             except (OSError, ValueError):  # the thread has ended (its children are listed under another one)
                 continue
-    return total
+    return pages, ticks
+
+
+def tree_rss_pages(pid: int) -> int:
+    """Resident pages of process `pid` and of every process below it (gold's tiktoken workers): each one's RSS,
+    summed, so pages two of them share (their libraries) count twice: an upper bound."""
+    return _tree_totals(pid)[0]
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` and the processes below it that still run."""
+    return _tree_totals(pid)[1] / os.sysconf("SC_CLK_TCK")
 
 
 class RssSampler:
     """The resident memory of this process and its worker processes every 20 ms in a thread (`tree_rss_pages`), to
-    tell which step peaked."""
+    tell which step peaked; and the CPU seconds they used so far, ended workers included (`cpu`)."""
 
     def __init__(self) -> None:
         import threading
 
         self.samples: list[tuple[float, float]] = []
+        self.cpu_samples: list[tuple[float, float]] = []
         self._page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+        self._tick_s = 1 / os.sysconf("SC_CLK_TCK")
         self._pid = os.getpid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.time(), tree_rss_pages(self._pid) * self._page_mib))
+            pages, ticks = _tree_totals(self._pid)
+            ended = resource.getrusage(resource.RUSAGE_CHILDREN)  # workers that have ended and been waited for
+            now = time.time()
+            self.samples.append((now, pages * self._page_mib))
+            self.cpu_samples.append((now, ticks * self._tick_s + ended.ru_utime + ended.ru_stime))
             self._stop.wait(0.02)
+
+    def cpu(self, at: float) -> float:
+        """The CPU seconds used by the time of the last sample at or before `at` (0 before the first)."""
+        return max((cpu for t, cpu in self.cpu_samples if t <= at), default=0.0)
 
     def __enter__(self) -> RssSampler:
         self._thread.start()
@@ -242,6 +265,7 @@ def _step_peaks(instance: Any, run_id: str, rss: RssSampler) -> dict[str, dict[s
     return {
         k: {
             "s": round(b - a, 2),
+            "cpu_s": round(rss.cpu(b) - rss.cpu(a), 2),
             "rss_start_mib": round(rss.peak(a - 0.05, a + 0.05)),
             "peak_mib": round(rss.peak(a, b)),
         }
@@ -251,9 +275,12 @@ def _step_peaks(instance: Any, run_id: str, rss: RssSampler) -> dict[str, dict[s
 
 def print_steps(steps: dict[str, dict[str, float]]) -> None:
     """A run's steps as `DropRun.summary` gives them: time, RSS at the start and the peak."""
-    print("  steps (time; RSS of the process and its workers when the step started -> their peak in the step):")
+    print("  steps (time; CPU seconds of the process and its workers; their RSS when the step started -> their peak):")
     for step, st in steps.items():
-        print(f"    {step:<58} {st['s']:7.2f} s  {st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB")
+        print(
+            f"    {step:<58} {st['s']:7.2f} s  {st.get('cpu_s', 0):6.2f} CPU s  "
+            f"{st['rss_start_mib']:6,} -> {st['peak_mib']:6,} MiB"
+        )
 
 
 @dataclass(frozen=True)
