@@ -20,20 +20,34 @@ import pyarrow.parquet as pq
 from prep_assets.core.readers_common import UTF8_BOM, Accounting, RawItem, RawReject, excerpt_of, shown
 
 
-def _physical_lines(f: IO[bytes], max_line_bytes: int, starts: list[tuple[int, int]], bad: set[int]) -> Iterator[str]:
+def _physical_lines(
+    f: IO[bytes], max_line_bytes: int, starts: list[tuple[int, int]], bad: set[int], too_long: dict[int, int]
+) -> Iterator[str]:
     """Decoded physical lines (with their ends) for the csv module; records each line's (number, offset).
 
-    A line that is not UTF-8 is passed on with its bytes escaped and its number put in `bad`.
+    A line that is not UTF-8 is passed on with its bytes escaped and its number put in `bad`. A line longer than
+    `max_line_bytes` is read to its end in bounded chunks and its size put in `too_long`; the csv module gets a
+    stand-in with the line's parity of quote characters (`"` or nothing), so it leaves the line inside or
+    outside a quoted field as the line would, and the rows after it parse as they would.
     """
     offset, line_no = 0, 0
     while raw := f.readline(max_line_bytes + 1):
         line_no += 1
         starts.append((line_no, offset))
         offset += len(raw)
+        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+            quotes, size = raw.count(b'"'), len(raw)
+            while raw and not raw.endswith(b"\n"):  # the rest of the line, never held whole
+                del raw
+                raw = f.readline(max_line_bytes)
+                quotes, size = quotes + raw.count(b'"'), size + len(raw)
+            offset = starts[-1][1] + size
+            too_long[line_no] = size
+            bad.add(line_no)
+            yield ('"' if quotes % 2 else "") + "\n"
+            continue
         if line_no == 1 and raw.startswith(UTF8_BOM):
             raw = raw[len(UTF8_BOM) :]
-        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-            bad.add(line_no)
         try:
             yield raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -69,8 +83,9 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
     csv.field_size_limit(max(csv.field_size_limit(), max_line_bytes))
     starts: list[tuple[int, int]] = []
     bad: set[int] = set()
+    too_long: dict[int, int] = {}  # line number: its size in bytes
     with path.open("rb") as f:
-        physical = _physical_lines(f, max_line_bytes, starts, bad)
+        physical = _physical_lines(f, max_line_bytes, starts, bad, too_long)
         reader = csv.reader(physical, strict=True)
         header: list[str] | None = None
         header_problem: tuple[str, str] | None = None
@@ -86,11 +101,17 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
                 line, offset = starts[first] if first < len(starts) else (consumed + 1, 0)
                 acct.lines_in += 1
                 acct.rejected += 1
+                cause = str(exc)
+                if "new-line character seen in unquoted field" in cause:  # the csv module's words for a lone \r
+                    cause = (
+                        "a carriage return (\\r) inside an unquoted field: lines end with \\n or \\r\\n only "
+                        "(convert a file with classic Mac \\r line ends), and a \\r inside a value needs quotes"
+                    )
                 yield RawReject(
                     line,
                     offset,
                     "malformed_csv",
-                    f"{exc}; the row's lines are skipped, reading resumes after them",
+                    f"{cause}; the row's lines are skipped, reading resumes after them",
                     "",
                 )
                 if header is None:
@@ -106,6 +127,18 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
                 header_problem = _header_problem(header, not any(n in bad for n in lines))
                 continue
             acct.lines_in += 1
+            long_lines = [n for n in lines if n in too_long]
+            if long_lines:
+                acct.rejected += 1
+                yield RawReject(
+                    line,
+                    offset,
+                    "line_too_long",
+                    f"line {long_lines[0]} of the row: {too_long[long_lines[0]]} bytes > max_line_bytes "
+                    f"{max_line_bytes}",
+                    "",
+                )
+                continue
             if not row or (len(row) == 1 and not row[0].strip() and len(header) > 1):
                 acct.blank_lines += 1
                 continue

@@ -196,3 +196,43 @@ def test_csv_bare_carriage_return_rejects_that_row_and_reading_resumes(tmp_path:
     assert [(i.line, i.value) for i in items] == [(3, {"a": "3", "b": "4"}), (4, {"a": "5\r", "b": "6"})]
     assert [(r.line, r.byte_offset, r.reason) for r in rejects] == [(2, 4, "malformed_csv")]
     assert acct.lines_in == 3 == len(items) + len(rejects)
+
+
+def test_csv_line_over_max_line_bytes_is_one_reject_never_a_record_of_its_tail(tmp_path: Path):
+    """The line's rest was read as a line of its own: an invented record, every later line number one off."""
+    lines = [b"a,b,c\n", b"1,2,3\n", b"A" * 1030 + b",tail_b,tail_c\n", b"2,ok,fine\n"]
+    (tmp_path / "d.csv").write_bytes(b"".join(lines))
+    items, rejects, acct = _read(tmp_path / "d.csv", "csv", max_line_bytes=1024)
+    off = [len(b"".join(lines[:k])) for k in range(len(lines))]
+    assert [(i.line, i.byte_offset, i.value) for i in items] == [
+        (2, off[1], {"a": "1", "b": "2", "c": "3"}),
+        (4, off[3], {"a": "2", "b": "ok", "c": "fine"}),
+    ]
+    assert [(r.line, r.byte_offset, r.reason) for r in rejects] == [(3, off[2], "line_too_long")]
+    assert "1045 bytes > max_line_bytes 1024" in rejects[0].detail
+    assert acct.lines_in == 3 == len(items) + len(rejects)
+
+
+def test_csv_line_over_max_line_bytes_inside_a_quoted_field_rejects_its_row_only(tmp_path: Path):
+    # the long line opens a quoted field that the next line closes: that row is the reject, the rest parse
+    lines = [b"a,b,c\n", b'"' + b"A" * 1030 + b",x\n", b'more",y,z\n', b"2,ok,fine\n"]
+    (tmp_path / "d.csv").write_bytes(b"".join(lines))
+    items, rejects, acct = _read(tmp_path / "d.csv", "csv", max_line_bytes=1024)
+    assert [(i.line, i.value) for i in items] == [(4, {"a": "2", "b": "ok", "c": "fine"})]
+    assert [(r.line, r.byte_offset, r.reason) for r in rejects] == [(2, len(lines[0]), "line_too_long")]
+    assert acct.lines_in == 2
+
+
+def test_csv_recount_counts_ragged_rows_so_one_short_row_keeps_the_gate_independent(tmp_path: Path):
+    from prep_assets.core.invariants.bronze import count_csv_rows
+
+    (tmp_path / "d.csv").write_bytes(b"a,b,c\n1,2\n3,4,5\n6,7,8,9\n\n")
+    assert count_csv_rows(tmp_path / "d.csv") == 3  # Arrow's count, not the reader's (it gave up on ragged rows)
+    (tmp_path / "q.csv").write_bytes(b'a,b\n1,2\n"open,3\n')
+    items, rejects, _ = _read(tmp_path / "q.csv", "csv")
+    assert count_csv_rows(tmp_path / "q.csv") == 2 == len(items) + len(rejects)  # the open quote's row counts
+    # Arrow ends a row at a bare \r, the reader does not: the reader's count stands (None)
+    (tmp_path / "r.csv").write_bytes(b"a,b\r\n1,x\ry\r\n")
+    assert count_csv_rows(tmp_path / "r.csv") is None
+    (tmp_path / "crlf.csv").write_bytes(b"a,b\r\n1,2\r\n")
+    assert count_csv_rows(tmp_path / "crlf.csv") == 1

@@ -7,6 +7,7 @@ import gzip
 import json
 import zlib
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import orjson
@@ -53,17 +54,41 @@ def count_elements(path: Path) -> int | None:
     return len(value) if isinstance(value, list) else None
 
 
+def _has_bare_cr(path: Path) -> bool:
+    """Whether the file holds a carriage return that does not start a `\r\n`."""
+    with path.open("rb") as f:
+        carried = False  # the last chunk ended with \r
+        while chunk := f.read(1 << 22):
+            if carried and not chunk.startswith(b"\n"):
+                return True
+            if chunk.count(b"\r") - chunk.count(b"\r\n") - chunk.endswith(b"\r") > 0:
+                return True
+            carried = chunk.endswith(b"\r")
+        return carried
+
+
 def count_csv_rows(path: Path) -> int | None:
-    """Data rows of a CSV (header excluded, blank lines skipped), parsed by Arrow rather than the reader;
-    None where Arrow cannot parse it (ragged rows), and the reader's count then stands."""
+    """Data rows of a CSV (header excluded, blank lines skipped), parsed by Arrow rather than the reader, ragged
+    rows (more or fewer fields than the header, a quote never closed) counted as rows; None where Arrow cannot
+    parse it at all (a row over Arrow's block) or where it splits rows elsewhere than the reader: Arrow ends a
+    line at a bare `\r`, the reader at `\n` only. The reader's count then stands."""
+    if _has_bare_cr(path):
+        return None
+    ragged = 0
+
+    def count_ragged(row: Any) -> str:
+        nonlocal ragged
+        ragged += 1
+        return "skip"
+
     try:
         with pacsv.open_csv(
             str(path),
             read_options=pacsv.ReadOptions(block_size=1 << 22),
             convert_options=pacsv.ConvertOptions(column_types={}, strings_can_be_null=False),
-            parse_options=pacsv.ParseOptions(newlines_in_values=True),
+            parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=count_ragged),
         ) as reader:
-            return sum(batch.num_rows for batch in reader)
+            return sum(batch.num_rows for batch in reader) + ragged
     except (pa.ArrowInvalid, OSError):
         return None
 
