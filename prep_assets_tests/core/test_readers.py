@@ -236,3 +236,23 @@ def test_csv_recount_counts_ragged_rows_so_one_short_row_keeps_the_gate_independ
     assert count_csv_rows(tmp_path / "r.csv") is None
     (tmp_path / "crlf.csv").write_bytes(b"a,b\r\n1,2\r\n")
     assert count_csv_rows(tmp_path / "crlf.csv") == 1
+
+
+def test_a_key_given_twice_in_one_object_is_a_reject_never_one_value_dropped(tmp_path: Path):
+    lines = [
+        b'{"id": 1, "price": 10, "price": 99}\n',  # orjson keeps the last value: 10 was lost without a word
+        b'{"id": 2, "price": 20}\n',
+        b'{"m": [{"role": "a", "content": "x:"}, {"role": "b", "content" :"y", "content": "z"}]}\n',  # nested, spaced
+        b'{"text": "\\": is in a string", "note": "a\\":b"}\n',  # `":` inside strings: more than the keys, no repeat
+        b'{"a": 1.5, "a": 2.5}\n',  # floats: read by the json module (loads_json's slow path)
+    ]
+    (tmp_path / "d.jsonl").write_bytes(b"".join(lines))
+    items, rejects, acct = _read(tmp_path / "d.jsonl", "jsonl")
+    assert [i.line for i in items] == [2, 4] and items[1].value["note"] == 'a":b'
+    assert [(r.line, r.reason) for r in rejects] == [(1, "duplicate_key"), (3, "duplicate_key"), (5, "duplicate_key")]
+    assert "'price' is given twice" in rejects[0].detail and "'content'" in rejects[1].detail
+    assert acct.lines_in == 5 == len(items) + len(rejects)
+    # a JSON array's element: that element is the reject, the array is read on
+    (tmp_path / "d.json").write_bytes(b'[{"t": "a", "t": "b"},\n {"t": "c"}]')
+    items, rejects, acct = _read(tmp_path / "d.json", "json")
+    assert [i.value for i in items] == [{"t": "c"}] and [(r.line, r.reason) for r in rejects] == [(1, "duplicate_key")]
