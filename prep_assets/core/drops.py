@@ -228,23 +228,31 @@ def resolve_drop(paths: DatasetPaths, partition: str) -> tuple[Drop, Path]:
 
 
 def superseded_drops(paths: DatasetPaths) -> dict[str, str]:
-    """Drops whose file name now holds other registered bytes: partition -> the partition replacing it.
+    """Drops whose file name was registered again with other bytes: partition -> the partition standing for the
+    name.
 
-    A changed file under the same name is a new drop; the old partition keeps its outputs but no longer
-    belongs in the dataset manifest. Where the file is gone, nothing is known to replace it.
+    A changed file under the same name is a new drop; the old partition keeps its outputs but no longer belongs
+    in the dataset manifest. Where the file holds the bytes of one of the name's registrations, that one stands
+    for it (putting an earlier version back brings it back). Where the file is gone (deleted, or moved away by
+    `prep-assets retire`) or holds bytes not registered yet, the name's latest registration stands for it,
+    retired ones included: an older version never comes back because a newer one was retired or deleted.
     """
+    retired = retired_drops(paths)
     by_name: dict[str, list[Drop]] = {}
-    for drop in registered_drops(paths).values():
+    for drop in [*registered_drops(paths).values(), *retired.values()]:
         by_name.setdefault(drop.file, []).append(drop)
     out: dict[str, str] = {}
     for name, drops in sorted(by_name.items()):
-        path = paths.raw_dir / name
-        if len(drops) < 2 or path.is_symlink() or not path.is_file():
+        if len(drops) < 2:
             continue
-        digest = sha256_file(path)
-        current = next((d for d in drops if d.sha256 == digest), None)
-        if current is not None:
-            out.update({d.partition: current.partition for d in drops if d is not current})
+        path = paths.raw_dir / name
+        current = None
+        if path.is_file() and not path.is_symlink():
+            digest = sha256_file(path)
+            current = next((d for d in drops if d.sha256 == digest), None)
+        if current is None:
+            current = max(drops, key=drop_order)
+        out.update({d.partition: current.partition for d in drops if d is not current and d.partition not in retired})
     return out
 
 

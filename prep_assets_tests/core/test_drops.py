@@ -3,7 +3,15 @@ from pathlib import Path
 
 import pytest
 
-from prep_assets.core.drops import partition_key, register_drops, registered_drops, resolve_drop, scan_raw_dir, slugify
+from prep_assets.core.drops import (
+    partition_key,
+    register_drops,
+    registered_drops,
+    resolve_drop,
+    scan_raw_dir,
+    slugify,
+    superseded_drops,
+)
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import dataset_paths
 
@@ -51,6 +59,32 @@ def test_changed_file_is_a_new_drop_and_old_partition_reports_it(tmp_path: Path)
     (new,), _ = register_drops(paths)
     assert new.partition != old.partition and set(registered_drops(paths)) == {old.partition, new.partition}
     assert resolve_drop(paths, new.partition)[1].name == "a.jsonl"
+
+
+def test_superseded_version_stays_out_when_the_newer_is_deleted_or_retired_and_back_when_its_bytes_are(
+    tmp_path: Path,
+):
+    """Retiring or deleting a replaced file's newer version brought the replaced one (say, with PII) back."""
+    from prep_assets.core.retire import retire_drop
+
+    paths = dataset_paths(tmp_path, "ds")
+    paths.raw_dir.mkdir(parents=True)
+    raw = paths.raw_dir / "a.jsonl"
+    raw.write_text('{"text": "v1 with PII"}\n')
+    (v1,), _ = register_drops(paths)
+    raw.write_text('{"text": "v2"}\n')
+    assert superseded_drops(paths) == {}  # changed, not yet registered: nothing known to replace it
+    (v2,), _ = register_drops(paths)
+    assert superseded_drops(paths) == {v1.partition: v2.partition}
+    raw.write_text('{"text": "v3, being written"}\n')  # bytes not registered yet: the latest registration stands
+    assert superseded_drops(paths) == {v1.partition: v2.partition}
+    raw.unlink()
+    assert superseded_drops(paths) == {v1.partition: v2.partition}
+    raw.write_text('{"text": "v1 with PII"}\n')  # an earlier version put back stands again
+    assert superseded_drops(paths) == {v2.partition: v1.partition}
+    raw.write_text('{"text": "v2"}\n')
+    retire_drop(paths, v2.partition)
+    assert not raw.exists() and superseded_drops(paths) == {v1.partition: v2.partition}
 
 
 def test_unknown_partition_is_a_clear_error(tmp_path: Path):
