@@ -25,7 +25,9 @@ of one, packed there): the segment's last EOS (our 3) becomes gdp's 3, every ear
 and 2 are kept. Tokens a chat template renders after the last EOS (ChatML's newline after `<|im_end|>`) keep
 their type, so the boundary is the segment's last token where the example ends in its EOS (text, turns) and the
 last EOS otherwise. A segment holding no EOS (a window or `full` cut before the example's end) has no boundary,
-as gdp's article continuing in the next sequence; a cut segment of a dialogue marks its last turn's EOS.
+as gdp's article continuing in the next sequence; a cut segment of a dialogue marks its last turn's EOS. Then the
+loss mask decides what gdp's trainer trains (1 and 3): a trained 0 becomes 1, an untrained 1 (a window's overlap)
+becomes 0, a segment's first token keeps its type (`gdp_token_types`).
 
 Rows are written as chunks arrive into one resizable, chunked staging file per split (memory bounded by a chunk);
 `close` renames it when N is 1, else copies it block by block into the N files and removes it.
@@ -51,7 +53,7 @@ from prep_assets.core.errors import DropError
 from prep_assets.core.exports import file_entry
 from prep_assets.core.parquet_io import iter_batches
 from prep_assets.core.record_types import record_type
-from prep_assets.core.records import CATEGORY, TYPE_COMPLETION, TYPE_EOS
+from prep_assets.core.records import CATEGORY, TYPE_COMPLETION, TYPE_EOS, TYPE_PROMPT
 from prep_assets.core.tokenizer import is_tokenizer_file
 
 if TYPE_CHECKING:
@@ -76,19 +78,30 @@ _TEST_SHAPES = ("text", "turns")  # record shapes gdp's prompt/completion JSONL 
 _NUM_FILES_KEY = {"train": "num_training_splits", "validation": "num_dev_splits", "test": "num_test_splits"}
 
 
-def gdp_token_types(token_type_ids: np.ndarray, segment_ids: np.ndarray, per_pair: bool = False) -> np.ndarray:
+def gdp_token_types(
+    token_type_ids: np.ndarray, segment_ids: np.ndarray, loss_mask: np.ndarray, per_pair: bool = False
+) -> np.ndarray:
     """gdp's token types of rows `(n, L)`: the last EOS (3) of each segment stays 3, its earlier EOS become 1;
-    with `per_pair` (gdp's attention_boundary prompt_completion_pair) every EOS stays 3."""
+    with `per_pair` (gdp's attention_boundary prompt_completion_pair) every EOS stays 3. Then the loss mask
+    decides what gdp's trainer trains (types 1 and 3; 0 is left out under gdp's `prompt_loss_weight` 0): a
+    trained prompt token (`mask: {prompt: train}`) becomes 1, an untrained 1 (a window's overlap, a weight-0
+    turn) becomes 0, except a segment's first token, which no row trains and gdp types as its text."""
     out = token_type_ids.astype(np.int32)
-    if per_pair:
-        return out
     flat = out.reshape(-1)
-    eos = np.flatnonzero(flat == TYPE_EOS)
-    # one key per (row, segment); an EOS is its segment's last where the next EOS has another key
-    key = (eos // out.shape[1]) * (out.shape[1] + 1) + segment_ids.reshape(-1)[eos]
-    earlier = np.zeros(len(eos), dtype=bool)
-    earlier[:-1] = key[:-1] == key[1:]
-    flat[eos[earlier]] = TYPE_COMPLETION
+    if not per_pair:
+        eos = np.flatnonzero(flat == TYPE_EOS)
+        # one key per (row, segment); an EOS is its segment's last where the next EOS has another key
+        key = (eos // out.shape[1]) * (out.shape[1] + 1) + segment_ids.reshape(-1)[eos]
+        earlier = np.zeros(len(eos), dtype=bool)
+        earlier[:-1] = key[:-1] == key[1:]
+        flat[eos[earlier]] = TYPE_COMPLETION
+    trained = loss_mask.reshape(-1) != 0
+    segments = segment_ids.reshape(-1)
+    first = np.ones(len(flat), dtype=bool)  # each row's and each segment's first token
+    first[1:] = segments[1:] != segments[:-1]
+    first[:: out.shape[1]] = True
+    flat[trained & (flat == TYPE_PROMPT)] = TYPE_COMPLETION
+    flat[~trained & ~first & (flat == TYPE_COMPLETION)] = TYPE_PROMPT
     return out
 
 
@@ -170,7 +183,10 @@ class Hdf5Rows:
         values = {
             "input_ids": rows.input_ids[: n * L].reshape(n, L).astype(np.int32, copy=False),
             "token_type_ids": gdp_token_types(
-                rows.token_type_ids[: n * L].reshape(n, L), rows.segment_ids[: n * L].reshape(n, L), self.per_pair
+                rows.token_type_ids[: n * L].reshape(n, L),
+                rows.segment_ids[: n * L].reshape(n, L),
+                rows.loss_mask[: n * L].reshape(n, L),
+                self.per_pair,
             ),
         }
         if self.categories is not None:

@@ -62,14 +62,22 @@ def _parquet(split_dir: Path, column: str) -> np.ndarray:
     return np.array(table.column(column).to_pylist(), dtype=np.int64)
 
 
-def expected_gdp_types(types: np.ndarray, segments: np.ndarray) -> np.ndarray:
-    """Recomputed segment by segment: its last EOS (3) is gdp's boundary (3), its earlier EOS are completion (1)."""
+def expected_gdp_types(types: np.ndarray, segments: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Recomputed segment by segment: its last EOS (3) is gdp's boundary (3), its earlier EOS are completion (1);
+    then a trained prompt token is 1 and an untrained 1 is 0 (gdp's trainer trains 1 and 3), but a segment's
+    first token."""
     out = types.copy()
     for r in range(types.shape[0]):
         for seg in set(segments[r].tolist()) - {0}:
             eos = [j for j in range(types.shape[1]) if segments[r, j] == seg and types[r, j] == 3]
             for j in eos[:-1]:
                 out[r, j] = 1
+        for j in range(types.shape[1]):
+            first = j == 0 or segments[r, j] != segments[r, j - 1]
+            if mask[r, j] and out[r, j] == 0:
+                out[r, j] = 1
+            elif not mask[r, j] and out[r, j] == 1 and not first:
+                out[r, j] = 0
     return out
 
 
@@ -98,7 +106,11 @@ def _check_split(
             types.append(f["token_type_ids"][:])
     got_ids, got_types = np.concatenate(ids), np.concatenate(types)
     assert np.array_equal(got_ids, _parquet(shards / split, "input_ids"))
-    expected = expected_gdp_types(_parquet(shards / split, "token_type_ids"), _parquet(shards / split, "segment_ids"))
+    expected = expected_gdp_types(
+        _parquet(shards / split, "token_type_ids"),
+        _parquet(shards / split, "segment_ids"),
+        _parquet(shards / split, "loss_mask"),
+    )
     assert np.array_equal(got_types, expected)
     assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
     assert len(sizes) == len(list((shards / split).glob("part-*.parquet")))
@@ -160,6 +172,40 @@ def test_text_hdf5_rows_types_metadata_and_balance(text_run):
             "tokenizer",
         ]
     assert seen >= 2 and most_files > 1  # several files somewhere: the balancing is exercised
+
+
+@pytest.mark.parametrize(
+    ("name", "changes"),
+    [
+        (
+            "sample_text",
+            {"sequence": {"max_seq_len": 32, "overflow": "window", "overlap": 8}, "packing": {"strategy": "bfd"}},
+        ),
+        ("sample_instruct", {"mask": {"prompt": "train"}}),
+    ],
+    ids=["window_overlap_untrained", "prompt_trained"],
+)
+def test_gdp_types_train_exactly_what_the_loss_mask_trains_but_segment_firsts(
+    name: str, changes: dict[str, Any], tmp_path: Path
+):
+    """A window's repeated overlap (masked) was typed completion, so SambaStudio trained it again (+28% tokens on
+    a long-document set); a trained prompt stayed 0, which gdp's prompt_loss_weight 0 leaves out."""
+    spec, results, lake = _build(tmp_path, name, rows_per_file=3, **changes)
+    checked = 0
+    for shards in sorted(lake.glob("shards/*")):
+        for split in ("train", "validation", "test"):
+            if not (shards / split).is_dir():
+                continue
+            types, _ = _check_split(spec, shards, split)
+            segments = _parquet(shards / split, "segment_ids").reshape(types.shape)
+            mask = _parquet(shards / split, "loss_mask").reshape(types.shape)
+            first = np.ones(types.shape, dtype=bool)
+            first[:, 1:] = segments[:, 1:] != segments[:, :-1]
+            trained_by_gdp = (types == 1) | (types == 3)
+            assert not (mask.astype(bool) & ~trained_by_gdp).any()  # every loss token is trained by gdp
+            assert not (trained_by_gdp & ~mask.astype(bool) & ~first).any()  # and nothing else but segment firsts
+            checked += int(mask.sum())
+    assert checked > 0
 
 
 def test_the_tokenizer_copy_loads_and_is_the_pinned_one(text_run):
@@ -355,7 +401,9 @@ def test_num_training_dev_and_test_splits_spread_the_rows_over_that_many_balance
     assert sizes == [base + (i < extra) for i in range(n)] and sum(sizes) == len(rows)
     assert np.array_equal(np.concatenate(ids), rows)
     want_types = expected_gdp_types(
-        _parquet(shards / split, "token_type_ids"), _parquet(shards / split, "segment_ids")
+        _parquet(shards / split, "token_type_ids"),
+        _parquet(shards / split, "segment_ids"),
+        _parquet(shards / split, "loss_mask"),
     )
     assert np.array_equal(np.concatenate(types), want_types)
 

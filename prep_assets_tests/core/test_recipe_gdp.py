@@ -14,7 +14,7 @@ import pytest
 
 from prep_assets.core.masking import example_pieces
 from prep_assets.core.packing import drop_rows_without, plan_greedy, plan_rows
-from prep_assets.core.readers import Accounting, read_drop
+from prep_assets.core.readers import Accounting, _parse_json, read_drop
 from prep_assets.core.spec import parse_spec
 from prep_assets_tests.conftest import make_spec, shared_path
 from prep_assets_tests.core.helpers import failed_gates, run_core
@@ -175,6 +175,12 @@ def test_all_shot_keeps_the_pairs_gdp_keeps_where_whole_lines_would_be_dropped(t
     figures printed by the last commands of fixtures/gdp/make.sh). Ours keeps the same. With lines packed whole,
     gdp and we keep 12 of the 42 lines (23 pairs), in 12 rows."""
     text = shared_path("datasets/dialogue/gdp_dialogue.jsonl").read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    # line 21 gives "prompt" and "completion" twice in its second pair: gdp's json.loads kept the second values
+    # without a word, we reject the line (duplicate_key). Fed what gdp read, we must keep what gdp keeps.
+    assert _parse_json(lines[20].rstrip("\n"))[1] == "duplicate_key"
+    lines[20] = json.dumps(json.loads(lines[20])) + "\n"
+    text = "".join(lines)
     ours, rejects = _gdp_rows(
         tmp_path,
         text,
