@@ -326,6 +326,37 @@ def _checksums(folder: Path) -> dict[str, Any]:
     }
 
 
+def manifest_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every file a dataset manifest names (shards and exports): `path` relative to the dataset's root, `sha256`."""
+    return [
+        f
+        for split in manifest["splits"].values()
+        for f in [*split["files"], *(g for e in split["exports"] for g in e["files"])]
+    ] + [f for e in manifest.get("exports", []) for f in e["files"]]
+
+
+def withdraw_manifest(manifest_path: Path, folder: str, next_sums: dict[str, Any] | None = None) -> bool:
+    """Remove the published manifest where it names a file under `folder` (relative to the dataset's root, a
+    drop's `shards/<partition>`) whose bytes are about to change: any of them when `next_sums` is None (the
+    folder goes), else those the folder's next checksums (`staged_dir`'s) do not hold with the same sha256.
+    Returns whether it was removed. A trainer then finds no manifest, loudly, until the manifest job publishes
+    a new one, where it would have read the manifest's files' new bytes as if they were the listed ones
+    (readers that do not check sha256, HF `datasets`)."""
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return False
+    prefix = folder.rstrip("/") + "/"
+    for entry in manifest_entries(manifest):
+        name = entry["path"]
+        if name.startswith(prefix) and (
+            next_sums is None or next_sums.get(name[len(prefix) :], {}).get("sha256") != entry["sha256"]
+        ):
+            manifest_path.unlink(missing_ok=True)
+            return True
+    return False
+
+
 def verify_published(final: Path) -> list[str]:
     """What differs between a published folder and the sizes and sha256 recorded when it was published
     (nothing: an empty list). A folder published without checksums, or missing, is reported as such."""
@@ -382,11 +413,12 @@ def partition_lock(final: Path) -> Iterator[None]:
 
 
 @contextmanager
-def staged_dir(final: Path) -> Iterator[Path]:
+def staged_dir(final: Path, before_publish: Callable[[dict[str, Any]], object] | None = None) -> Iterator[Path]:
     """Yield an empty staging directory; on success it atomically replaces `final`.
 
     Holds the partition's lock throughout. On an exception the staging directory is removed and `final` is
-    untouched; an OS error while writing (a full disk) is reported with both paths.
+    untouched; an OS error while writing (a full disk) is reported with both paths. `before_publish` is called
+    with the staged files' checksums (path relative to the folder: bytes, sha256) just before the replacement.
     """
     with partition_lock(final):
         clean_stale_staging(final, locked=True)
@@ -397,10 +429,11 @@ def staged_dir(final: Path) -> Iterator[Path]:
         try:
             try:
                 yield staging
-                (staging / CHECKSUMS).write_text(
-                    json.dumps(_checksums(staging), indent=1, sort_keys=True) + "\n", encoding="utf-8"
-                )
+                sums = _checksums(staging)
+                (staging / CHECKSUMS).write_text(json.dumps(sums, indent=1, sort_keys=True) + "\n", encoding="utf-8")
                 _fsync_tree(staging)
+                if before_publish is not None:
+                    before_publish(sums)
                 publish_dir(staging, final, tag=tag)
             except OSError as exc:
                 raise WriteError(

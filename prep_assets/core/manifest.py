@@ -11,6 +11,7 @@ from prep_assets.core.errors import ManifestError
 from prep_assets.core.lake import (
     STATS,
     DatasetPaths,
+    manifest_entries,
     partition_lock,
     read_json,
     sha256_file,
@@ -135,13 +136,8 @@ def manifest_outcomes(spec: DatasetSpec, paths: DatasetPaths, manifest: dict[str
 def manifest_file_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
     """Every file a manifest names (shards and exports, paths relative to `root`) checked against the sha256 (and
     size, where recorded) its shards step recorded: a manifest never names bytes that are not the recorded ones."""
-    entries = [
-        f
-        for split in manifest["splits"].values()
-        for f in [*split["files"], *(g for e in split["exports"] for g in e["files"])]
-    ] + [f for e in manifest.get("exports", []) for f in e["files"]]
     problems = []
-    for entry in entries:
+    for entry in manifest_entries(manifest):
         path = root / entry["path"]
         if not path.is_file():
             problems.append(f"{entry['path']}: missing")

@@ -61,6 +61,11 @@ def reporting(emit: Emit, every_s: float | None = None) -> Iterator[None]:
         _EMIT.reset(token)
 
 
+def note(line: str) -> None:
+    """One line to what `reporting` set for the current context (none: a no-op)."""
+    _EMIT.get()[0](line)
+
+
 def _duration(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

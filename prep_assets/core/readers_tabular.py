@@ -180,14 +180,20 @@ def _csv_text(row: list[str]) -> str:
     return out.getvalue()
 
 
+class NonFinite(ValueError):
+    """An infinity in a Parquet value: JSON holds none, and null would say the value is missing."""
+
+
 def json_safe(value: Any) -> Any:
     """A Parquet value as JSON: numbers, strings, booleans, null, lists and objects stay; the rest becomes text
     (timestamps and dates in ISO form, decimals as written, bytes decoded as UTF-8 or UnicodeDecodeError);
-    NaN and infinities become null."""
+    NaN (pandas' missing value) becomes null; an infinity raises `NonFinite`."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else None
+        if value in (float("inf"), float("-inf")):
+            raise NonFinite(f"{value}")
+        return value if value == value else None
     if isinstance(value, dict):
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -226,6 +232,15 @@ def _parquet_record(value: dict[str, Any]) -> dict[str, Any] | RawReject:
     for name, v in value.items():
         try:
             record[name] = json_safe(v)
+        except NonFinite as exc:
+            return RawReject(
+                0,
+                0,
+                "invalid_json_constant",
+                f"column {name!r} holds {exc}: no number JSON can hold, and null would say it is missing; "
+                "leave the row out or store the value as text",
+                "",
+            )
         except UnicodeDecodeError as exc:
             return RawReject(
                 0,
@@ -236,6 +251,18 @@ def _parquet_record(value: dict[str, Any]) -> dict[str, Any] | RawReject:
                 excerpt_of(exc.object),
             )
     return record
+
+
+def _short_floats(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """float16/float32 columns as the float64 of their shortest text (a float32 19.99 is 19.989999771118164 as
+    a float64: trained as `19.99`, as written, not as the float32's binary expansion)."""
+    columns = [
+        c.cast(pa.string()).cast(pa.float64()) if pa.types.is_float16(c.type) or pa.types.is_float32(c.type) else c
+        for c in batch.columns
+    ]
+    if all(a is b for a, b in zip(columns, batch.columns, strict=True)):
+        return batch
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Iterator[RawItem | RawReject]:
@@ -263,7 +290,8 @@ def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Ite
     row = 0
     for g, n in enumerate(group_rows):
         try:
-            for batch in pf.iter_batches(batch_size=batch_size, row_groups=[g]):
+            for read in pf.iter_batches(batch_size=batch_size, row_groups=[g]):
+                batch = _short_floats(read)
                 try:
                     values: list[Any] | None = batch.to_pylist()
                 except (UnicodeDecodeError, OverflowError, ValueError, pa.ArrowException):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -33,11 +33,12 @@ from prep_assets.core.lake import (
     DatasetPaths,
     read_json,
     staged_dir,
+    withdraw_manifest,
     write_json_atomic,
 )
 from prep_assets.core.packing import RowPlan, drop_rows_without, plan_rows, unit_offsets
 from prep_assets.core.parquet_io import DEFAULT_BATCH, iter_batches
-from prep_assets.core.progress import Progress
+from prep_assets.core.progress import Progress, note
 from prep_assets.core.record_types import record_type
 from prep_assets.core.records import (
     AFTER_DROPPED,
@@ -246,10 +247,12 @@ def build_packed_shards(
     *,
     batch_size: int = DEFAULT_BATCH,
     silver_records: Path | None = None,
+    before_publish: Callable[[dict[str, Any]], object] | None = None,
 ) -> ShardStats:
     """Shards: fixed-length packed rows per split, in Parquet files of at most max_tokens_per_shard tokens,
     plus the optional memmap and Megatron exports. Streams: gold is read once in batches and spilled per split
-    to flat files (mapped back), rows are planned from the lengths and materialized SHARD_CHUNK_ROWS at a time."""
+    to flat files (mapped back), rows are planned from the lengths and materialized SHARD_CHUNK_ROWS at a time.
+    `before_publish` gets the new files' checksums just before they replace the old (`staged_dir`)."""
     info = load_pinned_info(tokenizer_dir)  # ids and fingerprint only: packing never encodes
     gold = GoldStats.from_json(read_json(gold_dir / STATS))
     if gold.tokenizer_fingerprint != info.fingerprint:
@@ -266,7 +269,7 @@ def build_packed_shards(
     rows_per_shard = max(1, spec.output.max_tokens_per_shard // L)
     split_stats: dict[str, Any] = {}
     named = [FORMATS[name] for name in spec.output.formats]
-    with staged_dir(out_dir) as stage:
+    with staged_dir(out_dir, before_publish) as stage:
         spilled = _spill_gold(gold_dir / EXAMPLES, stage / _SPILL, batch_size)
         try:
             for split_no, split in enumerate(SPLITS):
@@ -369,10 +372,28 @@ def build_packed_shards(
 
 
 def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size: int = DEFAULT_BATCH) -> ShardStats:
-    """A drop's packed shards and exports, from its gold."""
+    """A drop's packed shards and exports, from its gold. A published manifest naming the drop's files is removed
+    before new bytes replace them (`withdraw_manifest`); the manifest job publishes the next one."""
     gold, out = paths.partition_dir("gold", partition), paths.partition_dir("shards", partition)
     silver = paths.partition_dir("silver", partition) / RECORDS
-    return build_packed_shards(spec, gold, paths.tokenizer_dir, out, batch_size=batch_size, silver_records=silver)
+    folder = out.relative_to(paths.root).as_posix()
+    return build_packed_shards(
+        spec,
+        gold,
+        paths.tokenizer_dir,
+        out,
+        batch_size=batch_size,
+        silver_records=silver,
+        before_publish=lambda sums: _withdraw(paths, folder, sums),
+    )
+
+
+def _withdraw(paths: DatasetPaths, folder: str, sums: dict[str, Any]) -> None:
+    if withdraw_manifest(paths.manifest_path, folder, sums):
+        note(
+            f"{paths.manifest_path} withdrawn: it named {folder}'s previous files, which these shards replace; "
+            "the manifest job publishes the next one"
+        )
 
 
 def _chunks(num_rows: int, rows_per_file: int) -> Iterator[tuple[int, int]]:

@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date
+from decimal import Decimal
 from typing import Any, Literal
 
 import numpy as np
@@ -150,10 +151,20 @@ _INT = re.compile(r"[+-]?(0|[1-9][0-9]*)")
 _FLOAT = re.compile(r"[+-]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
+def exact_float(cell: str) -> bool:
+    """Whether a CSV number cell is a finite float that renders back to the same number (`1.10` and `1e-5` do;
+    `12345678901234567.89` would train as `1.2345678901234568e+16`: digits lost)."""
+    if _FLOAT.fullmatch(cell) is None:
+        return False
+    value = float(cell)
+    return math.isfinite(value) and Decimal(repr(value)) == Decimal(cell)
+
+
 def infer_column_types(
     rows: Iterable[dict[str, str]], null_values: Iterable[str], overrides: dict[str, str] | None = None
 ) -> dict[str, str]:
-    """Per column: `int`, `float` or `string`, from every row of a drop (overrides win)."""
+    """Per column: `int`, `float` or `string`, from every row of a drop (overrides win); a column is `float` only
+    where every cell renders back to its number (`exact_float`), else it keeps its text."""
     nulls = set(null_values)
     could_int: dict[str, bool] = {}
     could_float: dict[str, bool] = {}
@@ -166,7 +177,7 @@ def infer_column_types(
             if could_int.get(col, True):
                 could_int[col] = _INT.fullmatch(cell) is not None
             if could_float.get(col, True):
-                could_float[col] = _FLOAT.fullmatch(cell) is not None and math.isfinite(float(cell))
+                could_float[col] = exact_float(cell)
     types = {c: "int" if could_int[c] else "float" if could_float[c] else "string" for c in could_int}
     return {**types, **(overrides or {})}
 
@@ -182,6 +193,11 @@ def parse_cell(cell: str, kind: str, null_values: Iterable[str]) -> Any:
     if kind == "float":
         if _FLOAT.fullmatch(cell) is None or not math.isfinite(float(cell)):
             raise ValueError(f"{cell[:40]!r} is not a finite number")
+        if not exact_float(cell):
+            raise ValueError(
+                f"{cell[:40]!r} has more digits than a float holds (it would train as {float(cell)!r}); "
+                "type the column string to keep its text"
+            )
         return float(cell)
     return cell
 

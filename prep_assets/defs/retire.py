@@ -5,8 +5,9 @@ deletes its dynamic partition and publishes the manifest without it (a materiali
 """
 
 from collections.abc import Iterator
+from typing import Any
 
-from dagster import AssetMaterialization, Config, JobDefinition, OpExecutionContext, job, op
+from dagster import AssetMaterialization, Config, Failure, JobDefinition, OpExecutionContext, job, op
 
 from prep_assets.core.retire import retire_drop
 from prep_assets.core.spec import DatasetSpec
@@ -24,6 +25,10 @@ class RetireConfig(Config):
     drop: str  # a partition key, or the drop's file name in raw/<dataset>/
     reason: str = ""
     retired_by: str = ""  # the OS user when empty (the CLI passes its own)
+
+
+def retire_note(record: dict[str, Any]) -> str:
+    return f"its outputs and raw file moved under retired/{record['partition']}/"
 
 
 def retire_job_name(spec: DatasetSpec) -> str:
@@ -50,10 +55,22 @@ def retire_job(spec: DatasetSpec) -> JobDefinition:
         if context.instance.has_dynamic_partition(name, partition):
             context.instance.delete_dynamic_partition(name, partition)
         context.log.info(f"retired {partition} ({record['file']}): moved {', '.join(record['moved']) or 'nothing'}")
+        try:
+            refreshed = refresh_manifest(context.instance, spec, paths)
+        except Failure as exc:  # the drop is retired all the same: say so, and what publishes the manifest
+            gone = "is withdrawn (it named the drop's files)" if record["manifest_withdrawn"] else "stays as it was"
+            raise Failure(
+                description=(
+                    f"{partition} is retired ({retire_note(record)}); the manifest {gone} and was not published "
+                    f"again: {exc.description} Run `prep-assets run --dataset {spec.name}`: it rebuilds the "
+                    "later drops (records they held back as repeats of the retired drop's come back) and publishes "
+                    "the manifest"
+                )
+            ) from exc
         yield AssetMaterialization(
             asset_key=manifest,
             description=f"refreshed after retiring {partition}",
-            metadata={**refresh_manifest(context.instance, spec, paths), "retired": partition},
+            metadata={**refreshed, "retired": partition},
         )
 
     @job(

@@ -256,3 +256,26 @@ def test_a_key_given_twice_in_one_object_is_a_reject_never_one_value_dropped(tmp
     (tmp_path / "d.json").write_bytes(b'[{"t": "a", "t": "b"},\n {"t": "c"}]')
     items, rejects, acct = _read(tmp_path / "d.json", "json")
     assert [i.value for i in items] == [{"t": "c"}] and [(r.line, r.reason) for r in rejects] == [(1, "duplicate_key")]
+
+
+def test_parquet_infinity_is_a_reject_and_float32_trains_as_written(tmp_path: Path):
+    """An infinity became null (as if missing) without a word; a float32 19.99 trained as 19.989999771118164."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "id": [1, 2, 3, 4],
+            "x": pa.array([float("inf"), 1.5, float("nan"), -float("inf")], pa.float64()),
+            "price": pa.array([19.99, 0.1, None, 3.4e38], pa.float32()),
+        }
+    )
+    pq.write_table(table, tmp_path / "d.parquet")
+    items, rejects, acct = _read(tmp_path / "d.parquet", "parquet")
+    assert [(r.line, r.reason) for r in rejects] == [(1, "invalid_json_constant"), (4, "invalid_json_constant")]
+    assert "column 'x' holds inf" in rejects[0].detail and acct.lines_in == 4
+    assert [i.value for i in items] == [{"id": 2, "x": 1.5, "price": 0.1}, {"id": 3, "x": None, "price": None}]
+    (tmp_path / "e.parquet").unlink(missing_ok=True)
+    pq.write_table(pa.table({"price": pa.array([19.99], pa.float32())}), tmp_path / "e.parquet")
+    (item,), _, _ = _read(tmp_path / "e.parquet", "parquet")
+    assert item.text == '{"price":19.99}'

@@ -115,6 +115,14 @@ def test_csv_column_types_inferred_over_the_drop_leading_zeros_stay_text():
         parse_cell("1e400", "float", [""])
 
 
+def test_csv_number_with_more_digits_than_a_float_holds_keeps_its_text_never_trains_other_digits():
+    rows = [{"amount": "12345678901234567.89", "x": "1.10", "y": "0.00001"}, {"amount": "2", "x": "3", "y": "1"}]
+    assert infer_column_types(rows, [""]) == {"amount": "string", "x": "float", "y": "float"}
+    assert parse_cell("1.10", "float", [""]) == 1.1 and parse_cell("0.00001", "float", [""]) == 1e-05  # same value
+    with pytest.raises(ValueError, match="more digits than a float holds"):  # typed float by the spec: a reject
+        parse_cell("12345678901234567.89", "float", [""])
+
+
 def test_groups_in_first_appearance_order_each_sorted_by_its_typed_order_keys():
     keys = ["b", "a", "b", "a", "b"]
     typed = order_keys(["2024-03", "2024-01", "2023-12", "2023-12", "2024-01"], "t")  # not a date: text
