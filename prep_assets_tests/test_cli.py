@@ -36,7 +36,7 @@ def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
     home = tmp_path / "home"
     first = _run(["run", "--data-dir", str(data)], home, PROJECT)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "18/18" in first.stdout and "20/20" in first.stdout and "0 failed" in first.stdout
+    assert "19/19" in first.stdout and "21/21" in first.stdout and "0 failed" in first.stdout
     assert "mix sample_mix: 2 phase(s), rows per bucket: instruct 10, text 14; checks 5/5" in first.stdout
     assert (home / "dagster.yaml").is_file() and (home / ".nux" / "nux.yaml").is_file()
     for ds in SAMPLE_DATASETS:

@@ -261,6 +261,14 @@ GATES: tuple[Gate, ...] = (
     ),
     Gate(
         "silver",
+        "clean_records_not_emptied",
+        "the drop keeps a record unless it had none or only repeats (`duplicate`, `near_duplicate`): cleaning that "
+        "rejects every record (a `clean` threshold edited too far) fails instead of emptying the drop's shards; "
+        "the description counts the rejects by reason",
+        lambda on: inv.silver_not_emptied(on.silver),
+    ),
+    Gate(
+        "silver",
         "clean_records_accounted",
         "each bronze record is exactly once in silver records or rejects",
         lambda on: inv.silver_accounted(on.silver, on.bronze),

@@ -152,3 +152,35 @@ def test_the_manifest_is_judged_by_its_declared_gates(tmp_path: Path, scope: str
     assert out[0].offending == [{"partition": "k1", "tokenizer_fingerprint": "b"}]
     assert [o.passed for o in out[1:]] == ([True] if scope == "dataset" else [])
     assert not set(gates.manifest_gates_for(spec)) & set(gates.gates_for(spec))
+
+
+def test_cleaning_that_rejects_every_record_fails_a_drop_of_only_repeats_passes(tmp_path: Path):
+    """A `clean` threshold edited too far emptied every drop: all gates green, an empty manifest, exit 0."""
+    from prep_assets_tests.conftest import copy_sample_data
+    from prep_assets_tests.core.helpers import run_core, sample_spec
+
+    copy_sample_data(tmp_path)
+    spec = sample_spec(tmp_path, "sample_text", clean={"min_chars": 10**6})
+    for key in run_core(tmp_path, spec):
+        (failed,) = [o for o in gates.evaluate(spec, dataset_paths(tmp_path, spec.name), key) if not o.passed]
+        assert failed.name == "clean_records_not_emptied" and "too_short" in failed.description
+    silver = tmp_path / "silver"
+    silver.mkdir()
+    pq.write_table(SILVER_SCHEMA.empty_table(), silver / "records.parquet")
+    rejects = pa.Table.from_pylist(
+        [
+            {
+                "record_id": "d:1",
+                "drop": "d",
+                "source_file": "f",
+                "source_line": 1,
+                "byte_offset": 0,
+                "reason": "duplicate",
+                "detail": "",
+                "content": "{}",
+            }
+        ],
+        schema=SILVER_REJECT_SCHEMA,
+    )
+    pq.write_table(rejects, silver / "rejects.parquet")
+    assert inv.silver_not_emptied(silver).passed  # every record a repeat of a kept one: nothing lost

@@ -61,7 +61,7 @@ def test_patient_events_grouped_by_patient(tmp_path: Path, gpt2_dir: Path, insta
     src = shared_path("datasets/tabular/sample-patient-events-12groups-200-records.csv")
     data, key, result = _run(tmp_path, instance, "patients", src, _spec(gpt2_dir, {"group_by": "patient_name"}, 2048))
     checks = result.get_asset_check_evaluations()
-    assert result.success and len(checks) == 18 and all(c.passed for c in checks)
+    assert result.success and len(checks) == 19 and all(c.passed for c in checks)
     gold = metadata(result, "patients", "tokenized_examples")
     assert gold["tabular_mode"] == "grouped" and gold["num_groups"] == 12 and gold["num_records_in_examples"] == 200
     assert gold["order_by_type"] == "none" and gold["num_unorderable_records"] == 0

@@ -56,6 +56,7 @@ from prep_assets.core.invariants.shards_gold import (
 from prep_assets.core.invariants.silver import (
     silver_accounted,
     silver_lengths,
+    silver_not_emptied,
     silver_split_drawn,
     silver_unique,
     silver_unique_across_drops,
@@ -105,6 +106,7 @@ __all__ = [
     "shards_utilization",
     "silver_accounted",
     "silver_lengths",
+    "silver_not_emptied",
     "silver_split_drawn",
     "silver_unique",
     "silver_unique_across_drops",

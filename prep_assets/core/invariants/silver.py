@@ -6,7 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prep_assets.core.invariants.common import _LOCATION, SAMPLE, Outcome, _one_to_one, _violating_rows
+from prep_assets.core.invariants.common import (
+    _LOCATION,
+    SAMPLE,
+    Outcome,
+    _one_to_one,
+    _query,
+    _scalar,
+    _violating_rows,
+)
 from prep_assets.core.spec_sections import SplitSpec
 
 # the upper bound where `clean.max_chars` sets none: past any record's length
@@ -108,6 +116,33 @@ def silver_split_drawn(silver_dir: Path, split: SplitSpec) -> Outcome:
         {"s": str(silver_dir / "records.parquet"), "seed": str(split.seed), **bounds},
     )
     return Outcome(n, bad)
+
+
+# silver's rejects that repeat a kept record (here or in an earlier drop): a drop of repeats alone is no mistake
+_REPEATS = ("duplicate", "near_duplicate")
+
+
+def silver_not_emptied(silver_dir: Path) -> Outcome:
+    """A drop keeps at least one record, unless it had none or only repeats: cleaning (filters, bounds, caps)
+    rejecting every record is most often a spec edit gone wrong, and would empty the drop's shards silently."""
+    kept = _scalar("SELECT count(*) FROM read_parquet($s)", {"s": str(silver_dir / "records.parquet")})
+    reasons = _query(
+        "SELECT reason, count(*) AS records FROM read_parquet($r) WHERE reason NOT IN (SELECT unnest($repeats)) "
+        "GROUP BY reason ORDER BY records DESC, reason",
+        {"r": str(silver_dir / "rejects.parquet"), "repeats": list(_REPEATS)},
+    )
+    cleaned = sum(r["records"] for r in reasons)
+    facts = {"kept": kept, "rejected_by_cleaning": cleaned}
+    if kept or not cleaned:
+        return Outcome(0, [], facts)
+    by_reason = ", ".join(f"{r['reason']} {r['records']}" for r in reasons)
+    return Outcome(
+        1,
+        reasons[:SAMPLE],
+        facts,
+        f"cleaning rejected every record of the drop ({cleaned}: {by_reason}) and kept none: check the spec's "
+        "`clean` section (a threshold edited too far?), or retire the drop if none of it belongs in training",
+    )
 
 
 def silver_accounted(silver_dir: Path, bronze_dir: Path) -> Outcome:
