@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -322,15 +322,30 @@ def extract_preference(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected, **({"tools": tools} if tools else {})}
 
 
+def _as_declared(value: Any, kind: str, null_values: Iterable[str]) -> Any:
+    """A JSON or Parquet value as the type `tabular.column_types` declares for its column: text is read as a CSV
+    cell is (`parse_cell`), an integer is a float where floats are declared; any other value that is not of the
+    type raises ValueError naming it."""
+    if isinstance(value, str):
+        return parse_cell(value, kind, null_values)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "float" and number:
+        return float(value)
+    if kind == "int" and number and isinstance(value, int):
+        return value
+    raise ValueError(f"{json.dumps(value)[:40]} is not {'an' if kind == 'int' else 'a'} {kind}")
+
+
 class TabularExtractor:
     """Table rows (CSV, Parquet or JSON objects) as `{columns, values}` in the drop's schema order.
 
     The schema is `columns` when given (JSON rows: the union of the drop's keys), else the first record's keys
     (the CSV header, the Parquet schema); a record with a key outside it is rejected (`unexpected_columns`), a
     missing key is a missing value. CSV cells are typed with `csv_types` (see `tabular.infer_column_types`);
-    other formats keep their JSON/Parquet types. A record whose `group_by` cell is missing (a `null_values`
-    cell, null, NaN, an absent key) or blank text names no group: it is rejected (`empty_group_key`) rather than
-    gathered into a group of its own that would share the name "null" with the text "null".
+    other formats keep their JSON/Parquet types, but in the columns `tabular.column_types` types (`_as_declared`).
+    A record whose `group_by` cell is missing (a `null_values` cell, null, NaN, an absent key) or blank text names
+    no group: it is rejected (`empty_group_key`) rather than gathered into a group of its own that would share
+    the name "null" with the text "null".
     """
 
     def __init__(
@@ -380,6 +395,12 @@ class TabularExtractor:
                     v = parse_cell(v, self.csv_types.get(col, "string"), self.tab.null_values)
                 except ValueError as exc:
                     return Invalid("wrong_type", f"column {col!r} is {self.csv_types[col]}: {exc}")
+            elif self.csv_types is None and col in self.tab.column_types and v is not None:
+                declared = self.tab.column_types[col]
+                try:
+                    v = _as_declared(v, declared, self.tab.null_values)
+                except ValueError as exc:
+                    return Invalid("wrong_type", f"column {col!r} is {declared} (tabular.column_types): {exc}")
             values.append(json_value(v))
             if col == self.tab.group_by and is_empty_group_value(values[-1]):
                 cell = "absent" if col not in value else repr(value[col])[:40]

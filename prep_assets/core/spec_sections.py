@@ -272,7 +272,8 @@ class TabularSpec(_Strict):
     # sequential without order_by: a generated first column `elapsed_seconds` = position in group x this (SS's
     # time_series.timestamp_interval_seconds without a timestamp_column)
     timestamp_interval_seconds: int | None = Field(default=None, gt=0)
-    # CSV cells: which strings are missing values, and column types overriding the inference
+    # which strings are missing values (CSV cells; typed columns' text), and column types: CSV cells' overriding the
+    # inference, JSON and Parquet values' read as that type (`records._as_declared`)
     null_values: list[str] = [""]
     column_types: dict[str, ColumnType] = {}
     # the tokens wrapping each unit of records; default: the tokenizer's BOS (its EOS if it has none) and EOS

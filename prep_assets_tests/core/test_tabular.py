@@ -130,3 +130,26 @@ def test_groups_in_first_appearance_order_each_sorted_by_its_typed_order_keys():
     assert group_records(keys, typed.keys) == [[2, 4, 0], [3, 1]]
     assert group_records(keys, None) == [[0, 2, 4], [1, 3]]
     assert group_records(["x", "x", "x"], [2, 1, 2]) == [[1, 0, 2]]  # ties keep input order
+
+
+def test_column_types_apply_to_json_rows_too_never_silently_ignored():
+    """`column_types: {price: float}` left JSON rows' "12.5" and "abc" as text, without a word."""
+    from prep_assets.core.records import TabularExtractor
+    from prep_assets.core.spec_sections import InputSpec, TabularSpec
+
+    tab = TabularSpec(column_types={"price": "float", "n": "int"})
+    extract = TabularExtractor(tab, "a.jsonl", columns=["id", "price", "n"])
+    spec = InputSpec(type="tabular")
+    assert extract({"id": 1, "price": "12.5", "n": 3}, spec) == {
+        "columns": ["id", "price", "n"],
+        "values": [1, 12.5, 3],
+    }
+    assert extract({"id": 2, "price": 7, "n": None}, spec)["values"] == [2, 7.0, None]  # type: ignore[index]
+    assert extract({"id": 3, "price": "", "n": "4"}, spec)["values"] == [3, None, 4]  # type: ignore[index]
+    for row, said in [
+        ({"id": 4, "price": "abc"}, "column 'price' is float (tabular.column_types): 'abc' is not a finite number"),
+        ({"id": 5, "n": 2.5}, "column 'n' is int (tabular.column_types): 2.5 is not an int"),
+        ({"id": 6, "price": True}, "true is not a float"),
+    ]:
+        got = extract(row, spec)
+        assert got.reason == "wrong_type" and said in got.detail  # type: ignore[union-attr]
