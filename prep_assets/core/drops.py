@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from prep_assets.core.errors import DropError
@@ -149,6 +149,16 @@ class _Registry:
         twin = self.by_hash.get(digest)
         if twin is not None:
             if twin.file != path.name:
+                old = self.paths.raw_dir / twin.file
+                # the drop's file was renamed: its registration follows, where no other registration had its name
+                # (the name stands for a replaced file's versions, docs/decisions.md: the drop keeps it)
+                alone = [d for d in [*self.by_hash.values(), *self.retired.values()] if d.file == twin.file] == [twin]
+                if alone and (not old.is_file() or old.is_symlink()):
+                    renamed = replace(twin, file=path.name)
+                    write_json_atomic(self.paths.drops_dir / f"{twin.partition}.json", asdict(renamed))
+                    self.by_hash[digest] = renamed
+                    notes.append(f"{path.name!r}: drop {twin.partition}'s file {twin.file!r}, renamed; it follows")
+                    return None
                 notes.append(f"{path.name!r}: same bytes as drop {twin.partition} ({twin.file!r}); not a new drop")
             return None
         drop = Drop(

@@ -90,3 +90,22 @@ def test_superseded_version_stays_out_when_the_newer_is_deleted_or_retired_and_b
 def test_unknown_partition_is_a_clear_error(tmp_path: Path):
     with pytest.raises(DropError, match="not a registered drop"):
         resolve_drop(dataset_paths(tmp_path, "ds"), "nope-123")
+
+
+def test_a_renamed_drop_file_is_followed_by_its_registration(tmp_path: Path):
+    """`mv a.jsonl a_2026.jsonl` left the drop failing on its missing file for good."""
+    paths = dataset_paths(tmp_path, "ds")
+    paths.raw_dir.mkdir(parents=True)
+    (paths.raw_dir / "a.jsonl").write_text('{"text": "x"}\n')
+    (drop,), _ = register_drops(paths)
+    (paths.raw_dir / "a.jsonl").rename(paths.raw_dir / "a_2026.jsonl")
+    new, notes = register_drops(paths)
+    assert new == [] and "renamed" in notes[0]
+    assert registered_drops(paths)[drop.partition].file == "a_2026.jsonl"
+    assert resolve_drop(paths, drop.partition)[1].name == "a_2026.jsonl"
+    # a copy beside the file under its old name stays what it was: the same bytes, not a new drop
+    (paths.raw_dir / "copy.jsonl").write_text('{"text": "x"}\n')
+    new, notes = register_drops(paths)
+    assert (
+        new == [] and "not a new drop" in notes[0] and registered_drops(paths)[drop.partition].file == "a_2026.jsonl"
+    )
