@@ -30,6 +30,7 @@ from prep_assets.core.records import (
     BRONZE_REJECT_SCHEMA,
     BRONZE_SCHEMA,
     CATEGORY,
+    DEFAULT_DOMAIN,
     Extractor,
     Invalid,
     TabularExtractor,
@@ -81,6 +82,11 @@ _UNSTORABLE = (UnicodeEncodeError, pa.ArrowException, OverflowError)
 def record_domain(value: Any, key: str) -> tuple[str | None, str | None]:
     """The record's domain under `key` (None: the record names none), or why it cannot be one."""
     domain = value.get(key) if isinstance(value, dict) else None
+    if domain == DEFAULT_DOMAIN:
+        return None, (
+            f"{key!r} is {DEFAULT_DOMAIN!r}, the name kept for records that name no domain: the two would be "
+            "counted and written as one; rename the domain"
+        )
     if domain is None or isinstance(domain, str) and domain:
         return domain, None
     return None, f"{key!r} must be a non-empty string to name a domain, not {json.dumps(domain)[:60]}"

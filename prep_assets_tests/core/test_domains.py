@@ -244,3 +244,15 @@ def test_a_mix_naming_an_unknown_domain_or_a_dataset_without_domains_is_an_error
         MixError, match="sources.x.domains: dataset 'sample_instruct' has no domains .set input.domain_key"
     ):
         plan_mix(_domain_mix(x={"dataset": "sample_instruct", "domains": ["wiki"]}), lake.parent)
+
+
+def test_a_record_naming_the_default_domain_is_a_reject_never_merged_with_records_naming_none():
+    from prep_assets.core.bronze import record_domain
+    from prep_assets.core.records import DEFAULT_DOMAIN
+
+    domain, problem = record_domain({"source": DEFAULT_DOMAIN}, "source")
+    assert domain is None and problem is not None and "rename the domain" in problem
+    assert record_domain({"text": "x"}, "source") == (None, None) and record_domain({"source": "w"}, "source") == (
+        "w",
+        None,
+    )
