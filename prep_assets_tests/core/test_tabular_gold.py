@@ -305,8 +305,9 @@ def test_over_budget_group_and_record_become_rejects_and_fail_the_budget_gate(tm
     assert outcome.violations == 1 and outcome.offending[0]["name"] == "big" and outcome.offending[0]["records"] == 30
     tokens = outcome.offending[0]["tokens"]
     assert tokens > 120 and f"group 'big' ({tokens} tokens, 30 record(s), table.csv:2)" in outcome.description
-    assert "max_seq_len 120" in outcome.description and "group by another column" in outcome.description
-    assert "raise sequence.max_seq_len" in outcome.description and "max_sequences_per_example" in outcome.description
+    assert "max_seq_len 120" in outcome.description and "For a group: group by a finer column" in outcome.description
+    assert "raise sequence.max_seq_len" in outcome.description and "For a record" not in outcome.description
+    assert "max_sequences_per_example" not in outcome.description  # no remedy: a group is one example whole
     # accounting still holds: every silver record is in an example or a reject
     assert inv.gold_accounted(r["dirs"][2], r["dirs"][1]).passed
     failed = [o.name for o in evaluate(spec, dataset_paths(data, "tab"), key) if not o.passed]

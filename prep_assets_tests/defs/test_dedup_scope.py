@@ -51,7 +51,7 @@ def _run(data: Path, order: list[int], home: Path, scope: str = "dataset") -> tu
                 resources={"lake": LakeResource(data_dir=str(data))},
             )
             checks = result.get_asset_check_evaluations()
-            assert result.success and len(checks) == (8 if scope == "dataset" else 7) and all(c.passed for c in checks)
+            assert result.success and len(checks) == (9 if scope == "dataset" else 8) and all(c.passed for c in checks)
             meta[keys[i]] = metadata(result, "notes", CLEAN_RECORDS)
     digests = {
         str(p.relative_to(paths.root)): hashlib.sha256(p.read_bytes()).hexdigest()

@@ -184,9 +184,6 @@ def test_over_budget_group_fails_the_gate_and_no_shard_is_written(tmp_path: Path
     message = failed[1].description
     assert message.startswith("10 group(s)/record(s) cannot fit one example of max_seq_len 300 tokens")
     assert "group 'Olivia Thomas' (475 tokens, 19 record(s)" in message
-    assert (
-        "group by another column (tabular.group_by), raise sequence.max_seq_len, or lower "
-        "packing.max_sequences_per_example" in message
-    )
+    assert "For a group: group by a finer column (tabular.group_by), or raise sequence.max_seq_len." in message
     assert result.is_node_untouched("patients__packed_shards")
     assert not (data / "lake" / "patients" / "shards").exists()

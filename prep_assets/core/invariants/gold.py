@@ -178,10 +178,12 @@ def gold_reject_rate(gold_dir: Path, silver_dir: Path, max_rate: float) -> Outco
     )
 
 
-TABULAR_REMEDIES = (
-    "group by another column (tabular.group_by), raise sequence.max_seq_len, or lower "
-    "packing.max_sequences_per_example"
-)
+# what makes a group or a record fit one example (the batch count of a group is not a remedy: a group is whole)
+TABULAR_REMEDIES = {
+    "group": "group by a finer column (tabular.group_by), or raise sequence.max_seq_len",
+    "record": "raise sequence.max_seq_len (a record must fit with the schema prompt and BOS/EOS), or shorten the "
+    "record's cells or leave it out",
+}
 
 
 def gold_tabular_budget(gold_dir: Path, max_seq_len: int) -> Outcome:
@@ -207,7 +209,11 @@ def gold_tabular_budget(gold_dir: Path, max_seq_len: int) -> Outcome:
         description = (
             f"{n} group(s)/record(s) cannot fit one example of max_seq_len {max_seq_len} tokens with "
             f"the schema prompt and BOS/EOS; largest: {worst}{' ...' if n > 5 else ''}. "
-            f"Remedies: {TABULAR_REMEDIES}."
+            + " ".join(
+                f"For a {kind}: {TABULAR_REMEDIES[kind]}."
+                for kind in ("group", "record")
+                if any(b["kind"] == kind for b in bad)
+            )
         )
     return Outcome(n, bad, {"max_seq_len": max_seq_len}, description)
 
