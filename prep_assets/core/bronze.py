@@ -71,7 +71,7 @@ def _extractor(spec: DatasetSpec, fmt: str, source: Path, drop: Drop) -> Extract
     columns: dict[str, None] = {}
     for value in items:
         if isinstance(value, dict):
-            columns.update(dict.fromkeys(value))
+            columns.update(dict.fromkeys(k for k in value if k))  # a row with an unnamed column is its reject
     return TabularExtractor(tab, drop.file, columns=list(columns) or None)
 
 

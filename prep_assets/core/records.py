@@ -378,6 +378,8 @@ class TabularExtractor:
             return Invalid("not_an_object", f"expected a row (a JSON object), got {type(value).__name__}")
         if not value:
             return Invalid("empty_record", "the row has no columns")
+        if "" in value:  # its cells would render under no name in the schema prompt
+            return Invalid("bad_column_name", "a column has an empty name; every column needs a name")
         if self.columns is None:
             self.columns = self._schema(value)
             self.known = set(self.columns)

@@ -153,3 +153,13 @@ def test_column_types_apply_to_json_rows_too_never_silently_ignored():
     ]:
         got = extract(row, spec)
         assert got.reason == "wrong_type" and said in got.detail  # type: ignore[union-attr]
+
+
+def test_a_row_with_an_unnamed_column_is_a_reject_as_a_csv_header_without_a_name_is():
+    from prep_assets.core.records import TabularExtractor
+    from prep_assets.core.spec_sections import InputSpec, TabularSpec
+
+    extract = TabularExtractor(TabularSpec(), "a.jsonl", columns=["b"])
+    got = extract({"": 1, "b": "x"}, InputSpec(type="tabular"))
+    assert got.reason == "bad_column_name"  # type: ignore[union-attr]
+    assert extract({"b": "y"}, InputSpec(type="tabular")) == {"columns": ["b"], "values": ["y"]}
