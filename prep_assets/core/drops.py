@@ -159,7 +159,11 @@ class _Registry:
                     self.by_hash[digest] = renamed
                     notes.append(f"{path.name!r}: drop {twin.partition}'s file {twin.file!r}, renamed; it follows")
                     return None
-                notes.append(f"{path.name!r}: same bytes as drop {twin.partition} ({twin.file!r}); not a new drop")
+                owners = [d.partition for d in self.by_hash.values() if d.file == path.name]
+                said = f"; it was drop {', '.join(owners)}'s file, whose bytes are gone from raw/" if owners else ""
+                notes.append(
+                    f"{path.name!r}: same bytes as drop {twin.partition} ({twin.file!r}); not a new drop{said}"
+                )
             return None
         drop = Drop(
             partition=partition_key(path.name, digest),
@@ -230,6 +234,13 @@ def resolve_drop(paths: DatasetPaths, partition: str) -> tuple[Drop, Path]:
         raise DropError(f"drop {partition}: file {path} is missing (or a symlink); its outputs stay as they are")
     digest = sha256_file(path)
     if digest != drop.sha256:
+        twin = next((d for d in registered_drops(paths).values() if d.sha256 == digest), None)
+        if twin is not None:  # registering it again would find the bytes registered already
+            raise DropError(
+                f"drop {partition}: {path} now holds the bytes of drop {twin.partition} ({twin.file!r}), not its "
+                f"own (sha256 {drop.sha256[:12]}): put its bytes back, or take it out with `prep-assets retire "
+                f"{paths.raw_dir.name} {partition}`"
+            )
         raise DropError(
             f"drop {partition}: {path} changed since it was registered (sha256 {digest[:12]} != {drop.sha256[:12]}); "
             "the changed file is a new drop: run `prep-assets run` to register it"

@@ -109,3 +109,17 @@ def test_a_renamed_drop_file_is_followed_by_its_registration(tmp_path: Path):
     assert (
         new == [] and "not a new drop" in notes[0] and registered_drops(paths)[drop.partition].file == "a_2026.jsonl"
     )
+
+
+def test_a_file_overwritten_with_another_drops_bytes_says_so_and_what_to_do(tmp_path: Path):
+    """`cp a.jsonl b.jsonl`: the advice was to run again to register it, which never registers a copy."""
+    paths = dataset_paths(tmp_path, "ds")
+    paths.raw_dir.mkdir(parents=True)
+    (paths.raw_dir / "a.jsonl").write_text('{"text": "a"}\n')
+    (paths.raw_dir / "b.jsonl").write_text('{"text": "b"}\n')
+    a, b = sorted(register_drops(paths)[0], key=lambda d: d.file)
+    (paths.raw_dir / "b.jsonl").write_text('{"text": "a"}\n')
+    new, notes = register_drops(paths)
+    assert new == [] and f"it was drop {b.partition}'s file" in notes[0]
+    with pytest.raises(DropError, match=f"now holds the bytes of drop {a.partition}.*prep-assets retire ds"):
+        resolve_drop(paths, b.partition)
