@@ -262,9 +262,9 @@ GATES: tuple[Gate, ...] = (
     Gate(
         "silver",
         "clean_records_not_emptied",
-        "the drop keeps a record unless it had none or only repeats (`duplicate`, `near_duplicate`): cleaning that "
-        "rejects every record (a `clean` threshold edited too far) fails instead of emptying the drop's shards; "
-        "the description counts the rejects by reason",
+        "the drop keeps a record unless it had none or mostly repeats (`duplicate`, `near_duplicate` at least as "
+        "many as cleaning's rejects): cleaning that rejects every record (a `clean` threshold edited too far) fails "
+        "instead of emptying the drop's shards; the description counts the rejects by reason",
         lambda on: inv.silver_not_emptied(on.silver),
     ),
     Gate(

@@ -26,7 +26,7 @@ import shutil
 import socket
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -413,12 +413,15 @@ def partition_lock(final: Path) -> Iterator[None]:
 
 
 @contextmanager
-def staged_dir(final: Path, before_publish: Callable[[dict[str, Any]], object] | None = None) -> Iterator[Path]:
+def staged_dir(
+    final: Path, before_publish: Callable[[dict[str, Any]], AbstractContextManager[object]] | None = None
+) -> Iterator[Path]:
     """Yield an empty staging directory; on success it atomically replaces `final`.
 
     Holds the partition's lock throughout. On an exception the staging directory is removed and `final` is
     untouched; an OS error while writing (a full disk) is reported with both paths. `before_publish` is called
-    with the staged files' checksums (path relative to the folder: bytes, sha256) just before the replacement.
+    with the staged files' checksums (path relative to the folder: bytes, sha256); the replacement happens inside
+    the context it returns (a lock held across it).
     """
     with partition_lock(final):
         clean_stale_staging(final, locked=True)
@@ -432,9 +435,8 @@ def staged_dir(final: Path, before_publish: Callable[[dict[str, Any]], object] |
                 sums = _checksums(staging)
                 (staging / CHECKSUMS).write_text(json.dumps(sums, indent=1, sort_keys=True) + "\n", encoding="utf-8")
                 _fsync_tree(staging)
-                if before_publish is not None:
-                    before_publish(sums)
-                publish_dir(staging, final, tag=tag)
+                with before_publish(sums) if before_publish is not None else nullcontext():
+                    publish_dir(staging, final, tag=tag)
             except OSError as exc:
                 raise WriteError(
                     f"writing {final} failed: {exc.strerror or exc} (while writing under {staging}); "

@@ -9,6 +9,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,16 +20,54 @@ import pyarrow.parquet as pq
 
 from prep_assets.core.readers_common import UTF8_BOM, Accounting, RawItem, RawReject, excerpt_of, shown
 
+# the csv module's states, as far as they decide where a row ends (default dialect: `,`, `"`, doubled quotes)
+_START, _FIELD, _QUOTED, _QUOTE_IN_QUOTED = range(4)
+_FIELD_END = re.compile(rb"[,\n]")
+
+
+def _csv_state(chunk: bytes, state: int) -> int:
+    """The csv module's state after `chunk` from `state`, jumping field to field at C speed (`find`, a regex), so a
+    line of any length is walked in bounded memory. A quote inside an unquoted field is a character like any
+    other; a character after a closing quote other than `,` or a line end is the csv module's error: the row ends
+    there (the reader rejects it and resumes at the next line)."""
+    pos, n = 0, len(chunk)
+    while pos < n:
+        if state == _START:
+            c = chunk[pos]
+            state = _QUOTED if c == 0x22 else _START if c in (0x2C, 0x0A) else _FIELD
+            pos += 1
+        elif state == _FIELD:
+            m = _FIELD_END.search(chunk, pos)
+            if m is None:
+                return _FIELD
+            state, pos = _START, m.end()
+        elif state == _QUOTED:
+            j = chunk.find(b'"', pos)
+            if j < 0:
+                return _QUOTED
+            state, pos = _QUOTE_IN_QUOTED, j + 1
+        else:  # just after a quote inside a quoted field: a doubled quote, or the field's end
+            c = chunk[pos]
+            state = _QUOTED if c == 0x22 else _QUOTE_IN_QUOTED if c == 0x0D else _START
+            pos += 1
+    return state
+
 
 def _physical_lines(
-    f: IO[bytes], max_line_bytes: int, starts: list[tuple[int, int]], bad: set[int], too_long: dict[int, int]
+    f: IO[bytes],
+    max_line_bytes: int,
+    starts: list[tuple[int, int]],
+    bad: set[int],
+    too_long: dict[int, int],
+    row_start: list[int],
 ) -> Iterator[str]:
     """Decoded physical lines (with their ends) for the csv module; records each line's (number, offset).
 
     A line that is not UTF-8 is passed on with its bytes escaped and its number put in `bad`. A line longer than
     `max_line_bytes` is read to its end in bounded chunks and its size put in `too_long`; the csv module gets a
-    stand-in with the line's parity of quote characters (`"` or nothing), so it leaves the line inside or
-    outside a quoted field as the line would, and the rows after it parse as they would.
+    short stand-in that leaves it where the line would, inside a quoted field or not (`_csv_state`, from where
+    the line starts: a row's first line, `row_start[0]` being the index of that line, starts outside quotes, a
+    later one inside them), so the rows after it parse as they would.
     """
     offset, line_no = 0, 0
     while raw := f.readline(max_line_bytes + 1):
@@ -36,15 +75,16 @@ def _physical_lines(
         starts.append((line_no, offset))
         offset += len(raw)
         if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-            quotes, size = raw.count(b'"'), len(raw)
+            quoted = len(starts) - 1 != row_start[0]  # the csv module asks for a row's next line inside quotes only
+            state, size = _csv_state(raw, _QUOTED if quoted else _START), len(raw)
             while raw and not raw.endswith(b"\n"):  # the rest of the line, never held whole
                 del raw
                 raw = f.readline(max_line_bytes)
-                quotes, size = quotes + raw.count(b'"'), size + len(raw)
+                state, size = _csv_state(raw, state), size + len(raw)
             offset = starts[-1][1] + size
             too_long[line_no] = size
             bad.add(line_no)
-            yield ('"' if quotes % 2 else "") + "\n"
+            yield ('"' if quoted != (state == _QUOTED) else "x") + "\n"
             continue
         if line_no == 1 and raw.startswith(UTF8_BOM):
             raw = raw[len(UTF8_BOM) :]
@@ -84,14 +124,15 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
     starts: list[tuple[int, int]] = []
     bad: set[int] = set()
     too_long: dict[int, int] = {}  # line number: its size in bytes
+    row_start = [0]  # index in `starts` of the first line of the row being read
     with path.open("rb") as f:
-        physical = _physical_lines(f, max_line_bytes, starts, bad, too_long)
+        physical = _physical_lines(f, max_line_bytes, starts, bad, too_long, row_start)
         reader = csv.reader(physical, strict=True)
         header: list[str] | None = None
         header_problem: tuple[str, str] | None = None
         consumed = base = 0  # physical lines read; lines read before the current csv reader started
         while True:
-            first = consumed  # index in `starts` of the row's first physical line
+            first = row_start[0] = consumed  # index in `starts` of the row's first physical line
             try:
                 row = next(reader)
             except StopIteration:
@@ -254,8 +295,9 @@ def _parquet_record(value: dict[str, Any]) -> dict[str, Any] | RawReject:
 
 
 def _short_floats(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """float16/float32 columns as the float64 of their shortest text (a float32 19.99 is 19.989999771118164 as
-    a float64: trained as `19.99`, as written, not as the float32's binary expansion)."""
+    """float32 columns as the float64 of their shortest text (a float32 19.99 is 19.989999771118164 as a float64:
+    trained as `19.99`, as written, not as the float32's binary expansion); float16 ones as Arrow writes them,
+    their exact value. Top-level columns only."""
     columns = [
         c.cast(pa.string()).cast(pa.float64()) if pa.types.is_float16(c.type) or pa.types.is_float32(c.type) else c
         for c in batch.columns

@@ -105,7 +105,7 @@ WEIGHT = "weight"
 def _weight(item: dict[str, Any]) -> int | None:
     """The message's OpenAI fine-tuning weight, 0 or 1 (None: it gives none or another value)."""
     value = item.get(WEIGHT, 1)
-    if isinstance(value, (int, float)) and value in (0, 1):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1):
         return int(value)
     return None
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from prep_assets.core.drops import RETIRED_REGISTRATION, Drop, registered_drops, retired_drops, superseded_drops
 from prep_assets.core.errors import DropError
-from prep_assets.core.lake import DatasetPaths, sha256_file, withdraw_manifest, write_json_atomic
+from prep_assets.core.lake import DatasetPaths, partition_lock, sha256_file, withdraw_manifest, write_json_atomic
 
 RECORD = "retired.json"
 LAYERS = ("bronze", "silver", "gold", "shards")
@@ -52,12 +52,14 @@ def retire_drop(
     The registration moves last: until then the drop is still a registered drop, so an interrupted retire is
     finished by running it again (what was moved already is left where it is)."""
     found = find_drop(paths, drop)
-    # the manifest never names files that are gone: out until the retire's refresh (or a run) publishes the next
+    # the manifest never names files that are gone: out until the retire's refresh (or a run) publishes the next;
+    # its lock held until the drop's folders moved, so no manifest job publishes them in between
     shards = paths.partition_dir("shards", found.partition).relative_to(paths.root).as_posix()
-    withdrawn = withdraw_manifest(paths.manifest_path, shards)
     dest = paths.retired_dir / found.partition
     dest.mkdir(parents=True, exist_ok=True)
-    moved = [_move(paths.partition_dir(layer, found.partition), dest / layer, paths.root) for layer in LAYERS]
+    with partition_lock(paths.manifest_path):
+        withdrawn = withdraw_manifest(paths.manifest_path, shards)
+        moved = [_move(paths.partition_dir(layer, found.partition), dest / layer, paths.root) for layer in LAYERS]
     for index in sorted((paths.root / DEDUP_INDEX).glob(f"*/{found.partition}")):
         moved.append(_move(index, dest / DEDUP_INDEX / index.parent.name, paths.root))
     raw = paths.raw_dir / found.file

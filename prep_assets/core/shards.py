@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from prep_assets.core.lake import (
     RECORDS,
     STATS,
     DatasetPaths,
+    partition_lock,
     read_json,
     staged_dir,
     withdraw_manifest,
@@ -247,7 +249,7 @@ def build_packed_shards(
     *,
     batch_size: int = DEFAULT_BATCH,
     silver_records: Path | None = None,
-    before_publish: Callable[[dict[str, Any]], object] | None = None,
+    before_publish: Callable[[dict[str, Any]], AbstractContextManager[object]] | None = None,
 ) -> ShardStats:
     """Shards: fixed-length packed rows per split, in Parquet files of at most max_tokens_per_shard tokens,
     plus the optional memmap and Megatron exports. Streams: gold is read once in batches and spilled per split
@@ -384,16 +386,21 @@ def build(spec: DatasetSpec, paths: DatasetPaths, partition: str, *, batch_size:
         out,
         batch_size=batch_size,
         silver_records=silver,
-        before_publish=lambda sums: _withdraw(paths, folder, sums),
+        before_publish=lambda sums: _manifest_withdrawn(paths, folder, sums),
     )
 
 
-def _withdraw(paths: DatasetPaths, folder: str, sums: dict[str, Any]) -> None:
-    if withdraw_manifest(paths.manifest_path, folder, sums):
-        note(
-            f"{paths.manifest_path} withdrawn: it named {folder}'s previous files, which these shards replace; "
-            "the manifest job publishes the next one"
-        )
+@contextmanager
+def _manifest_withdrawn(paths: DatasetPaths, folder: str, sums: dict[str, Any]) -> Iterator[None]:
+    """The manifest's lock held while it is withdrawn and the shards replace what it named: a manifest job
+    checking the old files cannot publish them after the new bytes land (it takes the same lock)."""
+    with partition_lock(paths.manifest_path):
+        if withdraw_manifest(paths.manifest_path, folder, sums):
+            note(
+                f"{paths.manifest_path} withdrawn: it named {folder}'s previous files, which these shards replace; "
+                "the manifest job publishes the next one"
+            )
+        yield
 
 
 def _chunks(num_rows: int, rows_per_file: int) -> Iterator[tuple[int, int]]:

@@ -222,7 +222,7 @@ def test_what_a_message_says_beyond_its_role_and_content_is_a_reject_never_dropp
 
     assert reason(function_call={"name": "f", "arguments": "{}"}) == "unsupported_tool_calls"  # OpenAI's legacy call
     assert reason(weight=0.5) == "unsupported_message_field"  # OpenAI's weights are 0 and 1 only
-    assert reason(weight="0") == "unsupported_message_field"
+    assert reason(weight="0") == "unsupported_message_field" and reason(weight=False) == "unsupported_message_field"
     assert reason(reasoning_content="because") == "unsupported_message_field"
     assert reason(weight=0) is None  # "do not train this turn": kept, masked (the weights test below)
     assert reason(weight=1) is None and reason(name="bot", reasoning_content="") is None  # nothing lost

@@ -184,3 +184,9 @@ def test_cleaning_that_rejects_every_record_fails_a_drop_of_only_repeats_passes(
     )
     pq.write_table(rejects, silver / "rejects.parquet")
     assert inv.silver_not_emptied(silver).passed  # every record a repeat of a kept one: nothing lost
+    one_short = {**rejects.to_pylist()[0], "record_id": "d:2", "source_line": 2, "reason": "too_short"}
+    pq.write_table(
+        pa.Table.from_pylist([*rejects.to_pylist(), one_short], schema=SILVER_REJECT_SCHEMA),
+        silver / "rejects.parquet",
+    )
+    assert inv.silver_not_emptied(silver).passed  # a drop redelivered whole, one record too short: no mistake

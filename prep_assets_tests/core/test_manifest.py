@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from prep_assets.core import shards
-from prep_assets.core.lake import dataset_paths, read_json, withdraw_manifest, write_json_atomic
+from prep_assets.core.lake import dataset_paths, partition_lock, read_json, withdraw_manifest, write_json_atomic
 from prep_assets.core.manifest import build_manifest, manifest_file_problems, manifest_partitions
 from prep_assets.core.progress import reporting
 from prep_assets_tests.conftest import copy_sample_data
@@ -46,6 +46,26 @@ def test_shards_replacing_files_the_manifest_names_withdraw_it_identical_bytes_k
     assert not paths.manifest_path.exists() and "withdrawn" in lines[-1]
     build_manifest(smaller, paths, sorted(results))
     assert manifest_file_problems(paths.root, read_json(paths.manifest_path)) == []
+    # a manifest job holding its lock (checking the files it lists) is waited for: it cannot publish the old
+    # files' sha256 after the new bytes landed
+    import threading
+    import time
+
+    held, released = threading.Event(), []
+
+    def manifest_job() -> None:
+        with partition_lock(paths.manifest_path):
+            held.set()
+            time.sleep(0.5)
+            released.append(time.monotonic())
+
+    job = threading.Thread(target=manifest_job)
+    job.start()
+    held.wait()
+    shards.build(spec, paths, first)  # back to the first files: the manifest names others
+    done = time.monotonic()
+    job.join()
+    assert released and released[0] <= done and not paths.manifest_path.exists()
 
 
 def test_withdraw_manifest_only_for_files_of_that_folder_whose_bytes_change(tmp_path: Path):

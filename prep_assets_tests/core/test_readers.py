@@ -223,6 +223,28 @@ def test_csv_line_over_max_line_bytes_inside_a_quoted_field_rejects_its_row_only
     assert acct.lines_in == 2
 
 
+def test_csv_line_over_max_line_bytes_quotes_inside_unquoted_fields_are_characters(tmp_path: Path):
+    """A quote count is no guide: `5'10"` holds a literal quote (the rows after it were lost), and a long line
+    with an even count can end inside a quoted field (its continuation became a record)."""
+    odd = [b"a,b\n", b"1,2\n", b"5'10\" tall," + b"x" * 3000 + b"\n", b"3,4\n", b"5,6\n"]
+    (tmp_path / "odd.csv").write_bytes(b"".join(odd))
+    items, rejects, _ = _read(tmp_path / "odd.csv", "csv", max_line_bytes=1024)
+    assert [i.line for i in items] == [2, 4, 5] and [(r.line, r.reason) for r in rejects] == [(3, "line_too_long")]
+    even = [b"a,b,c\n", b'12" pipe,"' + b"y" * 2000 + b", commas\n", b'second line, more",x\n', b"4,5,6\n"]
+    (tmp_path / "even.csv").write_bytes(b"".join(even))
+    items, rejects, _ = _read(tmp_path / "even.csv", "csv", max_line_bytes=1024)
+    assert [(i.line, i.value) for i in items] == [(4, {"a": "4", "b": "5", "c": "6"})]
+    assert [(r.line, r.reason) for r in rejects] == [(2, "line_too_long")]
+    # a long line met inside a quoted field that an earlier line opened: it closes there, or runs on
+    for text, kept in [
+        (b'a,b\n"first\n' + b"w" * 2000 + b'",1\n2,3\n', 4),
+        (b'a,b\n"x\n' + b"w" * 2000 + b'\ny",1\n2,3\n', 5),
+    ]:
+        (tmp_path / "q.csv").write_bytes(text)
+        items, rejects, _ = _read(tmp_path / "q.csv", "csv", max_line_bytes=1024)
+        assert [i.line for i in items] == [kept] and [(r.line, r.reason) for r in rejects] == [(2, "line_too_long")]
+
+
 def test_csv_recount_counts_ragged_rows_so_one_short_row_keeps_the_gate_independent(tmp_path: Path):
     from prep_assets.core.invariants.bronze import count_csv_rows
 
@@ -236,6 +258,10 @@ def test_csv_recount_counts_ragged_rows_so_one_short_row_keeps_the_gate_independ
     assert count_csv_rows(tmp_path / "r.csv") is None
     (tmp_path / "crlf.csv").write_bytes(b"a,b\r\n1,2\r\n")
     assert count_csv_rows(tmp_path / "crlf.csv") == 1
+    # lines the reader counts blank (whitespace, an empty quoted field) are not rows of Arrow's count either
+    (tmp_path / "blank.csv").write_bytes(b'a,b\n1,2\n   \n""\n3,4\n')
+    items, rejects, acct = _read(tmp_path / "blank.csv", "csv")
+    assert acct.blank_lines == 2 and count_csv_rows(tmp_path / "blank.csv") == 2 == len(items) + len(rejects)
 
 
 def test_a_key_given_twice_in_one_object_is_a_reject_never_one_value_dropped(tmp_path: Path):

@@ -78,7 +78,10 @@ def count_csv_rows(path: Path) -> int | None:
 
     def count_ragged(row: Any) -> str:
         nonlocal ragged
-        ragged += 1
+        text = row.text.strip()
+        # the reader's blank line: one field of whitespace (or an empty quoted one), not a row
+        if row.actual_columns != 1 or text.strip('"').strip() or (text.startswith('"') and not text.endswith('"')):
+            ragged += 1
         return "skip"
 
     try:

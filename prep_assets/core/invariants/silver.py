@@ -123,25 +123,28 @@ _REPEATS = ("duplicate", "near_duplicate")
 
 
 def silver_not_emptied(silver_dir: Path) -> Outcome:
-    """A drop keeps at least one record, unless it had none or only repeats: cleaning (filters, bounds, caps)
-    rejecting every record is most often a spec edit gone wrong, and would empty the drop's shards silently."""
+    """A drop keeps at least one record, unless it had none or was mostly repeats: cleaning (filters, bounds,
+    caps) rejecting every record is most often a spec edit gone wrong, and would empty the drop's shards
+    silently. A drop redelivered whole (repeats) with a few records cleaning rejects is no such mistake."""
     kept = _scalar("SELECT count(*) FROM read_parquet($s)", {"s": str(silver_dir / "records.parquet")})
     reasons = _query(
-        "SELECT reason, count(*) AS records FROM read_parquet($r) WHERE reason NOT IN (SELECT unnest($repeats)) "
-        "GROUP BY reason ORDER BY records DESC, reason",
-        {"r": str(silver_dir / "rejects.parquet"), "repeats": list(_REPEATS)},
+        "SELECT reason, count(*) AS records FROM read_parquet($r) GROUP BY reason ORDER BY records DESC, reason",
+        {"r": str(silver_dir / "rejects.parquet")},
     )
-    cleaned = sum(r["records"] for r in reasons)
-    facts = {"kept": kept, "rejected_by_cleaning": cleaned}
-    if kept or not cleaned:
+    repeats = sum(r["records"] for r in reasons if r["reason"] in _REPEATS)
+    cleaning = [r for r in reasons if r["reason"] not in _REPEATS]
+    cleaned = sum(r["records"] for r in cleaning)
+    facts = {"kept": kept, "rejected_by_cleaning": cleaned, "repeats": repeats}
+    if kept or cleaned <= repeats:
         return Outcome(0, [], facts)
-    by_reason = ", ".join(f"{r['reason']} {r['records']}" for r in reasons)
+    by_reason = ", ".join(f"{r['reason']} {r['records']}" for r in cleaning)
     return Outcome(
         1,
-        reasons[:SAMPLE],
+        cleaning[:SAMPLE],
         facts,
-        f"cleaning rejected every record of the drop ({cleaned}: {by_reason}) and kept none: check the spec's "
-        "`clean` section (a threshold edited too far?), or retire the drop if none of it belongs in training",
+        f"the drop kept none of its {cleaned + repeats} records: cleaning rejected {cleaned} ({by_reason})"
+        f"{f', {repeats} repeated kept ones' if repeats else ''}; check the spec's `clean` section (a threshold "
+        "edited too far?), or retire the drop if none of it belongs in training",
     )
 
 
