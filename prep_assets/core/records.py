@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from prep_assets.core.errors import DropError
+from prep_assets.core.readers import checked_decoder, duplicate_key_detail
 from prep_assets.core.spec_sections import InputSpec, TabularSpec
 from prep_assets.core.tabular import is_empty_group_value, json_value, parse_cell, render_values
 
@@ -180,10 +181,13 @@ def _tools(obj: dict[str, Any], spec: InputSpec) -> list[dict[str, Any]] | Inval
     if value is None or value == "" or value == []:
         return None
     if isinstance(value, str):
+        decoder, repeated = checked_decoder()  # as the readers read a line: no NaN, no key given twice
         try:
-            value = json.loads(value)
-        except ValueError as exc:
+            value = decoder.decode(value)
+        except (ValueError, RecursionError) as exc:
             return Invalid("invalid_tools", f"{spec.tools_key!r} is a string but not JSON: {exc}")
+        if repeated:
+            return Invalid("invalid_tools", f"{spec.tools_key!r} (a JSON string): {duplicate_key_detail(repeated)}")
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         return Invalid("invalid_tools", f"{spec.tools_key!r} must be a list of tool objects")
     return [t if "function" in t else {"type": "function", "function": t} for t in value] or None

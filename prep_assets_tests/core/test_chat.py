@@ -256,6 +256,17 @@ def test_openai_weight_0_turn_is_rendered_but_not_trained_weight_1_is_the_defaul
     assert len(tb.kept) == 0 and tb.rejects[0][1] == "no_trained_tokens"
 
 
+def test_tools_given_as_a_json_string_are_read_as_strictly_as_a_line():
+    """`_tools` read its JSON string with json.loads: a key given twice lost a value, NaN passed."""
+    spec = make_spec(input={"type": "chat"}).input
+    messages = [_u("q"), _a("a")]
+    for tools in ('[{"name": "f", "name": "g", "parameters": {}}]', '[{"name": "f", "parameters": {"x": NaN}}]'):
+        got = extract_chat({"messages": messages, "tools": tools}, spec)
+        assert got.reason == "invalid_tools"  # type: ignore[union-attr]
+    ok = extract_chat({"messages": messages, "tools": '[{"name": "f", "parameters": {}}]'}, spec)
+    assert ok["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {}}}]  # type: ignore[index]
+
+
 def test_a_given_prompt_repeated_by_one_branch_only_is_a_reject():
     spec = make_spec(input={"type": "preference"}).input
     repeated = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A"}]
