@@ -343,7 +343,7 @@ def withdraw_manifest(manifest_path: Path, folder: str, next_sums: dict[str, Any
     a new one, where it would have read the manifest's files' new bytes as if they were the listed ones
     (readers that do not check sha256, HF `datasets`)."""
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = read_json(manifest_path)
     except FileNotFoundError:
         return False
     prefix = folder.rstrip("/") + "/"

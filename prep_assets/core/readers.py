@@ -34,7 +34,8 @@ def _finite_float(text: str) -> float:
     return value
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_STRICT = {"parse_constant": _reject_constant, "parse_float": _finite_float}  # no NaN/Infinity, no overflow to inf
+_DECODER = json.JSONDecoder(**_STRICT)
 
 
 def checked_decoder() -> tuple[json.JSONDecoder, list[str]]:
@@ -49,9 +50,7 @@ def checked_decoder() -> tuple[json.JSONDecoder, list[str]]:
             repeated.extend(k for k, _ in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         return value
 
-    return json.JSONDecoder(
-        parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=pairs
-    ), repeated
+    return json.JSONDecoder(**_STRICT, object_pairs_hook=pairs), repeated
 
 
 def _count_keys(value: Any) -> int:
