@@ -294,14 +294,40 @@ def _parquet_record(value: dict[str, Any]) -> dict[str, Any] | RawReject:
     return record
 
 
+def _with_floats_as(t: pa.DataType, to: pa.DataType) -> pa.DataType:
+    """`t` with every float16 and float32 in it, at any depth (lists, structs, maps), replaced by `to`."""
+    if pa.types.is_float16(t) or pa.types.is_float32(t):
+        return to
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_with_floats_as(t.value_type, to)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_with_floats_as(t.value_type, to)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_with_floats_as(t.value_type, to)), t.list_size)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_with_floats_as(f.type, to)) for f in (t.field(i) for i in range(t.num_fields))])
+    if pa.types.is_map(t):
+        key, item = t.key_field, t.item_field
+        return pa.map_(key.with_type(_with_floats_as(key.type, to)), item.with_type(_with_floats_as(item.type, to)))
+    if pa.types.is_dictionary(t) and _with_floats_as(t.value_type, to) != t.value_type:
+        return _with_floats_as(t.value_type, to)  # decoded: the records hold values, not dictionary codes
+    return t
+
+
 def _short_floats(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """float32 columns as the float64 of their shortest text (a float32 19.99 is 19.989999771118164 as a float64:
+    """float32 values as the float64 of their shortest text (a float32 19.99 is 19.989999771118164 as a float64:
     trained as `19.99`, as written, not as the float32's binary expansion); float16 ones as Arrow writes them,
-    their exact value. Top-level columns only."""
-    columns = [
-        c.cast(pa.string()).cast(pa.float64()) if pa.types.is_float16(c.type) or pa.types.is_float32(c.type) else c
-        for c in batch.columns
-    ]
+    their exact value. At any depth: a list of float32 or a struct holding one too. A column whose type Arrow
+    cannot cast so (none known) keeps its values as they are."""
+    columns = []
+    for c in batch.columns:
+        wide = _with_floats_as(c.type, pa.float64())
+        if wide != c.type:
+            try:
+                c = c.cast(_with_floats_as(c.type, pa.string())).cast(wide)
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+                pass
+        columns.append(c)
     if all(a is b for a, b in zip(columns, batch.columns, strict=True)):
         return batch
     return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)

@@ -305,3 +305,31 @@ def test_parquet_infinity_is_a_reject_and_float32_trains_as_written(tmp_path: Pa
     pq.write_table(pa.table({"price": pa.array([19.99], pa.float32())}), tmp_path / "e.parquet")
     (item,), _, _ = _read(tmp_path / "e.parquet", "parquet")
     assert item.text == '{"price":19.99}'
+
+
+def test_parquet_nested_float32_in_lists_structs_and_maps_trains_as_written(tmp_path: Path):
+    """A float32 inside a list, a struct or a map trained as its binary expansion (0.1 as 0.10000000149011612)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "scores": pa.array([[0.1, 19.99, None], None], pa.list_(pa.float32())),
+            "item": pa.array(
+                [{"price": 0.3, "name": "a"}, {"price": None, "name": "b"}],
+                pa.struct([("price", pa.float32()), ("name", pa.string())]),
+            ),
+            "tags": pa.array([[("k", 2.2)], []], pa.map_(pa.string(), pa.float32())),
+            "deep": pa.array([[[0.7]], [[1.5]]], pa.list_(pa.list_(pa.float32()))),
+            "wide": pa.array([[0.1], [0.2]], pa.list_(pa.float64())),
+        }
+    )
+    pq.write_table(table, tmp_path / "n.parquet")
+    items, rejects, _ = _read(tmp_path / "n.parquet", "parquet")
+    assert rejects == []
+    first, second = (i.value for i in items)
+    assert first["scores"] == [0.1, 19.99, None] and second["scores"] is None
+    assert first["item"] == {"price": 0.3, "name": "a"} and second["item"]["price"] is None
+    assert first["deep"] == [[0.7]] and second["deep"] == [[1.5]]
+    assert first["wide"] == [0.1] and second["wide"] == [0.2]  # float64 untouched
+    assert "0.10000000149011612" not in items[0].text and "2.2" in items[0].text
