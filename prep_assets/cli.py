@@ -135,15 +135,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"FAILED dataset {name}: {error}", file=sys.stderr)
     for name, error in sorted(report.get("mix_errors", {}).items()):
         print(f"FAILED mix {name}: {error}", file=sys.stderr)
+    refused = [(name, note) for name, notes in sorted(report.get("refused", {}).items()) for note in notes]
+    for name, note in refused:
+        print(
+            f"NOT READ in raw/{name}/: {note}; move it out of raw/{name}/, or start its name with `_` to keep it "
+            "there unread",
+            file=sys.stderr,
+        )
     env = f"DAGSTER_HOME={home} PREP_ASSETS_DATA_DIR={data_dir} {Path(sys.executable).parent / 'dagster'}"
     ui = f"DAGSTER_HOME={home} {Path(sys.executable).parent / 'prep-assets'} ui --data-dir {data_dir}"
     print(
-        f"\n{len(report['runs'])} run(s), {len(failed)} failed, {len(report['errors'])} dataset(s) in error; "
+        f"\n{len(report['runs'])} run(s), {len(failed)} failed, {len(report['errors'])} dataset(s) in error, "
+        f"{len(refused)} raw file(s) not read; "
         f"open the UI: {ui}\n"
         f"rebuild drops while it runs: {Path(sys.executable).parent / 'prep-assets'} backfill <dataset> "
         f"[--drops KEY1,KEY2] --data-dir {data_dir} (it waits for the runs; Dagster's own: {env} job backfill ...)"
     )
-    return 1 if failed or report["errors"] or report.get("mix_errors") else 0
+    return 1 if failed or report["errors"] or report.get("mix_errors") or refused else 0
 
 
 _SUMMARY_COLUMNS = (

@@ -29,7 +29,7 @@ from dagster import (
 
 from prep_assets.core.bronze import BronzeStats
 from prep_assets.core.dedup import earlier_set_changed
-from prep_assets.core.drops import register_drops, registered_drops, superseded_drops
+from prep_assets.core.drops import register_drops, registered_drops, scan_raw_dir, superseded_drops
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.gold import GoldStats
 from prep_assets.core.lake import (
@@ -234,7 +234,8 @@ def run_datasets(
     """Register drops and materialize what is missing or stale, dataset by dataset.
 
     A dataset whose spec does not load, or whose run cannot start (no tokenizer, an unreadable drop), is
-    reported in `errors` by name; every other dataset runs as usual."""
+    reported in `errors` by name; every other dataset runs as usual. Files of a raw folder that no reader
+    reads (a symlink, a folder, a name without a reader's suffix) are listed in `refused` by dataset."""
     scan = scan_specs(data_dir / "datasets")
     if dataset is not None:
         names = sorted([s.name for s in scan.specs] + list(scan.broken))
@@ -242,7 +243,7 @@ def run_datasets(
             raise PrepAssetsError(f"no dataset {dataset!r} in {data_dir / 'datasets'}; available: {names}")
         scan = scan.only(dataset)
     defs = build_definitions(data_dir, dataset)
-    report: dict[str, Any] = {"rows": [], "runs": [], "errors": dict(scan.broken)}
+    report: dict[str, Any] = {"rows": [], "runs": [], "errors": dict(scan.broken), "refused": {}}
     # overlapping runs on one data dir take turns (the later one then finds the work done), whatever their
     # DAGSTER_HOME: each publishes whole outputs, and the manifest is judged on settled gate results
     with exclusive(data_dir / "lake" / RUN_LOCK, lambda: log("waiting for another prep-assets run on this data dir")):
@@ -337,6 +338,10 @@ def _run_dataset(
     new, notes = register_drops(paths)
     for note in notes:
         log(f"[{spec.name}] {note}")
+    refused: list[str] = []  # files of raw/ no reader reads: the run fails for them once its drops are built
+    scan_raw_dir(paths.raw_dir, refused)
+    if refused:
+        report["refused"][spec.name] = refused
     for drop in new:
         log(f"[{spec.name}] new drop {drop.file} -> partition {drop.partition}")
     keys = sorted(registered_drops(paths))

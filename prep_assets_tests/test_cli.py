@@ -149,11 +149,33 @@ def test_a_broken_spec_a_missing_tokenizer_and_an_undecodable_drop_name_stop_onl
     )
     assert "leaves the data dir" in out.err and "../../../../etc/passwd" in out.err
     assert "'caf\\udce9.jsonl': refused, its name is not valid UTF-8" in out.out
-    assert out.out.count("sample_text ") == 2 and "0 failed, 3 dataset(s) in error" in out.out
+    assert out.out.count("sample_text ") == 2 and "0 failed, 3 dataset(s) in error, 1 raw file(s) not read" in out.out
+    assert "NOT READ in raw/sample_text/: 'caf\\udce9.jsonl': refused" in out.err
     assert json.loads((data / "lake" / "sample_text" / "manifest.json").read_text())["partitions"]
-    # --dataset works whatever the other specs hold
-    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
+    # --dataset works whatever the other specs hold; the refused file fails it until it is moved or named `_...`
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 1
     assert "up to date" in capsys.readouterr().out
+    os.rename(os.path.join(os.fsencode(raw), b"caf\xe9.jsonl"), os.path.join(os.fsencode(raw), b"_caf\xe9.jsonl"))
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
+    assert "0 dataset(s) in error, 0 raw file(s) not read" in capsys.readouterr().out
+
+
+def test_a_file_no_reader_takes_fails_the_run_naming_it_while_every_drop_is_built(
+    in_process: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A spreadsheet or a symlink in raw/ was logged among the progress lines and the run exited 0: its rows were
+    never read and nothing said so at the end."""
+    data = in_process
+    raw = data / "raw" / "sample_text"
+    (raw / "notes.xlsx").write_bytes(b"PK not a reader's format")
+    (raw / "more.jsonl").symlink_to(next(raw.glob("*.jsonl")))
+    code = main(["run", "--data-dir", str(data), "--dataset", "sample_text"])
+    out = capsys.readouterr()
+    assert code == 1 and "Traceback" not in out.err
+    assert "NOT READ in raw/sample_text/: 'notes.xlsx': refused, no reader for this name" in out.err
+    assert "NOT READ in raw/sample_text/: 'more.jsonl': refused, a symlink (never followed)" in out.err
+    assert "0 failed, 0 dataset(s) in error, 2 raw file(s) not read" in out.out
+    assert json.loads((data / "lake" / "sample_text" / "manifest.json").read_text())["partitions"]
 
 
 def test_decode_prints_masked_spans_and_segments(in_process: Path, capsys: pytest.CaptureFixture[str]):
