@@ -28,7 +28,7 @@ from dagster import (
 )
 
 from prep_assets.core.bronze import BronzeStats
-from prep_assets.core.dedup import earlier_set_changed
+from prep_assets.core.dedup import earlier_set_changed, remove_other_indexes
 from prep_assets.core.drops import register_drops, registered_drops, scan_raw_dir, superseded_drops
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.gold import GoldStats
@@ -369,6 +369,8 @@ def _run_dataset(
             runs.append(run)
         rows.append(summary_row(spec, paths, key, run))
     runs.append(_launch(defs, instance, manifest_job_name(spec)))
+    for folder, size in remove_other_indexes(spec, paths):
+        log(f"[{spec.name}] removed the dedup indexes of an earlier configuration: {folder} ({size / 2**20:.1f} MiB)")
 
 
 def retire(data_dir: Path, dataset: str, drop: str, reason: str = "", log: Callable[[str], None] = print) -> dict:

@@ -176,6 +176,18 @@ def test_a_file_no_reader_takes_fails_the_run_naming_it_while_every_drop_is_buil
     assert "NOT READ in raw/sample_text/: 'more.jsonl': refused, a symlink (never followed)" in out.err
     assert "0 failed, 0 dataset(s) in error, 2 raw file(s) not read" in out.out
     assert json.loads((data / "lake" / "sample_text" / "manifest.json").read_text())["partitions"]
+    # moved out: the next run passes; and it removes the dedup indexes of a configuration no longer used
+    (raw / "notes.xlsx").unlink()
+    (raw / "more.jsonl").unlink()
+    old = data / "lake" / "sample_text" / "dedup_index" / "v1-0123456789ab" / "p"
+    old.mkdir(parents=True)
+    (old / "hashes.parquet").write_bytes(b"x" * 1000)
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
+    out = capsys.readouterr()
+    assert "removed the dedup indexes of an earlier configuration: v1-0123456789ab (0.0 MiB)" in out.out
+    assert not old.parent.exists() and list(
+        (data / "lake" / "sample_text" / "dedup_index").glob("v2-*/*/hashes.parquet")
+    )
 
 
 def test_decode_prints_masked_spans_and_segments(in_process: Path, capsys: pytest.CaptureFixture[str]):

@@ -17,6 +17,7 @@ already kept record reaches the threshold is removed, naming the earliest such k
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ from prep_assets.core.spec_sections import NearDedupSpec
 from prep_assets.core.sql import connect as sql_connect
 
 INDEX_FILE = "hashes.parquet"
+DEDUP_INDEX_DIR = "dedup_index"  # lake/<dataset>/dedup_index/<silver configuration>/<partition>/
 INDEX_VERSION = "v2"  # bump when what silver hashes, or the index layout, changes in code
 INDEX_SCHEMA = pa.schema([("content_sha256", pa.string()), ("record_id", pa.string()), ("content", pa.string())])
 
@@ -141,7 +143,25 @@ def _publish_index(out_dir: Path, batches: Iterable[pa.RecordBatch]) -> None:
 
 def index_dir(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> Path:
     """Where a drop's content index is kept, per silver configuration (a changed spec gets a new index)."""
-    return paths.root / "dedup_index" / f"{INDEX_VERSION}-{spec.layer_version('silver')}" / partition
+    return paths.root / DEDUP_INDEX_DIR / f"{INDEX_VERSION}-{spec.layer_version('silver')}" / partition
+
+
+def remove_other_indexes(spec: DatasetSpec, paths: DatasetPaths) -> list[tuple[str, int]]:
+    """Remove the dataset's dedup indexes of every other silver configuration than the spec's (an earlier code
+    version or spec: silver rebuilt since, nothing reads them); (folder, bytes) of each one removed. An index
+    holds a copy of each kept content, so left alone they would add a silver's size per drop at every change."""
+    root = paths.root / DEDUP_INDEX_DIR
+    if not root.is_dir():
+        return []
+    current = index_dir(spec, paths, "_").parent.name
+    removed = []
+    for folder in sorted(root.iterdir()):
+        if folder.name in (current, "") or folder.name.startswith(".") or not folder.is_dir() or folder.is_symlink():
+            continue
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append((folder.name, size))
+    return removed
 
 
 def earlier_indexes(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> list[tuple[Drop, Path]]:

@@ -16,13 +16,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from prep_assets.core.dedup import DEDUP_INDEX_DIR
 from prep_assets.core.drops import RETIRED_REGISTRATION, Drop, registered_drops, retired_drops, superseded_drops
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, partition_lock, sha256_file, withdraw_manifest, write_json_atomic
 
 RECORD = "retired.json"
 LAYERS = ("bronze", "silver", "gold", "shards")
-DEDUP_INDEX = "dedup_index"
 
 
 def find_drop(paths: DatasetPaths, drop: str) -> Drop:
@@ -60,8 +60,8 @@ def retire_drop(
     with partition_lock(paths.manifest_path):
         withdrawn = withdraw_manifest(paths.manifest_path, shards)
         moved = [_move(paths.partition_dir(layer, found.partition), dest / layer, paths.root) for layer in LAYERS]
-    for index in sorted((paths.root / DEDUP_INDEX).glob(f"*/{found.partition}")):
-        moved.append(_move(index, dest / DEDUP_INDEX / index.parent.name, paths.root))
+    for index in sorted((paths.root / DEDUP_INDEX_DIR).glob(f"*/{found.partition}")):
+        moved.append(_move(index, dest / DEDUP_INDEX_DIR / index.parent.name, paths.root))
     raw = paths.raw_dir / found.file
     if raw.is_file() and not raw.is_symlink() and sha256_file(raw) == found.sha256:  # other bytes: a new drop
         moved.append(_move(raw, dest / "raw" / found.file, paths.raw_dir.parent.parent))

@@ -9,7 +9,7 @@ import pytest
 
 from prep_assets.core import silver
 from prep_assets.core.bronze import build_raw_records
-from prep_assets.core.dedup import earlier_indexes
+from prep_assets.core.dedup import earlier_indexes, index_dir, remove_other_indexes
 from prep_assets.core.drops import earlier_drops, register_drops, registered_drops, resolve_drop
 from prep_assets.core.errors import DropError, SpecError
 from prep_assets.core.gates import evaluate
@@ -166,6 +166,25 @@ def test_a_spec_change_gets_new_indexes(tmp_path: Path):
     _silver(paths, [c], spec=stricter)  # a and b re-indexed under the new spec: only A passes the filter there
     assert _kept(paths, c) == []  # A: a copy of a:1; D and F: too short
     assert len([p for p in paths.root.glob("dedup_index/*") if not p.name.startswith(".")]) == 2  # .locks aside
+
+
+def test_indexes_of_an_earlier_configuration_are_removed_and_the_current_ones_and_locks_kept(tmp_path: Path):
+    """Every code or spec change left a copy of each drop's kept contents behind, never read again."""
+    paths, keys = _lake(tmp_path)
+    a, b, c = (keys[n] for n in DROPS)
+    _silver(paths, [a, b, c])
+    old = index_dir(SPEC, paths, a).parent
+    stricter = make_spec("ds", clean={"dedup": "exact", "dedup_scope": "dataset", "min_chars": 46})
+    _silver(paths, [a, b, c], spec=stricter)
+    kept_before = _files(paths, [a, b, c])
+    removed = remove_other_indexes(stricter, paths)
+    assert [name for name, _ in removed] == [old.name] and removed[0][1] > 0 and not old.exists()
+    assert sorted(p.name for p in (paths.root / "dedup_index").iterdir() if not p.name.startswith(".")) == [
+        index_dir(stricter, paths, a).parent.name
+    ]
+    assert remove_other_indexes(stricter, paths) == []
+    _silver(paths, [c], spec=stricter)  # rebuilt against the indexes kept: the same bytes
+    assert _files(paths, [a, b, c]) == kept_before
 
 
 def test_an_earlier_drop_this_spec_cannot_read_holds_nothing(tmp_path: Path):
