@@ -156,7 +156,7 @@ def remove_other_indexes(spec: DatasetSpec, paths: DatasetPaths) -> list[tuple[s
     current = index_dir(spec, paths, "_").parent.name
     removed = []
     for folder in sorted(root.iterdir()):
-        if folder.name in (current, "") or folder.name.startswith(".") or not folder.is_dir() or folder.is_symlink():
+        if folder.name == current or folder.name.startswith(".") or not folder.is_dir() or folder.is_symlink():
             continue
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
         shutil.rmtree(folder, ignore_errors=True)
