@@ -237,8 +237,8 @@ def run_datasets(
     reported in `errors` by name; every other dataset runs as usual. Files of a raw folder that no reader
     reads (a symlink, a folder, a name without a reader's suffix) are listed in `refused` by dataset."""
     scan = scan_specs(data_dir / "datasets")
+    names = sorted([s.name for s in scan.specs] + list(scan.broken))
     if dataset is not None:
-        names = sorted([s.name for s in scan.specs] + list(scan.broken))
         if dataset not in names:
             raise PrepAssetsError(f"no dataset {dataset!r} in {data_dir / 'datasets'}; available: {names}")
         scan = scan.only(dataset)
@@ -258,7 +258,24 @@ def run_datasets(
                 report["errors"][spec.name] = f"{type(exc).__name__}: {exc}"
         if dataset is None:
             _run_mixes(defs, instance, data_dir, {s.name for s in scan.specs} | set(scan.broken), rerun_all, report)
+        else:
+            report["stale_mixes"] = stale_mixes(instance, data_dir, dataset, set(names))
     return report
+
+
+def stale_mixes(instance: DagsterInstance, data_dir: Path, dataset: str, datasets: set[str]) -> list[str]:
+    """The mixes drawing on `dataset` that are not up to date (`run --dataset` leaves mixes alone: it names them)."""
+    out = []
+    for spec in scan_mixes(data_dir / "mixes", datasets).mixes:
+        if all(src.dataset != dataset for src in spec.sources.values()):
+            continue
+        try:
+            fresh = mix_up_to_date(instance, spec, data_dir / "lake")
+        except (PrepAssetsError, OSError, ValueError):  # a source without a manifest yet: it cannot be up to date
+            fresh = False
+        if not fresh:
+            out.append(spec.name)
+    return out
 
 
 def mix_up_to_date(instance: DagsterInstance, spec: MixSpec, lake: Path) -> bool:

@@ -61,11 +61,19 @@ def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
         jobs = {r.job_name for r in runs}
         assert {"sample_text_drops", "sample_instruct_drops", "sample_text_manifest", "mix_sample_mix_job"} <= jobs
     again = _run(["run", "--data-dir", str(data), "--dataset", "sample_text"], home, PROJECT)
-    assert again.returncode == 0 and again.stdout.count("up to date") == 2
+    assert again.returncode == 0 and again.stdout.count("up to date") == 2 and "mix sample_mix" not in again.stdout
     before = tree_digests(data / "lake")
     forced = _run(["run", "--data-dir", str(data), "--all"], home, PROJECT)
     assert forced.returncode == 0 and "up to date" not in forced.stdout
     assert tree_digests(data / "lake") == before  # every output file byte-identical after a full rematerialization
+    # a new drop through `--dataset`: the mix drawing on it is named as not up to date (it used to say nothing)
+    raw = data / "raw" / "sample_text"
+    notes = (raw / "field_notes_2026-11-01.jsonl").read_text("utf-8")
+    (raw / "field_notes_2026-11-03.jsonl").write_text(notes.replace("Day ", "Night "), "utf-8")
+    one = _run(["run", "--data-dir", str(data), "--dataset", "sample_text"], home, PROJECT)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "mix sample_mix: draws on sample_text and is not up to date; `prep-assets run` without" in one.stdout
+    before = {k: v for k, v in tree_digests(data / "lake").items() if k.startswith("_mixes/")}  # not planned again
     mix_spec = data / "mixes" / "sample_mix.yaml"  # a plan its inventory gate fails: held, mix.json kept
     mix_spec.write_text(
         mix_spec.read_text().replace("total_tokens: 6144", "total_tokens: 43008").replace("4096", "40960"), "utf-8"
