@@ -401,9 +401,14 @@ def group_records(keys: list[str], sort_keys: list[Any] | None) -> list[list[int
     return out
 
 
+_NAME_NEEDS_QUOTES = re.compile(r'[,"\r\n]|^\s|\s$')
+
+
 def schema_prompt(columns: list[str]) -> str:
-    """The masked prompt every example starts with: the column names, in schema order."""
-    return ", ".join(columns) + "\n"
+    """The masked prompt every example starts with: the column names, in schema order, `, ` between them. A name
+    holding a comma, a quote or a line break, or space at either end, is written as a JSON string (`"a, b"`), so
+    the list reads back one way (with such a name written bare, `a, b, c` could be two columns or three)."""
+    return ", ".join(json.dumps(c, ensure_ascii=False) if _NAME_NEEDS_QUOTES.search(c) else c for c in columns) + "\n"
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,14 @@ def test_render_record_keeps_schema_order_numbers_nulls_and_escapes_line_breaks(
     assert schema_prompt(COLS) == "id, when, amount, note\n"
 
 
+def test_schema_prompt_quotes_names_with_commas_quotes_line_breaks_or_edge_spaces_only():
+    """`a, b` and `c` bare read as three columns; a name with a line break broke the prompt's one line."""
+    names = ["id", "a, b", "c", "two\nlines", 'say "hi"', " padded", "temp °C"]
+    prompt = schema_prompt(names)
+    assert prompt == 'id, "a, b", c, "two\\nlines", "say \\"hi\\"", " padded", temp °C\n'
+    assert prompt.count("\n") == 1
+
+
 def test_flat_fills_until_max_records_or_the_next_would_not_fit():
     tokens = [5, 5, 5, 5, 5, 9]
     order = np.random.default_rng(0).permutation(6).tolist()
