@@ -130,8 +130,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"mix {m['mix']}: {m['phases']} phase(s), rows per bucket: {m['rows'] or 'none'}; checks {m['checks']}")
     for name in report.get("stale_mixes", []):
         print(
-            f"mix {name}: draws on {args.dataset} and is not up to date; `prep-assets run` without --dataset (or the "
-            "UI) plans it again"
+            f"mix {name}: draws on {args.dataset} and is stale; `prep-assets run` without --dataset (or the UI) plans "
+            "it again"
         )
     failed = [r for r in report["runs"] if not r["success"]]
     for r in failed:

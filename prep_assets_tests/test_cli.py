@@ -72,7 +72,7 @@ def test_run_sample_data_records_runs_and_skips_up_to_date(tmp_path: Path):
     (raw / "field_notes_2026-11-03.jsonl").write_text(notes.replace("Day ", "Night "), "utf-8")
     one = _run(["run", "--data-dir", str(data), "--dataset", "sample_text"], home, PROJECT)
     assert one.returncode == 0, one.stderr[-3000:]
-    assert "mix sample_mix: draws on sample_text and is not up to date; `prep-assets run` without" in one.stdout
+    assert "mix sample_mix: draws on sample_text and is stale; `prep-assets run` without --dataset" in one.stdout
     before = {k: v for k, v in tree_digests(data / "lake").items() if k.startswith("_mixes/")}  # not planned again
     mix_spec = data / "mixes" / "sample_mix.yaml"  # a plan its inventory gate fails: held, mix.json kept
     mix_spec.write_text(
