@@ -134,8 +134,19 @@ def test_lineage_metadata_checks_and_a_materialization_from_the_ui(tmp_path: Pat
         page.goto(f"{server.url}/assets/{DS}/packed_shards")
         page.get_by_role("button", name="Materialize…").first.click()
         dialog = page.locator("[role=dialog]")
-        page.get_by_text("Select a partition or create one").click()
-        page.locator(f"text={partition} >> visible=true").last.click()
+        # the page's metadata names the partition too (its path): the list's entry is the one added after it (a
+        # click on the selector while the dialog still opens may show no list: clicked again then)
+        named = page.locator(f"text={partition} >> visible=true")
+        before = named.count()
+        for _ in range(3):
+            page.get_by_text("Select a partition or create one").click()
+            for _ in range(100):
+                if named.count() > before:
+                    break
+                page.wait_for_timeout(100)
+            if named.count() > before:
+                break
+        named.last.click()
         page.keyboard.press("Escape")
         dialog.get_by_role("button", name="Launch 1 run").click()
         link = page.locator("a[href*='/runs/']").filter(has_text=re.compile("View|Run")).first
