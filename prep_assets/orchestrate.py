@@ -29,7 +29,7 @@ from dagster import (
 
 from prep_assets.core.bronze import BronzeStats
 from prep_assets.core.dedup import earlier_set_changed, remove_other_indexes
-from prep_assets.core.drops import register_drops, registered_drops, scan_raw_dir, superseded_drops
+from prep_assets.core.drops import register_drops, registered_drops, superseded_drops
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.gold import GoldStats
 from prep_assets.core.lake import (
@@ -352,11 +352,10 @@ def _run_dataset(
     paths = dataset_paths(data_dir, spec.name)
     for left in sweep_stale_staging(paths.root):
         log(f"[{spec.name}] removed {left.name}, left by a process that died while writing")
-    new, notes = register_drops(paths)
-    for note in notes:
-        log(f"[{spec.name}] {note}")
     refused: list[str] = []  # files of raw/ no reader reads: the run fails for them once its drops are built
-    scan_raw_dir(paths.raw_dir, refused)
+    new, notes = register_drops(paths, refused)
+    for note in [*refused, *notes]:
+        log(f"[{spec.name}] {note}")
     if refused:
         report["refused"][spec.name] = refused
     for drop in new:

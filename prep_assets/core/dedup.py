@@ -141,9 +141,14 @@ def _publish_index(out_dir: Path, batches: Iterable[pa.RecordBatch]) -> None:
             raise
 
 
+def _configuration(spec: DatasetSpec) -> str:
+    """The folder of a silver configuration's indexes: the index layout's and silver's versions."""
+    return f"{INDEX_VERSION}-{spec.layer_version('silver')}"
+
+
 def index_dir(spec: DatasetSpec, paths: DatasetPaths, partition: str) -> Path:
     """Where a drop's content index is kept, per silver configuration (a changed spec gets a new index)."""
-    return paths.root / DEDUP_INDEX_DIR / f"{INDEX_VERSION}-{spec.layer_version('silver')}" / partition
+    return paths.root / DEDUP_INDEX_DIR / _configuration(spec) / partition
 
 
 def remove_other_indexes(spec: DatasetSpec, paths: DatasetPaths) -> list[tuple[str, int]]:
@@ -153,8 +158,7 @@ def remove_other_indexes(spec: DatasetSpec, paths: DatasetPaths) -> list[tuple[s
     root = paths.root / DEDUP_INDEX_DIR
     if not root.is_dir():
         return []
-    current = index_dir(spec, paths, "_").parent.name
-    removed = []
+    current, removed = _configuration(spec), []
     for folder in sorted(root.iterdir()):
         if folder.name == current or folder.name.startswith(".") or not folder.is_dir() or folder.is_symlink():
             continue

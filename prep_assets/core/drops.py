@@ -118,12 +118,13 @@ def retired_drops(paths: DatasetPaths) -> dict[str, Drop]:
     return {d.partition: d for d in (Drop(**read_json(e)) for e in entries)}
 
 
-def register_drops(paths: DatasetPaths) -> tuple[list[Drop], list[str]]:
-    """Register every new file of the raw folder; returns (new drops, notes on files skipped)."""
+def register_drops(paths: DatasetPaths, refused: list[str] | None = None) -> tuple[list[Drop], list[str]]:
+    """Register every new file of the raw folder; returns (new drops, notes on files skipped). The files no reader
+    reads (`scan_raw_dir`) are described in `refused` when given, else among the notes."""
     registry = _Registry(paths)
     new: list[Drop] = []
     notes: list[str] = []
-    for path in scan_raw_dir(paths.raw_dir, notes):
+    for path in scan_raw_dir(paths.raw_dir, notes if refused is None else refused):
         drop = registry.register(path, notes)
         if drop is not None:
             new.append(drop)
