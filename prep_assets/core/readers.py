@@ -19,7 +19,17 @@ from typing import IO, Any
 
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import JSON_MAX_DEPTH, loads_json
-from prep_assets.core.readers_common import EXCERPT_CHARS, UTF8_BOM, Accounting, RawItem, RawReject, excerpt_of, shown
+from prep_assets.core.readers_common import (
+    ENCODING_HEAD,
+    EXCERPT_CHARS,
+    UTF8_BOM,
+    Accounting,
+    RawItem,
+    RawReject,
+    excerpt_of,
+    not_utf8_text,
+    shown,
+)
 from prep_assets.core.readers_tabular import read_csv, read_parquet
 
 
@@ -188,6 +198,16 @@ def _parse_json(text: str) -> tuple[Any, str | None, str]:
         return None, reason, str(exc)
     except RecursionError:
         return None, "malformed_json", NESTING_TOO_DEEP
+
+
+def _head(path: Path, fmt: str) -> bytes:
+    """The first bytes of a text drop as its reader sees them (a .gz drop's decompressed; b"" where the stream is not
+    gzip or breaks at once: the reader rejects that itself)."""
+    try:
+        with _open_stream(path, fmt) as f:
+            return f.read(ENCODING_HEAD)
+    except (EOFError, OSError, zlib.error):
+        return b""
 
 
 def _open_stream(path: Path, fmt: str) -> IO[bytes]:
@@ -411,7 +431,16 @@ def _skip_ws(text: str, pos: int) -> int:
 def read_drop(
     path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting, max_gzip_ratio: float = 100.0, **lines: bool
 ) -> Iterator[RawItem | RawReject]:
-    """A drop's items and rejects, by format; `lines` are the line reader's switches (`keep_line_ends`)."""
+    """A drop's items and rejects, by format; `lines` are the line reader's switches (`keep_line_ends`). A text drop
+    that is not UTF-8 (UTF-16, UTF-32) is refused as a whole (`DropError`): read line by line it would train on
+    garbled text (`not_utf8_text`)."""
+    if fmt != "parquet":
+        problem = not_utf8_text(_head(path, fmt))
+        if problem is not None:
+            raise DropError(
+                f"{path.name}: {problem}; prep_assets reads UTF-8: convert it (for example with "
+                "`iconv -f UTF-16 -t UTF-8`) and drop the converted file"
+            )
     if fmt == "parquet":
         return read_parquet(path, acct=acct)
     if fmt == "csv":

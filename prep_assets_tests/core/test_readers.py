@@ -333,3 +333,32 @@ def test_parquet_nested_float32_in_lists_structs_and_maps_trains_as_written(tmp_
     assert first["deep"] == [[0.7]] and second["deep"] == [[1.5]]
     assert first["wide"] == [0.1] and second["wide"] == [0.2]  # float64 untouched
     assert "0.10000000149011612" not in items[0].text and "2.2" in items[0].text
+
+
+def test_utf16_and_utf32_drops_are_refused_whole_never_read_as_garbled_lines(tmp_path: Path):
+    import pytest
+
+    from prep_assets.core.errors import DropError
+
+    text = "hello world, line one\n天下大水山月木火土中\n"
+    cases = {
+        "bom16.txt": ("txt", text.encode("utf-16"), "UTF-16 LE"),
+        "be16.jsonl": ("jsonl", b'{"text": "plain ascii in utf16 big endian"}\n'.decode().encode("utf-16-be"), "0"),
+        "bom32.csv": ("csv", "a,b\nx,y\n".encode("utf-32"), "UTF-32 LE"),
+        "bom16be.json": ("json", b'[{"text": "a"}]'.decode().encode("utf-16-be").join([b"\xfe\xff", b""]), "BE"),
+    }
+    for name, (fmt, data, said) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(DropError, match="reads UTF-8") as err:
+            _read(tmp_path / name, fmt)
+        assert said in str(err.value) and name in str(err.value)
+    gz = tmp_path / "g.jsonl.gz"
+    gz.write_bytes(gzip.compress('{"text": "a"}\n'.encode("utf-16")))
+    with pytest.raises(DropError, match="UTF-16 LE"):
+        _read(gz, "jsonl.gz")
+    # UTF-8 text with a stray 0 byte, or of a few bytes, is read line by line as before
+    (tmp_path / "ok.txt").write_bytes(b"one \x00 two\nthree\n")
+    items, rejects, _ = _read(tmp_path / "ok.txt", "txt")
+    assert [i.value for i in items] == ["one \x00 two", "three"] and not rejects
+    (tmp_path / "tiny.txt").write_bytes(b"a\n")
+    assert [i.value for i in _read(tmp_path / "tiny.txt", "txt")[0]] == ["a"]
