@@ -318,6 +318,14 @@ def extract_preference(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
         prompt, chosen, rejected = chosen[:k], chosen[k:], rejected[k:]
     if chosen == rejected:
         return Invalid("identical_branches", "chosen and rejected are the same after the shared prompt")
+    for key, branch in ((spec.chosen_key, chosen), (spec.rejected_key, rejected)):
+        if branch[0]["role"] != "assistant":  # what differs first is not a response: the contexts differ
+            return Invalid(
+                "inconsistent_prompt",
+                f"the branches differ first at a {branch[0]['role']} message of {key!r}, not at the assistant's "
+                "answer: a pair compares two answers to one context; give both branches the same turns before "
+                "the answers",
+            )
     clash = _two_systems(system, prompt, spec)
     if clash is not None:
         return clash

@@ -278,6 +278,24 @@ def test_a_given_prompt_repeated_by_one_branch_only_is_a_reject():
     assert both["prompt"] == [repeated[0]] and both["chosen"] == [repeated[1]]  # type: ignore[index]
 
 
+def test_preference_branches_that_differ_before_the_answer_are_a_reject_not_a_pair():
+    """Branches asking different questions were kept as one pair: each trained its answer on its own question."""
+    spec = make_spec(input={"type": "preference"}).input
+    hh = {"chosen": "\n\nHuman: hh q\n\nAssistant: hh good", "rejected": "\n\nHuman: other q\n\nAssistant: hh bad"}
+    u, a = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+    listed = {"chosen": [u, a], "rejected": [{**u, "content": "DIFFERENT"}, {**a, "content": "b"}]}
+    later = {"chosen": [u, a, {**u, "content": "then"}, a], "rejected": [u, a, {**u, "content": "else"}, a]}
+    for value in (hh, listed, later):
+        got = extract_preference(value, spec)
+        assert got.reason == "inconsistent_prompt" and "user message" in got.detail  # type: ignore[union-attr]
+    given = extract_preference({"prompt": "Q?", "chosen": [{**u, "content": "Q2"}, a], "rejected": "B"}, spec)
+    assert given.reason == "inconsistent_prompt" and "'chosen'" in given.detail  # type: ignore[union-attr]
+    # the answers differing at any turn after the same context is a pair
+    tools = [{"role": "assistant", "content": "calling"}, {"role": "tool", "content": "42"}, a]
+    ok = extract_preference({"chosen": [u, *tools], "rejected": [u, {**a, "content": "no"}]}, spec)
+    assert ok["prompt"] == [u] and ok["chosen"] == tools  # type: ignore[index]
+
+
 def test_preference_hh_shared_prompt_masked_and_identical_in_both_branches(tmp_path: Path):
     spec = _spec("tinyllama", type_="preference", max_seq_len=4096)
     pt = pin_and_load(spec, tmp_path)
@@ -513,14 +531,8 @@ def test_pair_whose_branches_start_with_a_user_turn_passes_the_pair_gate(tmp_pat
     spec = _spec("gpt2", type_="preference")
     pt = pin_and_load(spec, tmp_path)
     u, a = (lambda t: {"role": "user", "content": t}), (lambda t: {"role": "assistant", "content": t})
-    content = extract_preference(
-        {
-            "chosen": [u("hi"), a("hello"), u("a joke?"), a("ha")],
-            "rejected": [u("hi"), a("hello"), u("be rude"), a("no")],
-        },
-        spec.input,
-    )
-    assert len(content["prompt"]) == 2
+    # extraction rejects such branches (`inconsistent_prompt`); the gate judges gold as written, whatever made it
+    content = {"prompt": [u("hi"), a("hello")], "chosen": [u("a joke?"), a("ha")], "rejected": [u("be rude"), a("no")]}
     tb = tokenize_batch([content], spec, pt)
     ex = batch_examples(tb)
     rows = [
