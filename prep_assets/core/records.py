@@ -142,8 +142,14 @@ def _messages(items: Any, spec: InputSpec, what: str) -> list[dict[str, Any]] | 
                 return Invalid(turn.reason, f"{where}: {turn.detail}")
             out += [{"role": "user", "content": turn["prompt"]}, {"role": "assistant", "content": turn["completion"]}]
             continue
-        role_key = spec.role_key or ("role" if "role" in item else "from")
-        content_key = spec.content_key or ("content" if "content" in item else "value")
+        # OpenAI's role/content or ShareGPT's from/value, by the keys the item has (a missing one named in its style)
+        openai = "role" in item or ("from" not in item and "value" not in item)
+        role_key = spec.role_key or (
+            "role" if "role" in item else "from" if "from" in item else "role" if openai else "from"
+        )
+        content_key = spec.content_key or (
+            "content" if "content" in item else "value" if "value" in item else "content" if openai else "value"
+        )
         if item.get("tool_calls") or item.get("function_call"):
             return Invalid(
                 "unsupported_tool_calls",
@@ -209,6 +215,13 @@ def _conversation(value: Any, spec: InputSpec) -> tuple[Any, dict[str, Any]] | I
     if not isinstance(value, dict):
         return Invalid("not_an_object", f"expected a JSON object or list, got {type(value).__name__}")
     keys = [spec.messages_key] if spec.messages_key else ["messages", "conversations"]
+    given = [key for key in keys if value.get(key) is not None]
+    if len(given) > 1:  # which one to train is the author's call: the other would be lost without a word
+        return Invalid(
+            "conflicting_conversations",
+            f"the record gives both {given[0]!r} and {given[1]!r}; keep one, or set input.messages_key to the one "
+            "to train",
+        )
     for key in keys:
         if key in value:
             return value[key], value

@@ -267,6 +267,30 @@ def test_tools_given_as_a_json_string_are_read_as_strictly_as_a_line():
     assert ok["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {}}}]  # type: ignore[index]
 
 
+def test_a_chat_giving_both_messages_and_conversations_is_a_reject_never_one_of_them_lost():
+    spec = make_spec(input={"type": "chat"}).input
+    both = {"messages": [_u("q"), _a("a")], "conversations": [{"from": "human", "value": "x"}]}
+    got = extract_chat(both, spec)
+    assert got.reason == "conflicting_conversations" and "'conversations'" in got.detail  # type: ignore[union-attr]
+    assert extract_chat({**both, "conversations": None}, spec)["messages"][0]["content"] == "q"  # type: ignore[index]
+    chosen = make_spec(input={"type": "chat", "messages_key": "conversations"}).input
+    assert extract_chat(both, chosen)["messages"] == [{"role": "user", "content": "x"}]  # type: ignore[index]
+
+
+def test_a_message_missing_its_role_or_content_is_named_in_its_own_format():
+    """An OpenAI message without content was told it lacked ShareGPT's 'value' (and one without a role, 'from')."""
+    spec = make_spec(input={"type": "chat"}).input
+    cases = {
+        "no key 'content'": [{"role": "user"}, _a("x")],
+        "no string 'role'": [{"content": "no role"}, _a("x")],
+        "no key 'value'": [{"from": "human"}, {"from": "gpt", "value": "x"}],
+        "no string 'from'": [{"value": "no role"}, {"from": "gpt", "value": "x"}],
+    }
+    for said, messages in cases.items():
+        got = extract_chat({"messages": messages}, spec)
+        assert got.reason == "missing_key" and said in got.detail, (said, got)  # type: ignore[union-attr]
+
+
 def test_a_given_prompt_repeated_by_one_branch_only_is_a_reject():
     spec = make_spec(input={"type": "preference"}).input
     repeated = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A"}]
