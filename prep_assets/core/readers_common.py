@@ -56,16 +56,19 @@ def not_utf8_text(head: bytes) -> str | None:
     """Why a text drop starting with `head` is not UTF-8 text, or None. A UTF-16 or UTF-32 file read as UTF-8 splits
     into lines at its 0x0A bytes and its characters into bytes of other characters; lines would decode, and train on
     the garbled text. Told apart by its byte order mark, or, without one, by a 0 byte in at least a quarter of the
-    even or the odd places of its start (ASCII in UTF-16 has one in every other byte; no UTF-8 text has many)."""
+    even or the odd places of its start but not of both (ASCII in UTF-16 has one in every other byte; no UTF-8 text
+    has many)."""
     for bom, name in _OTHER_BOMS:
         if head.startswith(bom):
             return f"the file is {name} text (it starts with the byte order mark {bom.hex(' ').upper()})"
     if len(head) >= 4:
-        for parity, half in (("even", head[0::2]), ("odd", head[1::2])):
-            if half.count(0) * 4 >= len(half):
+        halves = {"even": head[0::2], "odd": head[1::2]}
+        many = {parity: half.count(0) * 4 >= len(half) for parity, half in halves.items()}
+        for parity, half in halves.items():
+            if many[parity] and not all(many.values()):  # not both: a file of 0 bytes is read as lines, as before
                 return (
                     f"the file is not UTF-8 text: {half.count(0)} of the {len(half)} bytes at {parity} places of its "
-                    "start are 0, as in UTF-16 or UTF-32 text without a byte order mark (or a binary file)"
+                    "start are 0, as in UTF-16 text without a byte order mark"
                 )
     return None
 
