@@ -429,9 +429,24 @@ def _inside(path: Path, root: Path) -> bool:
     return path.resolve().is_relative_to(root.resolve())
 
 
+def _template_errors(key: str, source: str) -> list[str]:
+    """A chat template's syntax error, as a spec error: parsed as transformers parses templates (Jinja, sandboxed,
+    `loopcontrols`), so it surfaces when the spec loads rather than as every chat record's reject in gold."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    try:
+        env.parse(source)
+    except TemplateSyntaxError as exc:
+        return [f"{key}: the template does not parse: {exc.message} (its line {exc.lineno})"]
+    return []
+
+
 def path_errors(spec: DatasetSpec, data_dir: Path) -> list[str]:
     """What is wrong with the files a spec names: a relative path must stay inside the data dir (absolute
-    paths are the user's explicit choice) and must exist, so a typo surfaces when the spec loads."""
+    paths are the user's explicit choice) and must exist, so a typo surfaces when the spec loads; a chat template
+    given (inline or as a file) must parse."""
     tok = spec.tokenizer
     named: list[tuple[str, str, str]] = []  # (key, value, what it must be)
     if tok.path is not None:
@@ -441,6 +456,8 @@ def path_errors(spec: DatasetSpec, data_dir: Path) -> list[str]:
     if tok.train is not None:
         named += [("tokenizer.train.files", pattern, "glob") for pattern in tok.train.files]
     errors: list[str] = []
+    if tok.chat_template is not None:
+        errors += _template_errors("tokenizer.chat_template", tok.chat_template)
     for key, value, kind in named:
         path = Path(value)
         if not path.is_absolute():
@@ -455,6 +472,11 @@ def path_errors(spec: DatasetSpec, data_dir: Path) -> list[str]:
             errors.append(f"{key}: {value!r} is not a directory (resolved to {path})")
         elif kind == "file" and not path.is_file():
             errors.append(f"{key}: {value!r} is not a file (resolved to {path})")
+        elif kind == "file" and key == "tokenizer.chat_template_file":
+            try:
+                errors += _template_errors(key, path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as exc:
+                errors.append(f"{key}: {value!r} cannot be read as UTF-8 text ({exc})")
         elif kind == "glob":
             matches = [Path(m) for m in glob.glob(str(path), recursive=True) if Path(m).is_file()]
             outside = [m for m in matches if not Path(value).is_absolute() and not _inside(m, data_dir)]

@@ -202,6 +202,37 @@ def test_spec_paths_are_checked_on_load_and_relative_ones_may_not_leave_the_data
     assert load_spec(tmp_path / "datasets" / "abs.yaml").tokenizer.path == str(tmp_path / "tok")  # absolute: allowed
 
 
+def test_a_chat_template_that_does_not_parse_is_a_spec_error_not_every_records_reject(tmp_path):
+    """A template with a Jinja syntax error pinned, then rejected every chat record in gold (a drop of 0 examples
+    passed with relaxed checks)."""
+    from prep_assets.core.spec import scan_specs
+
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "bad.jinja").write_text("{% for m in messages %}{{ m.content }")
+    (tmp_path / "good.jinja").write_text(
+        "{% for m in messages %}{{ m.content }}{% if loop.last %}{% break %}{% endif %}{% endfor %}"
+    )
+    specs = {
+        "inline": (
+            "chat_template",
+            '"{% for m in messages %}{{ m.content }"',
+            "tokenizer.chat_template: the template",
+        ),
+        "file": ("chat_template_file", "bad.jinja", "tokenizer.chat_template_file: the template does not parse"),
+        "fine": ("chat_template_file", "good.jinja", None),
+    }
+    for name, (key, value, _) in specs.items():
+        (tmp_path / "datasets" / f"{name}.yaml").write_text(
+            f"input: {{type: chat}}\ntokenizer: {{path: tok, {key}: {value}}}\n"
+        )
+    scan = scan_specs(tmp_path / "datasets")
+    assert [s.name for s in scan.specs] == ["fine"]
+    for name, (_, _, error) in specs.items():
+        if error is not None:
+            assert error in scan.broken[name] and "line 1" in scan.broken[name], scan.broken[name]
+
+
 def test_a_training_glob_may_not_reach_outside_the_data_dir_through_a_link(tmp_path):
     from prep_assets.core.spec import scan_specs
 
