@@ -147,16 +147,32 @@ def cmd_run(args: argparse.Namespace) -> int:
             "there unread",
             file=sys.stderr,
         )
+    unclaimed = report.get("unclaimed", [])
+    for entry in unclaimed:
+        what = (
+            f"no dataset spec datasets/{entry[:-1]}.yaml reads it" if entry.endswith("/") else "not a dataset's folder"
+        )
+        print(
+            f"NOT READ raw/{entry}: {what}; add the spec (or move it into its dataset's folder), or start its name "
+            "with `_` to keep it there unread",
+            file=sys.stderr,
+        )
     env = f"DAGSTER_HOME={home} PREP_ASSETS_DATA_DIR={data_dir} {Path(sys.executable).parent / 'dagster'}"
     ui = f"DAGSTER_HOME={home} {Path(sys.executable).parent / 'prep-assets'} ui --data-dir {data_dir}"
     print(
         f"\n{len(report['runs'])} run(s), {len(failed)} failed, {len(report['errors'])} dataset(s) in error, "
-        f"{len(refused)} raw file(s) not read; "
+        f"{len(refused)} raw file(s) not read"
+        + (
+            f", {len(unclaimed)} entr{'y' if len(unclaimed) == 1 else 'ies'} of raw/ no spec reads"
+            if unclaimed
+            else ""
+        )
+        + "; "
         f"open the UI: {ui}\n"
         f"rebuild drops while it runs: {Path(sys.executable).parent / 'prep-assets'} backfill <dataset> "
         f"[--drops KEY1,KEY2] --data-dir {data_dir} (it waits for the runs; Dagster's own: {env} job backfill ...)"
     )
-    return 1 if failed or report["errors"] or report.get("mix_errors") or refused else 0
+    return 1 if failed or report["errors"] or report.get("mix_errors") or refused or unclaimed else 0
 
 
 _SUMMARY_COLUMNS = (

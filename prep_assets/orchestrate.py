@@ -29,7 +29,7 @@ from dagster import (
 
 from prep_assets.core.bronze import BronzeStats
 from prep_assets.core.dedup import earlier_set_changed, remove_other_indexes
-from prep_assets.core.drops import register_drops, registered_drops, superseded_drops
+from prep_assets.core.drops import register_drops, registered_drops, superseded_drops, unclaimed_raw_entries
 from prep_assets.core.errors import PrepAssetsError
 from prep_assets.core.gold import GoldStats
 from prep_assets.core.lake import (
@@ -235,7 +235,8 @@ def run_datasets(
 
     A dataset whose spec does not load, or whose run cannot start (no tokenizer, an unreadable drop), is
     reported in `errors` by name; every other dataset runs as usual. Files of a raw folder that no reader
-    reads (a symlink, a folder, a name without a reader's suffix) are listed in `refused` by dataset."""
+    reads (a symlink, a folder, a name without a reader's suffix) are listed in `refused` by dataset; on a run of
+    every dataset, what `raw/` holds that no spec reads (a folder without a spec) in `unclaimed`."""
     scan = scan_specs(data_dir / "datasets")
     names = sorted([s.name for s in scan.specs] + list(scan.broken))
     if dataset is not None:
@@ -257,6 +258,7 @@ def run_datasets(
             except (OSError, ValueError) as exc:  # an unreadable file or record of the lake: this dataset only
                 report["errors"][spec.name] = f"{type(exc).__name__}: {exc}"
         if dataset is None:
+            report["unclaimed"] = unclaimed_raw_entries(data_dir / "raw", set(names))
             _run_mixes(defs, instance, data_dir, {s.name for s in scan.specs} | set(scan.broken), rerun_all, report)
         else:
             report["stale_mixes"] = stale_mixes(instance, data_dir, dataset, set(names))

@@ -159,6 +159,9 @@ def test_a_broken_spec_a_missing_tokenizer_and_an_undecodable_drop_name_stop_onl
     assert "'caf\\udce9.jsonl': refused, its name is not valid UTF-8" in out.out
     assert out.out.count("sample_text ") == 2 and "0 failed, 3 dataset(s) in error, 1 raw file(s) not read" in out.out
     assert "NOT READ in raw/sample_text/: 'caf\\udce9.jsonl': refused" in out.err
+    # the raw folders whose specs were removed are named: nothing read them (a typo'd folder looks the same)
+    assert "NOT READ raw/sample_chat/: no dataset spec datasets/sample_chat.yaml reads it" in out.err
+    assert "1 raw file(s) not read, 4 entries of raw/ no spec reads" in out.out
     assert json.loads((data / "lake" / "sample_text" / "manifest.json").read_text())["partitions"]
     # --dataset works whatever the other specs hold; the refused file fails it until it is moved or named `_...`
     assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 1

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from prep_assets.core.errors import DropError
 from prep_assets.core.lake import DatasetPaths, read_json, sha256_file, write_json_atomic
+from prep_assets.core.readers_common import shown
 from prep_assets.core.spec_sections import FORMAT_SUFFIXES
 
 SLUG_MAX = 48
@@ -89,6 +90,19 @@ def scan_raw_dir(raw_dir: Path, refused: list[str] | None = None) -> list[Path]:
             continue
         found.append(entry)
     return found
+
+
+def unclaimed_raw_entries(raw_root: Path, datasets: set[str]) -> list[str]:
+    """What `raw/` holds that no dataset spec reads: a folder with no spec of its name (a dataset not configured
+    yet, or a typo such as `sample_txt`), or a file beside the folders; hidden and `_` names are left alone."""
+    if not raw_root.is_dir():
+        return []
+    out = []
+    for entry in sorted(raw_root.iterdir(), key=lambda p: p.name):
+        if entry.name.startswith((".", "_")) or (entry.is_dir() and entry.name in datasets):
+            continue
+        out.append(f"{shown(entry.name)}/" if entry.is_dir() else shown(entry.name))
+    return out
 
 
 def _utf8(name: str) -> bool:

@@ -123,3 +123,13 @@ def test_a_file_overwritten_with_another_drops_bytes_says_so_and_what_to_do(tmp_
     assert new == [] and f"it was drop {b.partition}'s file" in notes[0]
     with pytest.raises(DropError, match=f"now holds the bytes of drop {a.partition}.*prep-assets retire ds"):
         resolve_drop(paths, b.partition)
+
+
+def test_raw_folders_no_spec_reads_are_listed_hidden_and_underscore_names_are_not(tmp_path: Path):
+    from prep_assets.core.drops import unclaimed_raw_entries
+
+    for name in ("sample_text", "sample_txt", "_parked", ".cache", "notes"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "stray.jsonl").write_text("{}\n")
+    assert unclaimed_raw_entries(tmp_path, {"sample_text", "notes"}) == ["sample_txt/", "stray.jsonl"]
+    assert unclaimed_raw_entries(tmp_path / "absent", set()) == []
