@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError, model_validator
@@ -377,7 +377,7 @@ def _format_error(path: Path, err: dict[str, Any], model: type[BaseModel]) -> st
     where = ".".join(loc) or "(top level)"
     kind = err.get("type", "")
     if kind == "extra_forbidden":
-        parent = _model_at(model, loc[:-1])
+        parent = _model_at(model, list(err.get("loc", ()))[:-1])  # list indexes as ints
         allowed = ", ".join(parent.model_fields) if parent else "?"
         return f"{path}: {where}: unknown key; allowed keys here: {allowed}"
     if kind == "missing":
@@ -388,9 +388,15 @@ def _format_error(path: Path, err: dict[str, Any], model: type[BaseModel]) -> st
     return f"{path}: {where}: {msg}"
 
 
-def _model_at(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
+def _model_at(model: type[BaseModel], loc: list[str | int]) -> type[BaseModel] | None:
+    """The model whose keys are allowed at `loc`; a list index or a mapping's key (`phases.0`, `weights.a`) stays
+    at the model of the items."""
     current: type[BaseModel] = model
+    keyed = False  # the part before named a mapping of models: this part is one of its keys
     for part in loc:
+        if isinstance(part, int) or keyed:
+            keyed = False
+            continue
         field = current.model_fields.get(part)
         if field is None:
             return None
@@ -398,7 +404,15 @@ def _model_at(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
         if not nested:
             return None
         current = nested[0]
+        keyed = _maps(field.annotation)
     return current
+
+
+def _maps(annotation: Any) -> bool:
+    """Whether a field's type is a mapping (maybe optional): its next location part is a key, not a field."""
+    if get_origin(annotation) is dict:
+        return True
+    return any(get_origin(a) is dict for a in getattr(annotation, "__args__", ()) or ())
 
 
 def _model_args(annotation: Any) -> list[Any]:

@@ -327,3 +327,16 @@ def test_the_plot_draws_planned_and_achieved_bars_to_scale_deterministically() -
     pixels = np.frombuffer(raw, np.uint8).reshape(height, 1 + 3 * width)[:, 1:].reshape(height, width, 3)
     column = {tuple(c): int((pixels == c).all(axis=2).sum(axis=0).max()) for c in (PLANNED, PALETTE[0])}
     assert column[PLANNED] == 160 and column[PALETTE[0]] == 80  # planned is the tallest bar, achieved half
+
+
+def test_a_typo_inside_a_phase_or_a_source_names_the_keys_allowed_there(tmp_path: Path):
+    """Inside a list or a mapping of models the error said `allowed keys here: ?`."""
+    from prep_assets.core.mix import scan_mixes
+
+    (tmp_path / "m.yaml").write_text(
+        "sources: {a: {dataset: a, max_epoch: 2}}\nphases: [{name: p, duration_tokens: 128, weigths: {a: 1.0}}]\n"
+    )
+    error = scan_mixes(tmp_path, {"a"}).broken["m"]
+    assert "phases.0.weigths: unknown key; allowed keys here: name, duration_tokens, weights" in error
+    assert "sources.a.max_epoch: unknown key; allowed keys here: dataset, max_epochs, domains" in error
+    assert "?" not in error
