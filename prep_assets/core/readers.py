@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,6 +195,15 @@ def _parse_json(text: str) -> tuple[Any, str | None, str]:
     except _Unkeepable as exc:
         return None, exc.reason, str(exc)
     except ValueError as exc:  # JSONDecodeError is a ValueError; so is a rejected NaN/Infinity
+        if "integer string conversion" in str(exc):  # Python's own limit, not the data's fault: say what it is
+            return (
+                None,
+                "malformed_json",
+                (
+                    f"a number with more than {sys.get_int_max_str_digits()} digits: too long to read as an integer; "
+                    "give it as a string"
+                ),
+            )
         reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
         return None, reason, str(exc)
     except RecursionError:
@@ -253,7 +263,10 @@ def read_lines(
             except (EOFError, OSError, zlib.error) as exc:
                 acct.lines_in += 1
                 acct.rejected += 1
-                yield RawReject(line_no + 1, offset, "truncated_gzip", f"stream ends early: {exc}", "")
+                if offset == 0 and isinstance(exc, gzip.BadGzipFile):  # no gzip header at all: not a gzip file
+                    yield RawReject(1, 0, "not_gzip", f"{exc}: the file is named .gz; rename it or compress it", "")
+                else:
+                    yield RawReject(line_no + 1, offset, "truncated_gzip", f"stream ends early: {exc}", "")
                 return
             if not raw:
                 return

@@ -362,3 +362,17 @@ def test_utf16_and_utf32_drops_are_refused_whole_never_read_as_garbled_lines(tmp
     assert [i.value for i in items] == ["one \x00 two", "three"] and not rejects
     (tmp_path / "tiny.txt").write_bytes(b"a\n")
     assert [i.value for i in _read(tmp_path / "tiny.txt", "txt")[0]] == ["a"]
+
+
+def test_a_plain_file_named_gz_is_not_gzip_and_a_huge_integer_says_what_is_wrong(tmp_path: Path):
+    """A text file named .jsonl.gz was `truncated_gzip`; a 5,000-digit number told the user to call
+    sys.set_int_max_str_digits()."""
+    (tmp_path / "plain.jsonl.gz").write_bytes(b'{"text": "a"}\n')
+    items, rejects, acct = _read(tmp_path / "plain.jsonl.gz", "jsonl.gz")
+    assert not items and [(r.line, r.byte_offset, r.reason) for r in rejects] == [(1, 0, "not_gzip")]
+    assert "rename it or compress it" in rejects[0].detail and acct.lines_in == 1
+    (tmp_path / "big.jsonl").write_bytes(b'{"text": "huge int", "n": ' + b"9" * 5000 + b'}\n{"text": "ok"}\n')
+    items, rejects, _ = _read(tmp_path / "big.jsonl", "jsonl")
+    assert [i.value["text"] for i in items] == ["ok"]
+    assert rejects[0].reason == "malformed_json" and "give it as a string" in rejects[0].detail
+    assert "sys.set_int_max_str_digits" not in rejects[0].detail
