@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
@@ -394,6 +395,10 @@ def scratch_dir(near: Path) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        # the partition locks of what was staged inside it (`lock_path`: `.locks/<this dir>.<name>.lock` beside it),
+        # released by now: left, the next run would report them as left by a process that died
+        for lock in (near.parent / ".locks").glob(f"{glob_escape(path.name)}.*.lock"):
+            lock.unlink(missing_ok=True)
 
 
 def lock_path(final: Path) -> Path:

@@ -199,3 +199,20 @@ def test_sweep_removes_every_dead_writers_leftover_of_a_dataset_and_keeps_live_o
         d.mkdir()
     assert sorted(lake.sweep_stale_staging(root)) == sorted(dead)
     assert all(d.exists() for d in live) and not any(d.exists() for d in dead)
+
+
+def test_a_scratch_dir_takes_the_partition_locks_of_what_was_staged_in_it_away_with_it(tmp_path: Path):
+    """Silver's dedup scratch left `.locks/.dedup_scratch.tmp-<pid>….bronze.lock` behind on every normal run; the
+    next run reported it as left by a process that died."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    other = lake.lock_path(root / "bronze" / "p1")  # a real partition's lock beside it stays
+    other.parent.mkdir(parents=True)
+    other.write_text("")
+    with lake.scratch_dir(root / "dedup_scratch") as tmp:
+        for layer in ("bronze", "silver"):
+            with staged_dir(tmp / layer) as stage:
+                (stage / "x").write_text("1")
+        assert len(list((root / ".locks").glob(f"{tmp.name}.*.lock"))) == 2
+    assert sorted(p.name for p in (root / ".locks").iterdir()) == [other.name]
+    assert [p.name for p in root.iterdir() if p.name != ".locks"] == []
