@@ -133,6 +133,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"mix {name}: draws on {args.dataset} and is stale; `prep-assets run` without --dataset (or the UI) plans "
             "it again"
         )
+    for note in report.get("gone", []):
+        print(f"NOTE drop {note}")
     failed = [r for r in report["runs"] if not r["success"]]
     for r in failed:
         print(f"FAILED {r['job']} {r.get('partition') or ''}: {r['error']}", file=sys.stderr)

@@ -386,6 +386,13 @@ def _run_dataset(
                 run = _launch(defs, instance, drop_job_name(spec), key)
             runs.append(run)
         rows.append(summary_row(spec, paths, key, run))
+    drops = registered_drops(paths)
+    for key in keys:  # its outputs stay (raw files may be archived once built); say so, and how to take it out
+        if key not in superseded and not (paths.raw_dir / drops[key].file).is_file():
+            report.setdefault("gone", []).append(
+                f"{spec.name} {key}: its raw file raw/{spec.name}/{drops[key].file} is gone; its outputs stay in "
+                f"the manifest (`prep-assets retire {spec.name} {key}` takes the drop out)"
+            )
     runs.append(_launch(defs, instance, manifest_job_name(spec)))
     for folder, size in remove_other_indexes(spec, paths):
         log(f"[{spec.name}] removed the dedup indexes of an earlier configuration: {folder} ({size / 2**20:.1f} MiB)")

@@ -416,3 +416,18 @@ def test_the_terminal_bar_draws_rows_of_a_known_total_or_the_share_done_with_row
     text = out.getvalue()
     assert "\r" in text and "gold d1: tokenizing" in text and "1000/1000" in text
     assert "bronze d1: reading:  50%" in text and "7,200 rows" in text
+
+
+def test_a_built_drop_whose_raw_file_is_gone_is_noted_with_the_way_to_take_it_out(
+    in_process: Path, capsys: pytest.CaptureFixture[str]
+):
+    """Deleting a raw file left its drop in the manifest, reported `up to date`, without a word."""
+    data = in_process
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0
+    gone = sorted((data / "raw" / "sample_text").glob("*.txt"))[0]
+    gone.unlink()
+    capsys.readouterr()
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text"]) == 0  # archived raw files are fine
+    out = capsys.readouterr().out
+    assert f"its raw file raw/sample_text/{gone.name} is gone; its outputs stay in the manifest" in out
+    assert "`prep-assets retire sample_text " in out and out.count("NOTE drop") == 1
