@@ -10,8 +10,9 @@ file of the same name are reported and left alone.
 
 from __future__ import annotations
 
+import glob
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -258,11 +259,27 @@ def run_datasets(
             except (OSError, ValueError) as exc:  # an unreadable file or record of the lake: this dataset only
                 report["errors"][spec.name] = f"{type(exc).__name__}: {exc}"
         if dataset is None:
-            report["unclaimed"] = unclaimed_raw_entries(data_dir / "raw", set(names))
+            claimed = set(names) | _training_folders(data_dir, scan.specs)
+            report["unclaimed"] = unclaimed_raw_entries(data_dir / "raw", claimed)
             _run_mixes(defs, instance, data_dir, {s.name for s in scan.specs} | set(scan.broken), rerun_all, report)
         else:
             report["stale_mixes"] = stale_mixes(instance, data_dir, dataset, set(names))
     return report
+
+
+def _training_folders(data_dir: Path, specs: Iterable[DatasetSpec]) -> set[str]:
+    """The folders of `raw/` a spec's tokenizer trains on (`tokenizer.train.files`): read, though by no dataset."""
+    raw = (data_dir / "raw").resolve()
+    out: set[str] = set()
+    for spec in specs:
+        train = spec.tokenizer.train
+        for pattern in train.files if train is not None else []:
+            where = pattern if Path(pattern).is_absolute() else str(data_dir / pattern)
+            for match in glob.glob(where, recursive=True):
+                path = Path(match).resolve()
+                if path != raw and path.is_relative_to(raw):
+                    out.add(path.relative_to(raw).parts[0])
+    return out
 
 
 def stale_mixes(instance: DagsterInstance, data_dir: Path, dataset: str, datasets: set[str]) -> list[str]:
@@ -386,11 +403,12 @@ def _run_dataset(
                 run = _launch(defs, instance, drop_job_name(spec), key)
             runs.append(run)
         rows.append(summary_row(spec, paths, key, run))
-    drops = registered_drops(paths)
+    drops = registered_drops(paths)  # read again: a drop retired from the UI meanwhile is not noted
     for key in keys:  # its outputs stay (raw files may be archived once built); say so, and how to take it out
-        if key not in superseded and not (paths.raw_dir / drops[key].file).is_file():
+        drop = drops.get(key)
+        if drop is not None and key not in superseded and not (paths.raw_dir / drop.file).is_file():
             report.setdefault("gone", []).append(
-                f"{spec.name} {key}: its raw file raw/{spec.name}/{drops[key].file} is gone; its outputs stay in "
+                f"{spec.name} {key}: its raw file raw/{spec.name}/{drop.file} is gone; its outputs stay in "
                 f"the manifest (`prep-assets retire {spec.name} {key}` takes the drop out)"
             )
     runs.append(_launch(defs, instance, manifest_job_name(spec)))

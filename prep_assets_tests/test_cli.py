@@ -431,3 +431,16 @@ def test_a_built_drop_whose_raw_file_is_gone_is_noted_with_the_way_to_take_it_ou
     out = capsys.readouterr().out
     assert f"its raw file raw/sample_text/{gone.name} is gone; its outputs stay in the manifest" in out
     assert "`prep-assets retire sample_text " in out and out.count("NOTE drop") == 1
+
+
+def test_a_raw_folder_a_tokenizer_trains_on_is_read_so_never_reported_unread(tmp_path: Path):
+    from prep_assets.core.drops import unclaimed_raw_entries
+    from prep_assets.orchestrate import _training_folders
+    from prep_assets_tests.conftest import make_spec
+
+    for folder in ("tok_corpus", "typo_ds"):
+        (tmp_path / "raw" / folder).mkdir(parents=True)
+        (tmp_path / "raw" / folder / "a.txt").write_text("words\n")
+    spec = make_spec(tokenizer={"train": {"files": ["raw/tok_corpus/*.txt"], "vocab_size": 300}})
+    claimed = {spec.name} | _training_folders(tmp_path, [spec])
+    assert unclaimed_raw_entries(tmp_path / "raw", claimed) == ["typo_ds/"]

@@ -185,6 +185,18 @@ def gzip_limit(path: Path, ratio: float) -> int:
     return max(GZIP_MIN_LIMIT, int(ratio * path.stat().st_size))
 
 
+# what the json module's ValueError says of an integer past Python's digit limit (sys.set_int_max_str_digits)
+_TOO_MANY_DIGITS = "integer string conversion"
+
+
+def _too_many_digits() -> str:
+    """The reject's detail for such a number: Python's own limit, not a fault of the JSON, said as what it is."""
+    return (
+        f"a number with more than {sys.get_int_max_str_digits()} digits: too long to read as an integer; give it as "
+        "a string"
+    )
+
+
 def _parse_json(text: str) -> tuple[Any, str | None, str]:
     try:  # orjson's values are kept as they are: it refuses lone surrogates and `loads_json` deep nesting
         value = loads_json(text, _decode_keepable)
@@ -195,19 +207,18 @@ def _parse_json(text: str) -> tuple[Any, str | None, str]:
     except _Unkeepable as exc:
         return None, exc.reason, str(exc)
     except ValueError as exc:  # JSONDecodeError is a ValueError; so is a rejected NaN/Infinity
-        if "integer string conversion" in str(exc):  # Python's own limit, not the data's fault: say what it is
-            return (
-                None,
-                "malformed_json",
-                (
-                    f"a number with more than {sys.get_int_max_str_digits()} digits: too long to read as an integer; "
-                    "give it as a string"
-                ),
-            )
+        if _TOO_MANY_DIGITS in str(exc):
+            return None, "malformed_json", _too_many_digits()
         reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
         return None, reason, str(exc)
     except RecursionError:
         return None, "malformed_json", NESTING_TOO_DEEP
+
+
+def _gzip_magic(path: Path) -> bool:
+    """Whether the file starts as every gzip stream does (1f 8b)."""
+    with path.open("rb") as f:
+        return f.read(2) == b"\x1f\x8b"
 
 
 def _head(path: Path, fmt: str) -> bytes:
@@ -263,7 +274,7 @@ def read_lines(
             except (EOFError, OSError, zlib.error) as exc:
                 acct.lines_in += 1
                 acct.rejected += 1
-                if offset == 0 and isinstance(exc, gzip.BadGzipFile):  # no gzip header at all: not a gzip file
+                if offset == 0 and not _gzip_magic(path):  # no gzip header at all: not a gzip file
                     yield RawReject(1, 0, "not_gzip", f"{exc}: the file is named .gz; rename it or compress it", "")
                 else:
                     yield RawReject(line_no + 1, offset, "truncated_gzip", f"stream ends early: {exc}", "")
@@ -385,9 +396,16 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
         try:
             value, end = decoder.raw_decode(text, pos)
         except ValueError as exc:
-            reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
-            yield reject(line, byte_pos, reason, f"{exc}; the rest of the array is unreadable", excerpt_of(text[pos:]))
-            return
+            found = _value_end(text, pos) if _TOO_MANY_DIGITS in str(exc) else None
+            if found is None:
+                reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
+                detail = _too_many_digits() if _TOO_MANY_DIGITS in str(exc) else str(exc)
+                yield reject(
+                    line, byte_pos, reason, f"{detail}; the rest of the array is unreadable", excerpt_of(text[pos:])
+                )
+                return
+            value, end = None, found  # an object or array holding the number: that element only
+            problem = ("malformed_json", _too_many_digits())
         except RecursionError:
             found = _value_end(text, pos)
             if found is None:
@@ -448,11 +466,15 @@ def read_drop(
     that is not UTF-8 (UTF-16, UTF-32) is refused as a whole (`DropError`): read line by line it would train on
     garbled text (`not_utf8_text`)."""
     if fmt != "parquet":
-        problem = not_utf8_text(_head(path, fmt))
-        if problem is not None:
+        found = not_utf8_text(_head(path, fmt))
+        if found is not None:
+            encoding, problem = found
+            convert = f"iconv -f {encoding} -t UTF-8"
+            if fmt == "jsonl.gz":
+                convert = f"zcat {path.name} | {convert} | gzip"
             raise DropError(
-                f"{path.name}: {problem}; prep_assets reads UTF-8: convert it (for example with "
-                "`iconv -f UTF-16 -t UTF-8`) and drop the converted file"
+                f"{path.name}: {problem}; prep_assets reads UTF-8: convert it (for example with `{convert}`) and "
+                "drop the converted file"
             )
     if fmt == "parquet":
         return read_parquet(path, acct=acct)

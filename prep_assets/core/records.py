@@ -215,14 +215,14 @@ def _conversation(value: Any, spec: InputSpec) -> tuple[Any, dict[str, Any]] | I
     if not isinstance(value, dict):
         return Invalid("not_an_object", f"expected a JSON object or list, got {type(value).__name__}")
     keys = [spec.messages_key] if spec.messages_key else ["messages", "conversations"]
-    given = [key for key in keys if value.get(key) is not None]
+    given = [key for key in keys if value.get(key) is not None]  # a null one is absent (a merged table's column)
     if len(given) > 1:  # which one to train is the author's call: the other would be lost without a word
         return Invalid(
             "conflicting_conversations",
             f"the record gives both {given[0]!r} and {given[1]!r}; keep one, or set input.messages_key to the one "
             "to train",
         )
-    for key in keys:
+    for key in given or keys:
         if key in value:
             return value[key], value
     return Invalid(
@@ -331,8 +331,11 @@ def extract_preference(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
         prompt, chosen, rejected = chosen[:k], chosen[k:], rejected[k:]
     if chosen == rejected:
         return Invalid("identical_branches", "chosen and rejected are the same after the shared prompt")
+    k = 0  # the first message where the branches differ (a given prompt's branches may share leading turns)
+    while k < min(len(chosen), len(rejected)) and chosen[k] == rejected[k]:
+        k += 1
     for key, branch in ((spec.chosen_key, chosen), (spec.rejected_key, rejected)):
-        if branch[0]["role"] != "assistant":  # what differs first is not a response: the contexts differ
+        if k < len(branch) and branch[k]["role"] != "assistant":  # not a response that differs: the contexts do
             return Invalid(
                 "inconsistent_prompt",
                 f"the branches differ first at a {branch[0]['role']} message of {key!r}, not at the assistant's "

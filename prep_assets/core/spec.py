@@ -393,17 +393,20 @@ def _model_at(model: type[BaseModel], loc: list[str | int]) -> type[BaseModel] |
     at the model of the items."""
     current: type[BaseModel] = model
     keyed = False  # the part before named a mapping of models: this part is one of its keys
+    members: list[type[BaseModel]] = []  # the models the part before could hold: pydantic may name the one it tried
     for part in loc:
-        if isinstance(part, int) or keyed:
+        named = [m for m in members if m.__name__ == part]
+        if isinstance(part, int) or keyed or named:
             keyed = False
+            current = named[0] if named else current
             continue
         field = current.model_fields.get(part)
         if field is None:
             return None
-        nested = [a for a in _model_args(field.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not nested:
+        members = [a for a in _model_args(field.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not members:
             return None
-        current = nested[0]
+        current = members[0]
         keyed = _maps(field.annotation)
     return current
 
@@ -449,12 +452,30 @@ def _template_errors(key: str, source: str) -> list[str]:
     from jinja2 import TemplateSyntaxError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _generation_tag()]
+    )
     try:
         env.parse(source)
     except TemplateSyntaxError as exc:
         return [f"{key}: the template does not parse: {exc.message} (its line {exc.lineno})"]
+    except RecursionError:
+        return [f"{key}: the template does not parse: it nests too deeply"]
     return []
+
+
+def _generation_tag() -> type:
+    """transformers' `{% generation %}...{% endgeneration %}` (the assistant's trained span), parsed as its body."""
+    from jinja2.ext import Extension
+
+    class GenerationTag(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return GenerationTag
 
 
 def path_errors(spec: DatasetSpec, data_dir: Path) -> list[str]:

@@ -273,6 +273,8 @@ def test_a_chat_giving_both_messages_and_conversations_is_a_reject_never_one_of_
     got = extract_chat(both, spec)
     assert got.reason == "conflicting_conversations" and "'conversations'" in got.detail  # type: ignore[union-attr]
     assert extract_chat({**both, "conversations": None}, spec)["messages"][0]["content"] == "q"  # type: ignore[index]
+    merged = extract_chat({**both, "messages": None}, spec)  # a table merged from both formats: the other is null
+    assert merged["messages"] == [{"role": "user", "content": "x"}]  # type: ignore[index]
     chosen = make_spec(input={"type": "chat", "messages_key": "conversations"}).input
     assert extract_chat(both, chosen)["messages"] == [{"role": "user", "content": "x"}]  # type: ignore[index]
 
@@ -314,6 +316,14 @@ def test_preference_branches_that_differ_before_the_answer_are_a_reject_not_a_pa
         assert got.reason == "inconsistent_prompt" and "user message" in got.detail  # type: ignore[union-attr]
     given = extract_preference({"prompt": "Q?", "chosen": [{**u, "content": "Q2"}, a], "rejected": "B"}, spec)
     assert given.reason == "inconsistent_prompt" and "'chosen'" in given.detail  # type: ignore[union-attr]
+    # a given prompt's branches may share their leading turns: the pair differs at the answer
+    system = [{"role": "system", "content": "Be terse."}]
+    shared = extract_preference({"prompt": system, "chosen": [u, a], "rejected": [u, {**a, "content": "b"}]}, spec)
+    assert shared["prompt"] == system and shared["chosen"] == [u, a]  # type: ignore[index]
+    hh_given = {"prompt": "sys", "chosen": hh["chosen"], "rejected": hh["chosen"].replace("good", "bad")}
+    assert isinstance(extract_preference(hh_given, spec), dict)
+    # a branch that is only the repeated prompt is no crash (one record must never stop its drop)
+    assert isinstance(extract_preference({"prompt": "q", "chosen": [u], "rejected": [u, a]}, spec), dict)
     # the answers differing at any turn after the same context is a pair
     tools = [{"role": "assistant", "content": "calling"}, {"role": "tool", "content": "42"}, a]
     ok = extract_preference({"chosen": [u, *tools], "rejected": [u, {**a, "content": "no"}]}, spec)

@@ -347,21 +347,25 @@ def test_utf16_and_utf32_drops_are_refused_whole_never_read_as_garbled_lines(tmp
         "bom32.csv": ("csv", "a,b\nx,y\n".encode("utf-32"), "UTF-32 LE"),
         "bom16be.json": ("json", b'[{"text": "a"}]'.decode().encode("utf-16-be").join([b"\xfe\xff", b""]), "BE"),
     }
+    line = '{"text": "plain ascii without a byte order mark"}\n'
+    cases["le32.jsonl"] = ("jsonl", line.encode("utf-32-le"), "iconv -f UTF-32LE -t UTF-8")
+    cases["le16.txt"] = ("txt", line.encode("utf-16-le"), "UTF-16LE text without a byte order mark")
     for name, (fmt, data, said) in cases.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(DropError, match="reads UTF-8") as err:
             _read(tmp_path / name, fmt)
         assert said in str(err.value) and name in str(err.value)
+    assert "iconv -f UTF-32 -t UTF-8" in str(pytest.raises(DropError, _read, tmp_path / "bom32.csv", "csv").value)
     gz = tmp_path / "g.jsonl.gz"
     gz.write_bytes(gzip.compress('{"text": "a"}\n'.encode("utf-16")))
-    with pytest.raises(DropError, match="UTF-16 LE"):
+    with pytest.raises(DropError, match="UTF-16 LE") as err:
         _read(gz, "jsonl.gz")
-    # UTF-8 text with a stray 0 byte, or of a few bytes, is read line by line as before
-    (tmp_path / "ok.txt").write_bytes(b"one \x00 two\nthree\n")
-    items, rejects, _ = _read(tmp_path / "ok.txt", "txt")
-    assert [i.value for i in items] == ["one \x00 two", "three"] and not rejects
-    (tmp_path / "tiny.txt").write_bytes(b"a\n")
-    assert [i.value for i in _read(tmp_path / "tiny.txt", "txt")[0]] == ["a"]
+    assert "zcat g.jsonl.gz | iconv -f UTF-16 -t UTF-8 | gzip" in str(err.value)
+    # UTF-8 text with a stray 0 byte (a short file too), a few bytes, or only 0 bytes is read line by line as before
+    for data in (b"one \x00 two\nthree\n", b"ab\x00\ncd\n", b"hi\n\x00yo\n", b"a\n", b"\x00" * 64 + b"\n"):
+        (tmp_path / "ok.txt").write_bytes(data)
+        items, rejects, acct = _read(tmp_path / "ok.txt", "txt")
+        assert [i.value for i in items] == [t for t in data.decode().split("\n") if t.strip()], data
 
 
 def test_a_plain_file_named_gz_is_not_gzip_and_a_huge_integer_says_what_is_wrong(tmp_path: Path):
@@ -376,3 +380,12 @@ def test_a_plain_file_named_gz_is_not_gzip_and_a_huge_integer_says_what_is_wrong
     assert [i.value["text"] for i in items] == ["ok"]
     assert rejects[0].reason == "malformed_json" and "give it as a string" in rejects[0].detail
     assert "sys.set_int_max_str_digits" not in rejects[0].detail
+    # a real gzip stream that breaks (a flipped CRC byte, garbage after it) stays truncated_gzip
+    good = gzip.compress(b'{"text": "a"}\n')
+    for broken in (good[:-8] + bytes([good[-8] ^ 1]) + good[-7:], good + b"garbage!"):
+        (tmp_path / "bad.jsonl.gz").write_bytes(broken)
+        assert _read(tmp_path / "bad.jsonl.gz", "jsonl.gz")[1][-1].reason == "truncated_gzip"
+    # in a JSON array the element holding it is the reject, and the elements after it are read
+    (tmp_path / "big.json").write_bytes(b'[{"text": "x", "n": ' + b"9" * 5000 + b'}, {"text": "ok"}]')
+    items, rejects, _ = _read(tmp_path / "big.json", "json")
+    assert [i.value["text"] for i in items] == ["ok"] and "give it as a string" in rejects[0].detail

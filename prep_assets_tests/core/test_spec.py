@@ -222,15 +222,32 @@ def test_a_chat_template_that_does_not_parse_is_a_spec_error_not_every_records_r
         "file": ("chat_template_file", "bad.jinja", "tokenizer.chat_template_file: the template does not parse"),
         "fine": ("chat_template_file", "good.jinja", None),
     }
+    # transformers' own tag for the trained span parses; a template nesting too deeply is an error, not a crash
+    (tmp_path / "gen.jinja").write_text(
+        "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}"
+        "{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    )
+    (tmp_path / "deep.jinja").write_text("{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}")
+    specs["generation"] = ("chat_template_file", "gen.jinja", None)
+    specs["deep"] = ("chat_template_file", "deep.jinja", "tokenizer.chat_template_file: the template does not parse")
     for name, (key, value, _) in specs.items():
         (tmp_path / "datasets" / f"{name}.yaml").write_text(
             f"input: {{type: chat}}\ntokenizer: {{path: tok, {key}: {value}}}\n"
         )
     scan = scan_specs(tmp_path / "datasets")
-    assert [s.name for s in scan.specs] == ["fine"]
+    assert sorted(s.name for s in scan.specs) == ["fine", "generation"]
     for name, (_, _, error) in specs.items():
         if error is not None:
-            assert error in scan.broken[name] and "line 1" in scan.broken[name], scan.broken[name]
+            assert error in scan.broken[name], scan.broken[name]
+    assert "line 1" in scan.broken["inline"] and "nests too deeply" in scan.broken["deep"]
+
+
+def test_an_unknown_key_inside_a_union_field_names_the_keys_allowed_there():
+    from prep_assets.core.errors import SpecError
+
+    with pytest.raises(SpecError) as err:
+        make_spec(clean={"normalize": {"nfcc": True}})
+    assert "clean.normalize.NormalizeSpec.nfcc: unknown key; allowed keys here: nfc, newlines" in str(err.value)
 
 
 def test_a_training_glob_may_not_reach_outside_the_data_dir_through_a_link(tmp_path):
