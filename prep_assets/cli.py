@@ -403,7 +403,13 @@ def entry() -> int:
 
     os.environ[NO_TORCH_ENV] = "1"
     keep_torch_out()
-    return main()
+    try:
+        code = main()
+        sys.stdout.flush()  # here, not at exit: a reader gone (`| head`) is then handled below
+        return code
+    except BrokenPipeError:  # the reader of stdout stopped reading (a pager, `head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's flush at exit too
+        return 141  # 128 + SIGPIPE, the shell's code for it
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ class PackedDataset(Dataset):
     """Map-style: row i of the split (numpy arrays per column, `row_index` = i). Verified when built; shuffle
     with a sampler, or index in `reading.order(len(ds), seed, epoch)`."""
 
-    def __init__(self, manifests: Manifests, split: str = "train", *, verify: bool = True) -> None:
-        self.rows = PackedRows(manifests, split, verify=verify)
+    def __init__(
+        self, manifests: Manifests, split: str = "train", *, verify: bool = True, pairs: bool = False
+    ) -> None:
+        self.rows = PackedRows(manifests, split, verify=verify, pairs=pairs)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -71,6 +73,7 @@ class PackedIterableDataset(IterableDataset):
         world_size: int | None = None,
         verify: bool = True,
         drop_last: bool = False,
+        pairs: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -79,7 +82,7 @@ class PackedIterableDataset(IterableDataset):
         self.world_size = world_size if world_size is not None else (torch.distributed.get_world_size() if dist else 1)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
-        self.rows = PackedRows(manifests, split, verify=verify)
+        self.rows = PackedRows(manifests, split, verify=verify, pairs=pairs)
         self.batch_size, self.drop_last = batch_size, drop_last
         self.stream = reading.stream_id(self.rows.files, split, self.rank, self.world_size)
         self.cursor = reading.new_cursor(seed)

@@ -221,6 +221,17 @@ def test_decode_prints_masked_spans_and_segments(in_process: Path, capsys: pytes
     assert "not a packed shard (no input_ids, segment_ids, example_ids column)" in capsys.readouterr().err
     assert main(["decode", str(lake / "manifest.json")]) == 2
     assert "manifest.json: not a Parquet file" in capsys.readouterr().err
+    # its reader gone (`| head`): the command stops quietly, no traceback
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prep_assets.cli", "decode", str(shard), "--row", "0", "--format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=PROJECT,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 def test_decode_names_where_a_continued_segment_starts(in_process: Path, capsys: pytest.CaptureFixture[str]):
@@ -444,3 +455,27 @@ def test_a_raw_folder_a_tokenizer_trains_on_is_read_so_never_reported_unread(tmp
     spec = make_spec(tokenizer={"train": {"files": ["raw/tok_corpus/*.txt"], "vocab_size": 300}})
     claimed = {spec.name} | _training_folders(tmp_path, [spec])
     assert unclaimed_raw_entries(tmp_path / "raw", claimed) == ["typo_ds/"]
+
+
+def test_preference_pairs_are_refused_as_a_mix_bucket_and_as_sft_rows_unless_asked_for(
+    in_process: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A preference dataset as a mix bucket, or read by the SFT loader, trained its rejected answers as targets."""
+    from prep_assets.core import reading
+    from prep_assets.core.errors import ReadError
+    from prep_assets.core.mix import MixError, parse_mix, plan_mix
+
+    data = in_process
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_pref"]) == 0
+    lake = data / "lake"
+    manifest = lake / "sample_pref" / "manifest.json"
+    assert json.loads(manifest.read_text())["pairs"] is True
+    with pytest.raises(ReadError, match="pass pairs=True to read them for a preference trainer"):
+        reading.PackedRows(manifest)
+    rows = reading.PackedRows(manifest, pairs=True)
+    assert len(rows) > 0 and str(rows[0]["example_ids"][0]).endswith(("/chosen", "/rejected"))
+    phase = {"name": "p", "duration_tokens": 256, "weights": {"pref": 1}}
+    raw = {"sources": {"pref": "sample_pref"}, "phases": [phase]}
+    spec = parse_mix(raw, path=Path("m.yaml"), default_name="m", datasets={"sample_pref"})
+    with pytest.raises(MixError, match="holds preference pairs"):
+        plan_mix(spec, lake)

@@ -17,6 +17,7 @@ from prep_assets.core.lake import (
     sha256_file,
     write_json_atomic,
 )
+from prep_assets.core.record_types import record_type
 from prep_assets.core.records import (
     SPLITS,
     shard_schema,
@@ -108,6 +109,9 @@ def _manifest(spec: DatasetSpec, paths: DatasetPaths, partitions: list[str]) -> 
         "partitions": parts,
         "splits": {s: {**totals(metrics[s], L), "files": files[s], "exports": exports[s]} for s in SPLITS},
         "schema": {f.name: str(f.type) for f in shard_schema(spec.input.domain_key is not None)},
+        # a paired type's rows hold both branches of each pair: a DPO trainer's, never SFT targets (mixes and the
+        # SFT loader refuse them)
+        **({"pairs": True} if record_type(spec.input.type).paired else {}),
         **({"exports": partition_exports} if partition_exports else {}),
         **({"tabular": tabular} if tabular is not None else {}),
         **({"domains": dict(sorted(domains.items()))} if spec.input.domain_key is not None else {}),

@@ -63,8 +63,9 @@ class PhaseSpec(_Strict):
 
     @model_validator(mode="after")
     def _weights(self) -> PhaseSpec:
-        if not self.weights or any(w < 0 for w in self.weights.values()) or sum(self.weights.values()) <= 0:
-            raise ValueError("weights: give each bucket a weight >= 0, at least one above 0")
+        weights = self.weights.values()
+        if not self.weights or any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError("weights: give each bucket a finite weight >= 0, at least one above 0")
         return self
 
 
@@ -200,6 +201,12 @@ def _source(lake: Path, bucket: str, src: SourceSpec, split: str, seed: int, mix
     if not manifest_file.is_file():
         raise MixError(f"source {bucket!r}: dataset {src.dataset!r} has no manifest yet ({manifest_file})")
     manifest = read_json(manifest_file)
+    if manifest.get("pairs"):
+        raise MixError(
+            f"source {bucket!r}: dataset {src.dataset!r} holds preference pairs (chosen and rejected answers in one "
+            "row, for a DPO trainer): a mix's rows train every loss token, so the rejected answers would be learned; "
+            "train pairs from the dataset's own manifest with a preference trainer"
+        )
     files = manifest["splits"].get(split, {}).get("files", [])
     tokens: list[np.ndarray] = []
     loss: list[np.ndarray] = []

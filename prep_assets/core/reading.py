@@ -178,11 +178,19 @@ class PackedRows:
         *,
         verify: bool = True,
         cache_groups: int = 4,
+        pairs: bool = False,
     ) -> None:
         paths = [manifests] if isinstance(manifests, (str, Path)) else list(manifests)
         if not paths:
             raise ReadError("no manifest given")
         self.manifests = [load_manifest(p) for p in paths]
+        paired = [m.path for m in self.manifests if m.data.get("pairs")]
+        if paired and not pairs:  # read as SFT rows, the rejected answers would be trained: said, never done
+            raise ReadError(
+                f"{paired[0]}: preference pairs (each row holds a chosen and a rejected answer, both with loss "
+                "tokens: as SFT rows the rejected answers would be learned); pass pairs=True to read them for a "
+                "preference trainer (example ids end in /chosen and /rejected)"
+            )
         agree(self.manifests)
         self.split = split
         self.files = [f for m in self.manifests for f in m.split_files(split)]

@@ -340,3 +340,14 @@ def test_a_typo_inside_a_phase_or_a_source_names_the_keys_allowed_there(tmp_path
     assert "phases.0.weigths: unknown key; allowed keys here: name, duration_tokens, weights" in error
     assert "sources.a.max_epoch: unknown key; allowed keys here: dataset, max_epochs, domains" in error
     assert "?" not in error
+
+
+def test_a_nan_or_infinite_weight_is_a_spec_error_not_a_traceback(tmp_path: Path):
+    from prep_assets.core.mix import scan_mixes
+
+    for name, weight in (("nan", ".nan"), ("inf", ".inf")):
+        (tmp_path / f"{name}.yaml").write_text(
+            f"sources: {{a: a, b: b}}\nphases: [{{name: p, duration_tokens: 128, weights: {{a: {weight}, b: 1}}}}]\n"
+        )
+    broken = scan_mixes(tmp_path, {"a", "b"}).broken
+    assert all("give each bucket a finite weight >= 0" in broken[n] for n in ("nan", "inf")), broken
