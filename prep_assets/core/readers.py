@@ -15,6 +15,7 @@ import re
 import sys
 import zlib
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,10 +39,25 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
+class InexactFloat(float):
+    """A JSON number a float does not hold (`12345678901234567.89`, `9007199254740993.0`, `1e-400`): the float
+    nearest it, with the number as written (`text`). Rendered, it would train as other digits: a table row holding
+    one is a reject (`records.TabularExtractor`); elsewhere it is the float it always was."""
+
+    text: str
+
+    def __new__(cls, text: str, value: float) -> InexactFloat:
+        made = super().__new__(cls, value)
+        made.text = text
+        return made
+
+
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):  # 1e400 parses to inf: as much a non-number as the Infinity literal
         raise ValueError(f"non-standard JSON constant: {text} is out of the float range")
+    if Decimal(repr(value)) != Decimal(text):  # `1.10` is 1.1 exactly; `0.1` prints back as 0.1: both exact
+        return InexactFloat(text, value)
     return value
 
 

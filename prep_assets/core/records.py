@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from prep_assets.core.errors import DropError
-from prep_assets.core.readers import checked_decoder, duplicate_key_detail
+from prep_assets.core.readers import InexactFloat, checked_decoder, duplicate_key_detail
 from prep_assets.core.spec_sections import InputSpec, TabularSpec
 from prep_assets.core.tabular import is_empty_group_value, json_value, parse_cell, render_values
 
@@ -425,12 +425,20 @@ class TabularExtractor:
                     v = parse_cell(v, self.csv_types.get(col, "string"), self.tab.null_values)
                 except ValueError as exc:
                     return Invalid("wrong_type", f"column {col!r} is {self.csv_types[col]}: {exc}")
-            elif self.csv_types is None and col in self.tab.column_types and v is not None:
-                declared = self.tab.column_types[col]
-                try:
-                    v = _as_declared(v, declared, self.tab.null_values)
-                except ValueError as exc:
-                    return Invalid("wrong_type", f"column {col!r} is {declared} (tabular.column_types): {exc}")
+            elif self.csv_types is None:
+                inexact = _inexact(v)
+                if inexact is not None:  # JSON rows: a number as written, or a reject (a CSV cell keeps its text)
+                    return Invalid(
+                        "inexact_number",
+                        f"column {col!r}: {inexact.text[:40]} has more digits than a float holds (it would train "
+                        f"as {float(inexact)!r}); give it as a JSON string to keep its text",
+                    )
+                if col in self.tab.column_types and v is not None:
+                    declared = self.tab.column_types[col]
+                    try:
+                        v = _as_declared(v, declared, self.tab.null_values)
+                    except ValueError as exc:
+                        return Invalid("wrong_type", f"column {col!r} is {declared} (tabular.column_types): {exc}")
             values.append(json_value(v))
             if col == self.tab.group_by and is_empty_group_value(values[-1]):
                 cell = "absent" if col not in value else repr(value[col])[:40]
@@ -440,6 +448,20 @@ class TabularExtractor:
                     "group; fill the cell or leave the row out",
                 )
         return {"columns": self.columns, "values": values}
+
+
+def _inexact(value: Any) -> InexactFloat | None:
+    """The first number in a JSON value (at any depth) that a float does not hold as written, or None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, InexactFloat):
+            return item
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
 
 
 _MESSAGE_LISTS = ("messages", "prompt", "chosen", "rejected")

@@ -48,3 +48,31 @@ def test_dialogue_with_bad_turn_names_the_turn_and_empty_list_rejected():
     bad = extract_instruction([{"prompt": "p", "completion": "c"}, {"prompt": "p"}], spec)
     assert isinstance(bad, Invalid) and bad.detail.startswith("turn 2:")
     assert extract_instruction([], spec).reason == "empty_dialogue"  # type: ignore[union-attr]
+
+
+def test_a_json_row_number_a_float_cannot_hold_is_a_reject_never_other_digits(tmp_path):
+    """12345678901234567.89 trained as 1.2345678901234568e+16, 9007199254740993.0 as ...992.0 and 1e-400 as 0.0,
+    while a CSV cell of the same digits kept its text."""
+    from prep_assets.core.readers import Accounting, RawItem, read_drop
+    from prep_assets.core.records import TabularExtractor
+    from prep_assets.core.spec_sections import TabularSpec
+
+    rows = [
+        ('{"id": 1, "v": 12345678901234567.89}', "1.2345678901234568e+16"),
+        ('{"id": 2, "v": 9007199254740993.0}', "9007199254740992.0"),
+        ('{"id": 3, "v": 1e-400}', "0.0"),
+        ('{"id": 4, "v": [1, {"x": 2.5e-400}]}', "0.0"),
+        ('{"id": 5, "v": 0.1}', None),
+        ('{"id": 6, "v": 1.10}', None),
+        ('{"id": 7, "v": 1e5}', None),
+    ]
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(line + "\n" for line, _ in rows))
+    items = [i for i in read_drop(path, "jsonl", max_line_bytes=1 << 20, acct=Accounting()) if isinstance(i, RawItem)]
+    extract = TabularExtractor(TabularSpec(), "a.jsonl", columns=["id", "v"])
+    for item, (_, would) in zip(items, rows, strict=True):
+        got = extract(item.value, None)  # type: ignore[arg-type]
+        if would is None:
+            assert isinstance(got, dict), got
+        else:
+            assert got.reason == "inexact_number" and f"would train as {would}" in got.detail, got  # type: ignore[union-attr]
