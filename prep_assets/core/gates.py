@@ -198,6 +198,11 @@ def _manifest_partitions(on: Subject) -> list[dict[str, Any]]:
     return [{"partition": k, **v} for k, v in on.manifest["partitions"].items()]
 
 
+def _shard_columns(shards_dir: Path) -> list[str]:
+    """A tabular partition's columns as its published shard stats give them."""
+    return list((read_json(shards_dir / STATS).get("tabular") or {}).get("columns") or [])
+
+
 def _paired(spec: DatasetSpec) -> bool:
     return record_type(spec.input.type).paired
 
@@ -404,6 +409,16 @@ GATES: tuple[Gate, ...] = (
         "dataset_manifest_one_tokenizer",
         "every partition's shards were made with the pinned tokenizer (one fingerprint)",
         lambda on: inv.shards_one_tokenizer(_manifest_partitions(on), on.manifest["tokenizer_fingerprint"]),
+    ),
+    Gate(
+        "manifest",
+        "dataset_manifest_one_table_schema",
+        "tabular only: every drop of the manifest has the same columns in the same order (the manifest states one "
+        "schema and schema prompt; put a table of other columns in a dataset of its own, or retire the drop)",
+        lambda on: inv.tabular_one_schema(
+            {k: _shard_columns(on.paths.partition_dir("shards", k)) for k in on.manifest["partitions"]}
+        ),
+        applies=_table_rows,
     ),
     Gate(
         "manifest",

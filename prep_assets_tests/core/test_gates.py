@@ -154,6 +154,27 @@ def test_the_manifest_is_judged_by_its_declared_gates(tmp_path: Path, scope: str
     assert not set(gates.manifest_gates_for(spec)) & set(gates.gates_for(spec))
 
 
+def test_a_tabular_manifest_of_drops_with_other_columns_fails_its_one_schema_gate(tmp_path: Path):
+    """Drops of one tabular dataset with other columns (or the same in another order) each trained under their own
+    schema prompt while the manifest stated the first drop's, every gate green."""
+    import json
+
+    spec = make_spec(input={"type": "tabular"})
+    paths = dataset_paths(tmp_path, "ds")
+    columns = {"d1": ["g", "a", "b"], "d2": ["g", "b", "a"], "d3": ["g", "a", "c"], "d4": ["g", "a", "b"]}
+    for k, cols in columns.items():
+        stats = paths.partition_dir("shards", k)
+        stats.mkdir(parents=True)
+        (stats / "stats.json").write_text(json.dumps({"tabular": {"columns": cols}}))
+    manifest = {"tokenizer_fingerprint": "a", "partitions": {k: {"tokenizer_fingerprint": "a"} for k in columns}}
+    (gate,) = [o for o in manifest_outcomes(spec, paths, manifest) if o.name == "dataset_manifest_one_table_schema"]
+    assert gate.violations == 2 and [o["partition"] for o in gate.offending] == ["d2", "d3"]
+    assert gate.offending[0]["columns"] == "g, b, a" and gate.offending[0]["its_columns"] == "g, a, b"
+    del manifest["partitions"]["d2"], manifest["partitions"]["d3"]
+    assert all(o.passed for o in manifest_outcomes(spec, paths, manifest))
+    assert "dataset_manifest_one_table_schema" not in {g.name for g in gates.manifest_gates_for(make_spec())}
+
+
 def test_cleaning_that_rejects_every_record_fails_a_drop_of_only_repeats_passes(tmp_path: Path):
     """A `clean` threshold edited too far emptied every drop: all gates green, an empty manifest, exit 0."""
     from prep_assets_tests.conftest import copy_sample_data

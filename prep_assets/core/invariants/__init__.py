@@ -33,7 +33,7 @@ from prep_assets.core.invariants.gold import (
     mask_aligned_rule,
     within_max_len_rule,
 )
-from prep_assets.core.invariants.manifest import duplicates_resolve_to_kept, shards_one_tokenizer
+from prep_assets.core.invariants.manifest import duplicates_resolve_to_kept, shards_one_tokenizer, tabular_one_schema
 from prep_assets.core.invariants.shards import (
     ROW_PART_COLUMNS,
     ROW_PARTS,
@@ -110,5 +110,6 @@ __all__ = [
     "silver_split_drawn",
     "silver_unique",
     "silver_unique_across_drops",
+    "tabular_one_schema",
     "within_max_len_rule",
 ]

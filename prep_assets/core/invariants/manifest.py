@@ -38,3 +38,19 @@ def shards_one_tokenizer(shards_stats: list[dict[str, Any]], pinned_fingerprint:
         if s["tokenizer_fingerprint"] != pinned_fingerprint
     ]
     return Outcome(len(offending), offending[:SAMPLE], {"pinned": pinned_fingerprint})
+
+
+def tabular_one_schema(schemas: dict[str, list[str]]) -> Outcome:
+    """Every drop a tabular manifest holds has the same columns in the same order (`schemas`: partition -> columns,
+    read from each partition's shard stats): the manifest states one schema and its schema prompt, which a drop of
+    other columns never trained on. The drops that differ from the first are the violations."""
+    items = sorted(schemas.items())
+    if not items:
+        return Outcome(0, [], {"drops": 0})
+    first_partition, first = items[0]
+    offending = [
+        {"partition": k, "columns": ", ".join(cols), "first_drop": first_partition, "its_columns": ", ".join(first)}
+        for k, cols in items[1:]
+        if cols != first
+    ]
+    return Outcome(len(offending), offending[:SAMPLE], {"drops": len(items), "columns": first})
