@@ -12,6 +12,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
@@ -227,7 +228,8 @@ class NonFinite(ValueError):
 
 def json_safe(value: Any) -> Any:
     """A Parquet value as JSON: numbers, strings, booleans, null, lists and objects stay; the rest becomes text
-    (timestamps and dates in ISO form, decimals as written, bytes decoded as UTF-8 or UnicodeDecodeError);
+    (timestamps and dates in ISO form, decimals as written (`_decimal_kinds` makes most of them numbers first), bytes
+    decoded as UTF-8 or UnicodeDecodeError);
     NaN (pandas' missing value) becomes null; an infinity raises `NonFinite`."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
@@ -333,6 +335,28 @@ def _short_floats(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
+def _decimal_kinds(schema: pa.Schema) -> dict[str, str]:
+    """How each top-level decimal column trains, by its type, as CSV columns do by their cells: `int` where the scale
+    is 0 or less (whole numbers, exact at any size), `float` where a float holds every value of the type (at most 15
+    significant digits: `1.10` trains 1.1, as the CSV cell does), else `text` (the digits as written, a string:
+    `12345678901234567890.12` would train as 1.2345678901234567e+19)."""
+    kinds = {}
+    for field in schema:
+        if pa.types.is_decimal(field.type):
+            kinds[field.name] = "int" if field.type.scale <= 0 else "float" if field.type.precision <= 15 else "text"
+    return kinds
+
+
+def _with_decimals(row: dict[str, Any], kinds: dict[str, str]) -> dict[str, Any]:
+    """A row's decimal values as `_decimal_kinds` says (a text one stays a Decimal: `json_safe` writes its digits)."""
+    out = dict(row)
+    for name, kind in kinds.items():
+        value = out.get(name)
+        if isinstance(value, Decimal) and kind != "text":
+            out[name] = int(value) if kind == "int" else float(value)
+    return out
+
+
 def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Iterator[RawItem | RawReject]:
     """Parquet: each row a record `{column: value}` in schema order, streamed in batches.
 
@@ -355,6 +379,7 @@ def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Ite
         return
     names = pf.schema_arrow.names
     twice = sorted({n for n in names if names.count(n) > 1})
+    decimals = _decimal_kinds(pf.schema_arrow)
     row = 0
     for g, n in enumerate(group_rows):
         try:
@@ -379,7 +404,7 @@ def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Ite
                     else:
                         got = values[i] if values is not None else _parquet_row(batch, i)
                     if isinstance(got, dict):
-                        got = _parquet_record(got)
+                        got = _parquet_record(_with_decimals(got, decimals) if decimals else got)
                     if isinstance(got, RawReject):
                         acct.rejected += 1
                         yield RawReject(row, group_offsets[g], got.reason, got.detail, got.excerpt)

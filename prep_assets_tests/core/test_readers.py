@@ -389,3 +389,29 @@ def test_a_plain_file_named_gz_is_not_gzip_and_a_huge_integer_says_what_is_wrong
     (tmp_path / "big.json").write_bytes(b'[{"text": "x", "n": ' + b"9" * 5000 + b'}, {"text": "ok"}]')
     items, rejects, _ = _read(tmp_path / "big.json", "json")
     assert [i.value["text"] for i in items] == ["ok"] and "give it as a string" in rejects[0].detail
+
+
+def test_parquet_decimals_train_as_numbers_where_a_float_holds_them_else_as_their_digits(tmp_path: Path):
+    """Every decimal trained as a JSON string: the decimal 1 as "1" beside the CSV cell 1 as a number."""
+    from decimal import Decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "money": pa.array([Decimal("1.10"), Decimal("2.00"), None], pa.decimal128(10, 2)),
+            "wide": pa.array(
+                [Decimal("12345678901234567890.12"), Decimal("1.00"), Decimal("3.5")], pa.decimal128(22, 2)
+            ),
+            "whole": pa.array([Decimal("98765432109876543210"), Decimal("1"), Decimal("0")], pa.decimal128(38, 0)),
+        }
+    )
+    pq.write_table(table, tmp_path / "d.parquet")
+    items, rejects, _ = _read(tmp_path / "d.parquet", "parquet")
+    assert not rejects
+    assert [i.text for i in items] == [
+        '{"money":1.1,"wide":"12345678901234567890.12","whole":98765432109876543210}',
+        '{"money":2.0,"wide":"1.00","whole":1}',
+        '{"money":null,"wide":"3.50","whole":0}',
+    ]
