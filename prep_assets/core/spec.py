@@ -447,35 +447,20 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def _template_errors(key: str, source: str) -> list[str]:
-    """A chat template's syntax error, as a spec error: parsed as transformers parses templates (Jinja, sandboxed,
-    `loopcontrols`), so it surfaces when the spec loads rather than as every chat record's reject in gold."""
-    from jinja2 import TemplateSyntaxError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    """A chat template's syntax error, as a spec error: compiled as transformers compiles the templates it renders
+    (its sandboxed Jinja environment, with its `{% generation %}` tag), so it surfaces when the spec loads rather
+    than as every chat record's reject in gold."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _generation_tag()]
-    )
     try:
-        env.parse(source)
-    except TemplateSyntaxError as exc:
-        return [f"{key}: the template does not parse: {exc.message} (its line {exc.lineno})"]
+        _compile_jinja_template(source)
     except RecursionError:
         return [f"{key}: the template does not parse: it nests too deeply"]
+    except Exception as exc:  # Jinja's TemplateSyntaxError (and any other refusal of the template)
+        line = getattr(exc, "lineno", None)
+        where = f" (its line {line})" if line else ""
+        return [f"{key}: the template does not parse: {getattr(exc, 'message', None) or exc}{where}"]
     return []
-
-
-def _generation_tag() -> type:
-    """transformers' `{% generation %}...{% endgeneration %}` (the assistant's trained span), parsed as its body."""
-    from jinja2.ext import Extension
-
-    class GenerationTag(Extension):
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            next(parser.stream)
-            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-    return GenerationTag
 
 
 def path_errors(spec: DatasetSpec, data_dir: Path) -> list[str]:
