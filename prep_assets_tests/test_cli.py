@@ -479,3 +479,19 @@ def test_preference_pairs_are_refused_as_a_mix_bucket_and_as_sft_rows_unless_ask
     spec = parse_mix(raw, path=Path("m.yaml"), default_name="m", datasets={"sample_pref"})
     with pytest.raises(MixError, match="holds preference pairs"):
         plan_mix(spec, lake)
+
+
+def test_a_header_only_table_drop_builds_empty_and_its_dataset_manifest_publishes(
+    in_process: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A header-only CSV of a grouped table crashed gold (`columns.index(group_by)` of no columns); with that
+    fixed, the one-schema manifest gate counted its empty drop as a schema of its own."""
+    data = in_process
+    raw = data / "raw" / "sample_sensors"
+    header = next(raw.glob("*.csv")).read_text(encoding="utf-8").splitlines()[0]
+    (raw / "empty.csv").write_text(header + "\n", encoding="utf-8")
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_sensors"]) == 0
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and "0 failed" in out.out
+    manifest = json.loads((data / "lake" / "sample_sensors" / "manifest.json").read_text())
+    assert len(manifest["partitions"]) == 2

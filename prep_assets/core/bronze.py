@@ -241,6 +241,7 @@ def build_raw_records(
                     max_line_bytes=spec.input.max_line_bytes,
                     acct=acct,
                     max_gzip_ratio=spec.input.max_gzip_ratio,
+                    typed_columns=spec.tabular.column_types if spec.tabular is not None else (),
                     keep_line_ends=spec.input.keep_line_ends,
                 ):
                     if isinstance(item, RawReject):

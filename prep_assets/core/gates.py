@@ -198,9 +198,11 @@ def _manifest_partitions(on: Subject) -> list[dict[str, Any]]:
     return [{"partition": k, **v} for k, v in on.manifest["partitions"].items()]
 
 
-def _shard_columns(shards_dir: Path) -> list[str]:
-    """A tabular partition's columns as its published shard stats give them."""
-    return list((read_json(shards_dir / STATS).get("tabular") or {}).get("columns") or [])
+def _table_columns(gold_dir: Path) -> list[str] | None:
+    """A tabular partition's columns as its published gold stats give them; None for a drop of no record (a
+    header-only file): it trained under no schema."""
+    tabular = read_json(gold_dir / STATS).get("tabular") or {}
+    return list(tabular.get("columns") or []) if tabular.get("records") else None
 
 
 def _paired(spec: DatasetSpec) -> bool:
@@ -416,7 +418,11 @@ GATES: tuple[Gate, ...] = (
         "tabular only: every drop of the manifest has the same columns in the same order (the manifest states one "
         "schema and schema prompt; put a table of other columns in a dataset of its own, or retire the drop)",
         lambda on: inv.tabular_one_schema(
-            {k: _shard_columns(on.paths.partition_dir("shards", k)) for k in on.manifest["partitions"]}
+            {
+                k: columns
+                for k in on.manifest["partitions"]
+                if (columns := _table_columns(on.paths.partition_dir("gold", k))) is not None
+            }
         ),
         applies=_table_rows,
     ),

@@ -64,7 +64,8 @@ class PhaseSpec(_Strict):
     @model_validator(mode="after")
     def _weights(self) -> PhaseSpec:
         weights = self.weights.values()
-        if not self.weights or any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+        total = sum(weights)  # finite each, their sum may still overflow (1e308 twice): every share would be 0
+        if not self.weights or any(not math.isfinite(w) or w < 0 for w in weights) or not 0 < total < math.inf:
             raise ValueError("weights: give each bucket a finite weight >= 0, at least one above 0")
         return self
 

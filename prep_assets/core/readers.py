@@ -14,7 +14,7 @@ import math
 import re
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
@@ -51,12 +51,19 @@ class InexactFloat(float):
         made.text = text
         return made
 
+    def __reduce__(self) -> tuple[type, tuple[str, float]]:  # copies keep the text
+        return InexactFloat, (self.text, float(self))
+
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):  # 1e400 parses to inf: as much a non-number as the Infinity literal
         raise ValueError(f"non-standard JSON constant: {text} is out of the float range")
-    if Decimal(repr(value)) != Decimal(text):  # `1.10` is 1.1 exactly; `0.1` prints back as 0.1: both exact
+    if repr(value) == text:  # the common case, at the cost of one repr
+        return value
+    # `1.10` is 1.1, and `0.10000000000000001` is how C's %.17g writes 0.1: the float as written, in other digits
+    written = Decimal(text)
+    if written != Decimal(repr(value)) and written != Decimal(f"{value:.17g}"):
         return InexactFloat(text, value)
     return value
 
@@ -201,6 +208,8 @@ def gzip_limit(path: Path, ratio: float) -> int:
     return max(GZIP_MIN_LIMIT, int(ratio * path.stat().st_size))
 
 
+# a JSON number token
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 # what the json module's ValueError says of an integer past Python's digit limit (sys.set_int_max_str_digits)
 _TOO_MANY_DIGITS = "integer string conversion"
 
@@ -412,7 +421,10 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
         try:
             value, end = decoder.raw_decode(text, pos)
         except ValueError as exc:
-            found = _value_end(text, pos) if _TOO_MANY_DIGITS in str(exc) else None
+            found = None
+            if _TOO_MANY_DIGITS in str(exc):  # the element holding it ends where its brackets close, or the number
+                number = _NUMBER.match(text, pos)
+                found = _value_end(text, pos) if text[pos] in "[{" else number.end() if number else None
             if found is None:
                 reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
                 detail = _too_many_digits() if _TOO_MANY_DIGITS in str(exc) else str(exc)
@@ -476,24 +488,34 @@ def _skip_ws(text: str, pos: int) -> int:
 
 
 def read_drop(
-    path: Path, fmt: str, *, max_line_bytes: int, acct: Accounting, max_gzip_ratio: float = 100.0, **lines: bool
+    path: Path,
+    fmt: str,
+    *,
+    max_line_bytes: int,
+    acct: Accounting,
+    max_gzip_ratio: float = 100.0,
+    typed_columns: Collection[str] = (),
+    **lines: bool,
 ) -> Iterator[RawItem | RawReject]:
-    """A drop's items and rejects, by format; `lines` are the line reader's switches (`keep_line_ends`). A text drop
+    """A drop's items and rejects, by format; `lines` are the line reader's switches (`keep_line_ends`);
+    `typed_columns`, the columns `tabular.column_types` types (a Parquet decimal there is left as written). A text drop
     that is not UTF-8 (UTF-16, UTF-32) is refused as a whole (`DropError`): read line by line it would train on
     garbled text (`not_utf8_text`)."""
     if fmt != "parquet":
         found = not_utf8_text(_head(path, fmt))
         if found is not None:
             encoding, problem = found
-            convert = f"iconv -f {encoding} -t UTF-8"
+            suffixes = "".join(path.suffixes[-2:] if fmt == "jsonl.gz" else path.suffixes[-1:])
+            converted = f"{path.name.removesuffix(suffixes)}.utf8{suffixes}"
+            convert = f"iconv -f {encoding} -t UTF-8 {path.name} > {converted}"
             if fmt == "jsonl.gz":
-                convert = f"zcat {path.name} | {convert} | gzip"
+                convert = f"zcat {path.name} | iconv -f {encoding} -t UTF-8 | gzip > {converted}"
             raise DropError(
-                f"{path.name}: {problem}; prep_assets reads UTF-8: convert it (for example with `{convert}`) and "
-                "drop the converted file"
+                f"{path.name}: {problem}; prep_assets reads UTF-8: convert it (for example `{convert}`), drop the "
+                "converted file and move this one out of raw/"
             )
     if fmt == "parquet":
-        return read_parquet(path, acct=acct)
+        return read_parquet(path, acct=acct, typed_columns=typed_columns)
     if fmt == "csv":
         return read_csv(path, max_line_bytes=max_line_bytes, acct=acct)
     if fmt in ("jsonl", "jsonl.gz", "txt"):

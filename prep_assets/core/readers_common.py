@@ -41,40 +41,51 @@ class Accounting:
 
 
 # Byte order marks of the encodings a text drop may be saved in that are not UTF-8, with iconv's name for the encoding
-# (UTF-32 first: its LE mark starts with UTF-16 LE's)
+# (UTF-32 first: its LE mark starts with UTF-16 LE's); iconv reads the mark
 _OTHER_BOMS = (
     (b"\xff\xfe\x00\x00", "UTF-32 LE", "UTF-32"),
     (b"\x00\x00\xfe\xff", "UTF-32 BE", "UTF-32"),
     (b"\xff\xfe", "UTF-16 LE", "UTF-16"),
     (b"\xfe\xff", "UTF-16 BE", "UTF-16"),
 )
-# Without a mark: the places (mod 4) where ASCII text in each encoding has its 0 bytes
-_ZERO_PLACES = {(1, 3): "UTF-16LE", (0, 2): "UTF-16BE", (1, 2, 3): "UTF-32LE", (0, 1, 2): "UTF-32BE"}
 # how much of a text drop's start `not_utf8_text` looks at, and how many 0 bytes it needs to judge by them
 ENCODING_HEAD = 4096
 _MIN_ZEROS = 8
+
+
+def _zero_share(data: bytes) -> float:
+    return data.count(0) / len(data) if data else 0.0
 
 
 def not_utf8_text(head: bytes) -> tuple[str, str] | None:
     """(iconv's name of the encoding, why) where a text drop starting with `head` is not UTF-8 text, else None. A
     UTF-16 or UTF-32 file read as UTF-8 splits into lines at its 0x0A bytes and its characters into bytes of other
     characters; lines would decode, and train on garbled text. Told apart by its byte order mark, or, without one,
-    by its 0 bytes: at least 8, and at least half the bytes at some places mod 4 but not at all of them (ASCII in
-    UTF-16 has one in every other byte, in UTF-32 three in four; a file of 0 bytes only, or UTF-8 text with a stray
-    one, is read line by line as before)."""
+    by its 0 bytes (at least 8): UTF-32 LE has them in the 3rd and 4th byte of every character of the first plane
+    (BE: the 1st and 2nd), UTF-16 LE in the odd places of every ASCII character (BE: the even places): a tenth of
+    those places at least, and at most a tenth of that in the others. A file of 0 bytes only, or UTF-8 with a stray
+    one, is read line by line as before."""
     for bom, name, iconv in _OTHER_BOMS:
         if head.startswith(bom):
             return iconv, f"the file is {name} text (it starts with the byte order mark {bom.hex(' ').upper()})"
-    if head.count(0) < _MIN_ZEROS:
+    if head.count(0) < _MIN_ZEROS or head.count(0) == len(head):
         return None
-    places = [head[p::4] for p in range(4)]
-    zero = tuple(p for p, part in enumerate(places) if part and part.count(0) * 2 >= len(part))
-    if not zero or len(zero) == 4:
+    place = [_zero_share(head[p::4]) for p in range(4)]
+    even, odd = _zero_share(head[0::2]), _zero_share(head[1::2])
+    found = None
+    if place[2] >= 0.5 and place[3] >= 0.5 and place[0] < 0.5:
+        found = "UTF-32LE"
+    elif place[0] >= 0.5 and place[1] >= 0.5 and place[3] < 0.5:
+        found = "UTF-32BE"
+    elif odd >= 0.1 and even <= odd / 10:
+        found = "UTF-16LE"
+    elif even >= 0.1 and odd <= even / 10:
+        found = "UTF-16BE"
+    if found is None:
         return None
-    name = _ZERO_PLACES.get(zero)
-    said = f"{name} text without a byte order mark" if name else "not text in any encoding prep_assets reads"
-    return name or "UTF-16", (
-        f"the file is not UTF-8: {head.count(0)} of the first {len(head)} bytes are 0, at places as in {said}"
+    return found, (
+        f"the file is not UTF-8: {head.count(0)} of its first {len(head)} bytes are 0, at the places of {found} "
+        "text without a byte order mark"
     )
 
 

@@ -11,7 +11,7 @@ import io
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
@@ -357,9 +357,13 @@ def _with_decimals(row: dict[str, Any], kinds: dict[str, str]) -> dict[str, Any]
     return out
 
 
-def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Iterator[RawItem | RawReject]:
+def read_parquet(
+    path: Path, *, batch_size: int = 4096, acct: Accounting, typed_columns: Collection[str] = ()
+) -> Iterator[RawItem | RawReject]:
     """Parquet: each row a record `{column: value}` in schema order, streamed in batches.
 
+    A decimal column trains by its type (`_decimal_kinds`), unless `typed_columns` (the spec's `column_types`)
+    names it: then it stays as written for the declared type to read.
     Provenance: `line` is the 1-based row number and `byte_offset` the file offset where the row's row group
     starts (its first page).
     Accounting is per row; an unreadable file is one reject. A row with a value Python cannot hold (text that
@@ -379,7 +383,7 @@ def read_parquet(path: Path, *, batch_size: int = 4096, acct: Accounting) -> Ite
         return
     names = pf.schema_arrow.names
     twice = sorted({n for n in names if names.count(n) > 1})
-    decimals = _decimal_kinds(pf.schema_arrow)
+    decimals = {k: v for k, v in _decimal_kinds(pf.schema_arrow).items() if k not in typed_columns}
     row = 0
     for g, n in enumerate(group_rows):
         try:

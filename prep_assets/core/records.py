@@ -335,10 +335,12 @@ def extract_preference(value: Any, spec: InputSpec) -> dict[str, Any] | Invalid:
     while k < min(len(chosen), len(rejected)) and chosen[k] == rejected[k]:
         k += 1
     for key, branch in ((spec.chosen_key, chosen), (spec.rejected_key, rejected)):
+        if not branch:  # only the prompt it repeats: no answer to prefer or reject
+            return Invalid("empty_branch", f"{key!r} holds no message after the shared prompt: no answer to compare")
         if k < len(branch) and branch[k]["role"] != "assistant":  # not a response that differs: the contexts do
             return Invalid(
                 "inconsistent_prompt",
-                f"the branches differ first at a {branch[0]['role']} message of {key!r}, not at the assistant's "
+                f"the branches differ first at a {branch[k]['role']} message of {key!r}, not at the assistant's "
                 "answer: a pair compares two answers to one context; give both branches the same turns before "
                 "the answers",
             )
@@ -426,8 +428,10 @@ class TabularExtractor:
                 except ValueError as exc:
                     return Invalid("wrong_type", f"column {col!r} is {self.csv_types[col]}: {exc}")
             elif self.csv_types is None:
-                inexact = _inexact(v)
-                if inexact is not None:  # JSON rows: a number as written, or a reject (a CSV cell keeps its text)
+                # JSON rows: a number as written, or a reject (a CSV cell keeps its text); not where the spec rounds
+                # floats (`float_digits`, Safe Synthesizer's pandas), which changes their digits by design
+                inexact = _inexact(v) if self.tab.float_digits is None else None
+                if inexact is not None:
                     return Invalid(
                         "inexact_number",
                         f"column {col!r}: {inexact.text[:40]} has more digits than a float holds (it would train "

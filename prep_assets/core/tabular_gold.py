@@ -106,7 +106,10 @@ class _Rows:
 def _load(spec: DatasetSpec, tab: TabularSpec, silver_records: Path, pt: PinnedTokenizer) -> _Rows:
     table = pq.read_table(str(silver_records), columns=[*_PROVENANCE, "split", "content"])
     contents = [json.loads(c) for c in table.column("content").to_pylist()]
-    columns = contents[0]["columns"] if contents else []
+    # no record (a header-only file, every row a reject or a duplicate): the spec's named columns, so the code below
+    # that looks them up finds them; no record uses them
+    named = [c for c in (tab.group_by, tab.order_by) if c is not None]
+    columns = contents[0]["columns"] if contents else list(dict.fromkeys(named))
     for c in contents:
         if c["columns"] != columns:  # one drop has one schema (bronze keeps it); guard the assumption
             raise ValueError(f"records of one drop with different columns: {c['columns']} != {columns}")

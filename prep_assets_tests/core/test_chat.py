@@ -322,8 +322,11 @@ def test_preference_branches_that_differ_before_the_answer_are_a_reject_not_a_pa
     assert shared["prompt"] == system and shared["chosen"] == [u, a]  # type: ignore[index]
     hh_given = {"prompt": "sys", "chosen": hh["chosen"], "rejected": hh["chosen"].replace("good", "bad")}
     assert isinstance(extract_preference(hh_given, spec), dict)
-    # a branch that is only the repeated prompt is no crash (one record must never stop its drop)
-    assert isinstance(extract_preference({"prompt": "q", "chosen": [u], "rejected": [u, a]}, spec), dict)
+    # a branch that is only the repeated prompt is a reject, no crash (one record must never stop its drop)
+    empty = extract_preference({"prompt": "q", "chosen": [u], "rejected": [u, a]}, spec)
+    assert empty.reason == "empty_branch" and "'chosen'" in empty.detail  # type: ignore[union-attr]
+    longer = extract_preference({"chosen": [u, a], "rejected": [u, a, {**u, "content": "more"}, a]}, spec)
+    assert "differ first at a user message of 'rejected'" in longer.detail  # type: ignore[union-attr]
     # the answers differing at any turn after the same context is a pair
     tools = [{"role": "assistant", "content": "calling"}, {"role": "tool", "content": "42"}, a]
     ok = extract_preference({"chosen": [u, *tools], "rejected": [u, {**a, "content": "no"}]}, spec)

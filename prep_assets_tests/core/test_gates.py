@@ -162,10 +162,11 @@ def test_a_tabular_manifest_of_drops_with_other_columns_fails_its_one_schema_gat
     spec = make_spec(input={"type": "tabular"})
     paths = dataset_paths(tmp_path, "ds")
     columns = {"d1": ["g", "a", "b"], "d2": ["g", "b", "a"], "d3": ["g", "a", "c"], "d4": ["g", "a", "b"]}
+    columns["d5"] = []  # a header-only drop: no record, so no schema it trained under
     for k, cols in columns.items():
-        stats = paths.partition_dir("shards", k)
+        stats = paths.partition_dir("gold", k)
         stats.mkdir(parents=True)
-        (stats / "stats.json").write_text(json.dumps({"tabular": {"columns": cols}}))
+        (stats / "stats.json").write_text(json.dumps({"tabular": {"columns": cols, "records": len(cols)}}))
     manifest = {"tokenizer_fingerprint": "a", "partitions": {k: {"tokenizer_fingerprint": "a"} for k in columns}}
     (gate,) = [o for o in manifest_outcomes(spec, paths, manifest) if o.name == "dataset_manifest_one_table_schema"]
     assert gate.violations == 2 and [o["partition"] for o in gate.offending] == ["d2", "d3"]

@@ -345,9 +345,10 @@ def test_a_typo_inside_a_phase_or_a_source_names_the_keys_allowed_there(tmp_path
 def test_a_nan_or_infinite_weight_is_a_spec_error_not_a_traceback(tmp_path: Path):
     from prep_assets.core.mix import scan_mixes
 
-    for name, weight in (("nan", ".nan"), ("inf", ".inf")):
+    for name, weight in (("nan", ".nan"), ("inf", ".inf"), ("sum", "1e308, c: 1e308")):
         (tmp_path / f"{name}.yaml").write_text(
-            f"sources: {{a: a, b: b}}\nphases: [{{name: p, duration_tokens: 128, weights: {{a: {weight}, b: 1}}}}]\n"
+            "sources: {a: a, b: b, c: b}\n"
+            f"phases: [{{name: p, duration_tokens: 128, weights: {{a: {weight}, b: 1}}}}]\n"
         )
     broken = scan_mixes(tmp_path, {"a", "b"}).broken
-    assert all("give each bucket a finite weight >= 0" in broken[n] for n in ("nan", "inf")), broken
+    assert all("give each bucket a finite weight >= 0" in broken[n] for n in ("nan", "inf", "sum")), broken

@@ -348,8 +348,15 @@ def test_utf16_and_utf32_drops_are_refused_whole_never_read_as_garbled_lines(tmp
         "bom16be.json": ("json", b'[{"text": "a"}]'.decode().encode("utf-16-be").join([b"\xfe\xff", b""]), "BE"),
     }
     line = '{"text": "plain ascii without a byte order mark"}\n'
-    cases["le32.jsonl"] = ("jsonl", line.encode("utf-32-le"), "iconv -f UTF-32LE -t UTF-8")
+    cases["le32.jsonl"] = (
+        "jsonl",
+        line.encode("utf-32-le"),
+        "iconv -f UTF-32LE -t UTF-8 le32.jsonl > le32.utf8.jsonl",
+    )
     cases["le16.txt"] = ("txt", line.encode("utf-16-le"), "UTF-16LE text without a byte order mark")
+    cyrillic = "id,name,city\n" + "0,Иван Петров,Москва\n" * 100  # few ASCII characters: few 0 bytes
+    cases["ru16.csv"] = ("csv", cyrillic.encode("utf-16-le"), "iconv -f UTF-16LE")
+    cases["ru32.jsonl"] = ("jsonl", ('{"text": "Привет мир"}\n' * 20).encode("utf-32-be"), "iconv -f UTF-32BE")
     for name, (fmt, data, said) in cases.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(DropError, match="reads UTF-8") as err:
@@ -360,7 +367,7 @@ def test_utf16_and_utf32_drops_are_refused_whole_never_read_as_garbled_lines(tmp
     gz.write_bytes(gzip.compress('{"text": "a"}\n'.encode("utf-16")))
     with pytest.raises(DropError, match="UTF-16 LE") as err:
         _read(gz, "jsonl.gz")
-    assert "zcat g.jsonl.gz | iconv -f UTF-16 -t UTF-8 | gzip" in str(err.value)
+    assert "zcat g.jsonl.gz | iconv -f UTF-16 -t UTF-8 | gzip > g.utf8.jsonl.gz" in str(err.value)
     # UTF-8 text with a stray 0 byte (a short file too), a few bytes, or only 0 bytes is read line by line as before
     for data in (b"one \x00 two\nthree\n", b"ab\x00\ncd\n", b"hi\n\x00yo\n", b"a\n", b"\x00" * 64 + b"\n"):
         (tmp_path / "ok.txt").write_bytes(data)
@@ -389,6 +396,10 @@ def test_a_plain_file_named_gz_is_not_gzip_and_a_huge_integer_says_what_is_wrong
     (tmp_path / "big.json").write_bytes(b'[{"text": "x", "n": ' + b"9" * 5000 + b'}, {"text": "ok"}]')
     items, rejects, _ = _read(tmp_path / "big.json", "json")
     assert [i.value["text"] for i in items] == ["ok"] and "give it as a string" in rejects[0].detail
+    # the number itself an element: that element only, never the one after it
+    (tmp_path / "bare.json").write_bytes(b'[{"text": "a"}, ' + b"9" * 5000 + b', {"text": "b"}, {"text": "c"}]')
+    items, rejects, acct = _read(tmp_path / "bare.json", "json")
+    assert [i.value["text"] for i in items] == ["a", "b", "c"] and len(rejects) == 1 and acct.lines_in == 4
 
 
 def test_parquet_decimals_train_as_numbers_where_a_float_holds_them_else_as_their_digits(tmp_path: Path):
@@ -410,6 +421,11 @@ def test_parquet_decimals_train_as_numbers_where_a_float_holds_them_else_as_thei
     pq.write_table(table, tmp_path / "d.parquet")
     items, rejects, _ = _read(tmp_path / "d.parquet", "parquet")
     assert not rejects
+    # a decimal column the spec types (tabular.column_types) stays as written for that type to read
+    typed = read_drop(
+        tmp_path / "d.parquet", "parquet", max_line_bytes=1 << 20, acct=Accounting(), typed_columns={"money"}
+    )
+    assert next(typed).text.startswith('{"money":"1.10"')  # type: ignore[union-attr]
     assert [i.text for i in items] == [
         '{"money":1.1,"wide":"12345678901234567890.12","whole":98765432109876543210}',
         '{"money":2.0,"wide":"1.00","whole":1}',
