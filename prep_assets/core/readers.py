@@ -432,7 +432,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
                     line, byte_pos, reason, f"{detail}; the rest of the array is unreadable", excerpt_of(text[pos:])
                 )
                 return
-            value, end = None, found  # an object or array holding the number: that element only
+            value, end = None, found  # the element holding the number (or the number itself): that element only
             problem = ("malformed_json", _too_many_digits())
         except RecursionError:
             found = _value_end(text, pos)

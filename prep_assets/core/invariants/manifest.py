@@ -42,8 +42,9 @@ def shards_one_tokenizer(shards_stats: list[dict[str, Any]], pinned_fingerprint:
 
 def tabular_one_schema(schemas: dict[str, list[str]]) -> Outcome:
     """Every drop a tabular manifest holds has the same columns in the same order (`schemas`: partition -> columns,
-    read from each partition's shard stats): the manifest states one schema and its schema prompt, which a drop of
-    other columns never trained on. The drops that differ from the first are the violations."""
+    read from each partition's gold stats; a drop of no record is left out): the manifest states one schema and its
+    schema prompt, which a drop of other columns never trained on. The drops that differ from the first are the
+    violations."""
     items = sorted(schemas.items())
     if not items:
         return Outcome(0, [], {"drops": 0})
