@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import IO, Any
 
@@ -210,19 +211,29 @@ class EncodeProcesses:
             raise
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        """Each text's ids (int32 arrays, in order); UnicodeEncodeError if a text is not valid UTF-8 (a lone
-        surrogate), before anything is sent. Each worker takes a run of texts holding an equal share of the bytes
-        (interleaved texts would give one worker every prompt and the other every completion)."""
+        """Each text's ids (int32 arrays, in order): `submit`, then wait for the answers."""
+        return self.submit(texts)()
+
+    def submit(self, texts: list[str]) -> Callable[[], list[np.ndarray]]:
+        """Send the texts to the workers and return what waits for their ids (int32 arrays, in order); a batch
+        sent while the workers encode the one before is queued in their pipes, so they never wait between batches.
+        UnicodeEncodeError if a text is not valid UTF-8 (a lone surrogate), before anything is sent. Each worker
+        takes a run of texts holding an equal share of the bytes (interleaved texts would give one worker every
+        prompt and the other every completion)."""
         raw = [t.encode("utf-8") for t in texts]
         ends = np.cumsum(np.fromiter(map(len, raw), dtype=np.int64, count=len(raw)))
         total, k = (int(ends[-1]) if len(raw) else 0), len(self._workers)
         cuts = [0, *np.searchsorted(ends, [total * i // k for i in range(1, k)]).tolist(), len(raw)]
         answers = [w.submit(raw[a:b]) for w, a, b in zip(self._workers, cuts[:-1], cuts[1:], strict=True)]
-        out: list[np.ndarray] = []
-        for answer in answers:
-            counts, ids = answer.result()
-            out += np.split(ids, np.cumsum(counts)[:-1]) if len(counts) else []
-        return out
+
+        def ids() -> list[np.ndarray]:
+            out: list[np.ndarray] = []
+            for answer in answers:
+                counts, ids = answer.result()
+                out += np.split(ids, np.cumsum(counts)[:-1]) if len(counts) else []
+            return out
+
+        return ids
 
     def close(self) -> None:
         for w in self._workers:

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -217,6 +218,7 @@ class FastEncoder:
     ) -> None:
         self.encoding, self.hf, self.seed = encoding, hf, seed
         self._batches = itertools.count()
+        self._lock = threading.Lock()  # batches are numbered and sent to the workers in the order they come
         hf_json = json.loads(hf.to_str()) if hf_json is None else hf_json  # `hf`'s, parsed once by `of`
         self.spans_as_hf = not _trims_offsets(hf_json.get("post_processor"))
         self._source = source  # (tokenizer JSON, pattern) the encoding was built from: what workers build it from
@@ -270,16 +272,17 @@ class FastEncoder:
 
     def encode(self, texts: list[str]) -> list[list[int]] | list[np.ndarray]:
         """The texts' ids: by the worker processes (int32 arrays) for a large batch of valid UTF-8, else here."""
-        workers = self._workers(texts)
-        ids: list[list[int]] | list[np.ndarray] | None = None
-        if workers is not None:
-            try:
-                ids = workers.encode(texts)
-            except UnicodeEncodeError:  # a lone surrogate: tiktoken's own handling of it, in this process
-                ids = None
-        if ids is None:
-            ids = encode_parallel(self.encoding, texts, self._pool)
-        self.spot_check(texts, ids)
+        with self._lock:
+            batch = next(self._batches)
+            workers = self._workers(texts)
+            pending = None
+            if workers is not None:
+                try:
+                    pending = workers.submit(texts)
+                except UnicodeEncodeError:  # a lone surrogate: tiktoken's own handling of it, in this process
+                    pending = None
+        ids = pending() if pending is not None else encode_parallel(self.encoding, texts, self._pool)
+        self.spot_check(texts, ids, batch=batch)
         return ids
 
     def encode_offsets(self, texts: list[str]) -> list[Encoded] | None:
@@ -309,12 +312,14 @@ class FastEncoder:
         texts: list[str],
         ids: list[list[int]] | list[np.ndarray],
         offsets: list[list[tuple[int, int]]] | None = None,
+        *,
+        batch: int | None = None,
     ) -> None:
         """Re-encode SPOT_TEXTS seeded texts and the longest with HF; a difference (ids, or offsets when given) fails
         the drop."""
         if not texts:
             return
-        rng = random.Random(self.seed * 1_000_003 + next(self._batches))
+        rng = random.Random(self.seed * 1_000_003 + (next(self._batches) if batch is None else batch))
         picks = sorted(
             {
                 *rng.sample(range(len(texts)), min(SPOT_TEXTS, len(texts))),

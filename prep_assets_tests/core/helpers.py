@@ -283,9 +283,10 @@ def gpt_simple_modules(package_dir: Path, *names: str) -> Iterator[tuple[Any, ..
                 del sys.modules[name]
 
 
-def gpt2_lake(data_dir: Path, long_chars: int = 0) -> dict[str, str]:
+def gpt2_lake(data_dir: Path, long_chars: int = 0, batch_size: int = 4096) -> dict[str, str]:
     """A small lake over real data with GPT-2: instructions and documents, with one long document (encoded in
-    pieces) of `long_chars` characters of Shakespeare if asked; the digest of every file."""
+    pieces) of `long_chars` characters of Shakespeare if asked, built `batch_size` records at a time; the digest of
+    every file."""
     write_head(shared_path("datasets/instruction/gdp_generative_tuning.jsonl"), data_dir / "raw" / "inst", 150)
     write_head(shared_path("datasets/text/c4_demo.jsonl"), data_dir / "raw" / "text", 40)
     if long_chars:
@@ -294,5 +295,5 @@ def gpt2_lake(data_dir: Path, long_chars: int = 0) -> dict[str, str]:
     tok = {"path": str(shared_path("tokenizers/gpt2"))}
     seq = {"max_seq_len": 256, "overflow": "window"}
     for name, inp in (("inst", {"type": "instruction"}), ("text", {"type": "text"})):
-        run_core(data_dir, make_spec(name, input=inp, tokenizer=tok, sequence=seq))
+        run_core(data_dir, make_spec(name, input=inp, tokenizer=tok, sequence=seq), batch_size)
     return tree_digests(data_dir / "lake", skip_hidden_names=True)

@@ -4,8 +4,11 @@ batch with a clear error; texts that are not valid UTF-8 are encoded here."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +125,37 @@ def test_gold_encoded_by_workers_is_byte_identical_to_gold_with_hf_only_and_leav
     assert _workers_of_this_process() == []
     monkeypatch.setenv(ENGINE_ENV, "hf")
     assert by_workers == gpt2_lake(tmp_path / "hf")
+
+
+def test_gold_sends_the_workers_the_next_batch_before_it_collects_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """With workers, batch k+1 waits in their pipes while they encode batch k, so they never wait between batches:
+    the first batch's ids are held back until the second is sent, which only a pipeline two batches deep gets past.
+    Gold over many batches is byte-identical to HF's."""
+    second_sent = threading.Event()
+    sent = itertools.count()
+    real = EncodeProcesses.submit
+
+    def submit(self: EncodeProcesses, texts: list[str]) -> Callable[[], list[np.ndarray]]:
+        n, collect = next(sent), real(self, texts)
+        if n == 1:
+            second_sent.set()
+        if n != 0:
+            return collect
+
+        def first() -> list[np.ndarray]:
+            assert second_sent.wait(30), "the second batch was not sent while the workers encoded the first"
+            return collect()
+
+        return first
+
+    monkeypatch.setattr(EncodeProcesses, "submit", submit)
+    monkeypatch.setattr(fast_bpe, "MIN_CHARS", 0)  # every batch to the workers
+    monkeypatch.setenv(PROCESSES_ENV, "2")
+    by_workers = gpt2_lake(tmp_path / "workers", batch_size=32)
+    assert next(sent) >= 5, "several batches went to the workers"
+    assert _workers_of_this_process() == []
+    monkeypatch.setenv(ENGINE_ENV, "hf")
+    assert by_workers == gpt2_lake(tmp_path / "hf", batch_size=32)
 
 
 def test_workers_that_cannot_start_leave_the_encoding_to_this_process(
