@@ -207,45 +207,42 @@ def encode_parallel(encoding: tiktoken.Encoding, texts: list[str], pool: ThreadP
 class FastEncoder:
     """tiktoken's ordinary encoding (`encode_parallel`); a seeded sample of each batch is re-encoded by HF."""
 
-    def __init__(
-        self,
-        encoding: tiktoken.Encoding,
-        hf: Tokenizer,
-        seed: int = 0,
-        *,
-        source: tuple[str, str] | None = None,
-        hf_json: dict[str, Any] | None = None,
-    ) -> None:
-        self.encoding, self.hf, self.seed = encoding, hf, seed
+    def __init__(self, source: tuple[str, str], hf: Tokenizer, seed: int = 0) -> None:
+        self.hf, self.seed = hf, seed
         self._batches = itertools.count()
         self._lock = threading.Lock()  # batches are numbered and sent to the workers in the order they come
-        hf_json = json.loads(hf.to_str()) if hf_json is None else hf_json  # `hf`'s, parsed once by `of`
-        self.spans_as_hf = not _trims_offsets(hf_json.get("post_processor"))
-        self._source = source  # (tokenizer JSON, pattern) the encoding was built from: what workers build it from
+        post = hf.post_processor  # its config alone, as `to_str` writes it: not the whole vocabulary's JSON
+        self.spans_as_hf = not _trims_offsets(None if post is None else json.loads(post.__getstate__()))
+        self._source = source  # (tokenizer JSON, split pattern): what this process and the workers build tiktoken from
+        self._start_workers = True  # False once they could not start: this process encodes
         self._processes: EncodeProcesses | None = None
         self.min_chars = MIN_CHARS  # a batch of fewer characters is encoded in this process
 
     @classmethod
-    def of(cls, decision: dict[str, Any] | None, hf: Tokenizer) -> FastEncoder | None:
-        """The fast encoder if the pin-time decision chose it and the environment does not force HF, else None."""
+    def of(cls, decision: dict[str, Any] | None, hf: Tokenizer, text: str | None = None) -> FastEncoder | None:
+        """The fast encoder if the pin-time decision chose it and the environment does not force HF, else None
+        (`text`: `hf`'s JSON, where the caller has it)."""
         if not decision or decision.get("engine") != TIKTOKEN or engine_setting() == HF:
             return None
-        text = hf.to_str()
-        parsed = json.loads(text)
-        pattern = decision["pattern"]
-        return cls(build_encoding(parsed, pattern), hf, source=(text, pattern), hf_json=parsed)
+        return cls((hf.to_str() if text is None else text, decision["pattern"]), hf)
+
+    @cached_property
+    def encoding(self) -> tiktoken.Encoding:
+        """tiktoken's encoding in this process, built when this process first encodes (a small batch, spans, a text
+        that is not valid UTF-8); where the workers encode every batch, never (0.2-0.4 s before the first batch)."""
+        return build_encoding(json.loads(self._source[0]), self._source[1])
 
     def _workers(self, texts: list[str]) -> EncodeProcesses | None:
         """The worker processes for a batch this large (started with the first), None to encode it here."""
         if self._processes is None:
             count = processes_setting()
-            if self._source is None or count < 2 or sum(map(len, texts)) < self.min_chars:
+            if not self._start_workers or count < 2 or sum(map(len, texts)) < self.min_chars:
                 return None
             try:
                 self._processes = EncodeProcesses(*self._source, count)
             except OSError as exc:  # no process can be started here: the threads encode, as before workers
                 _log.warning("tiktoken worker processes could not start (%s); encoding in this process", exc)
-                self._source = None
+                self._start_workers = False
                 return None
         return self._processes
 

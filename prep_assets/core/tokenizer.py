@@ -474,10 +474,11 @@ def load_pinned(tokenizer_dir: Path) -> PinnedTokenizer:
     info = load_pinned_info(tokenizer_dir)
     engine = read_json(tokenizer_dir / FINGERPRINT_FILE).get("engine")
     hf = load_tokenizer(tokenizer_dir)
-    encoder = Tokenizer.from_str(hf.backend_tokenizer.to_str())
+    text = hf.backend_tokenizer.to_str()
+    encoder = Tokenizer.from_str(text)
     encoder.no_padding()
     encoder.no_truncation()
     encoder.encode_special_tokens = True
     continuation = continuation_encoder(encoder)
-    fast = FastEncoder.of(engine, encoder) if continuation is encoder else None
+    fast = FastEncoder.of(engine, encoder, text) if continuation is encoder else None
     return PinnedTokenizer(info=info, encoder=encoder, continuation=continuation, hf=hf, fast=fast)
