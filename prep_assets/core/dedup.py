@@ -1,9 +1,10 @@
 """Exact and near-duplicate removal for silver.
 
 Exact: the key of a record is the sha256 of its full normalized content (canonical JSON). Equal hashes are
-confirmed on the bytes: after a pass, `collisions` asks DuckDB for any hash held by two different contents
-(this drop and the earlier drops' indexes); the pass is then rerun keying those hashes by hash + content, so
-a collision never removes a distinct record.
+confirmed on the bytes: after a pass in which some hash was met twice (`ExactDedup.any_repeat`), `collisions` asks
+DuckDB for any hash held by two different contents (this drop and the earlier drops' indexes); the pass is then
+rerun keying those hashes by hash + content, so a collision never removes a distinct record. A pass in which every
+hash was new holds no hash twice, so no collision, and its output is not read back.
 
 Dataset scope: each drop's content (hash, first record, content) is kept under
 `dedup_index/<silver config>/<partition>/hashes.parquet`; a drop's silver removes every record an earlier
@@ -62,6 +63,9 @@ class ExactDedup:
         self.prior = merge_indexes(earlier)
         self.prior_exact = _by_content(earlier, colliding)
         self.first_seen: dict[str, str] = {}  # key -> the drop's first record with it
+        # whether any hash was met again (in this drop or an earlier one): a pass where none was cannot hold a
+        # collision, so `collisions` need not read the pass' output back
+        self.any_repeat = False
 
     def repeats(self, digest: str, canonical: str, record_id: str) -> tuple[str | None, bool]:
         """(the earlier record with the same content or None, whether it is in an earlier drop)."""
@@ -71,6 +75,8 @@ class ExactDedup:
         else:
             key, earlier = digest, self.prior.get(digest)
         first = self.first_seen.setdefault(key, record_id)
+        if earlier is not None or first != record_id:
+            self.any_repeat = True
         if earlier is not None:
             return earlier, True
         return (first if first != record_id else None), False

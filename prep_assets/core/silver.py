@@ -247,7 +247,7 @@ def _clean_pass(
                         )
                     )
             rejected.flush()
-        if exact is not None:
+        if exact is not None and exact.any_repeat:  # no hash met twice: no collision to look for
             found = dedup.collisions(stage / RECORDS, stage / REJECTS, earlier) - colliding
             if found:
                 raise dedup.HashCollision(found)  # the stage is discarded; the caller runs the pass again

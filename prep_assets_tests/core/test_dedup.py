@@ -240,3 +240,28 @@ def test_a_forced_hash_collision_keeps_both_distinct_records(tmp_path: Path, mon
     assert _kept(paths, a) == [A, B, C] and _kept(paths, b) == [D, E] and _kept(paths, c) == [F]
     assert [s.hash_collisions for s in stats.values()] == [1, 1, 1]
     assert all(o.passed for k in (a, b, c) for o in evaluate(SPEC, paths, k, "silver"))
+
+
+def test_silver_reads_its_output_back_for_collisions_only_after_a_pass_that_met_a_hash_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A hash met once holds one content: a drop whose hashes are all new (here and in the earlier drops' indexes)
+    cannot hold a collision, so silver skips the DuckDB query; a repeat in the drop, or of an earlier drop, asks."""
+    calls: list[int] = []
+    real = silver.dedup.collisions
+    monkeypatch.setattr(silver.dedup, "collisions", lambda *a: calls.append(1) or real(*a))
+    paths, keys = _lake(tmp_path)
+    a, b, c = (keys[n] for n in DROPS)
+    _silver(paths, [a])  # A twice
+    assert len(calls) == 1
+    _write(paths.raw_dir, "d_2026-04.jsonl", ["Only new text here, nothing anyone wrote before."])
+    (d,), _ = register_drops(paths)
+    _silver(paths, [b, c])  # b repeats B of a; c repeats A of a and F of itself
+    assert len(calls) == 3
+    assert _silver(paths, [d.partition])[d.partition].records == 1
+    assert len(calls) == 3  # every hash new: no query
+    monkeypatch.setattr(silver, "content_digest", lambda canonical: "0" * 64)  # every record collides
+    _write(paths.raw_dir, "e_2026-05.jsonl", ["One text.", "Another text."])
+    (e,), _ = register_drops(paths)
+    assert _silver(paths, [e.partition])[e.partition].hash_collisions == 1  # still found, and kept apart
+    assert _kept(paths, e.partition) == ["One text.", "Another text."]
