@@ -75,18 +75,44 @@ def normalize_content(content: dict[str, Any], norm: NormalizeSpec) -> dict[str,
 _MAY_CHANGE = r'\\u|\\b|\\f|\\r|\x7f| \\n|\\t\\n| "|\\n"|\\t"'
 
 
-def left_as_is(canonical: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Per record (its canonical JSON, as bronze writes it): True where normalization provably changes none of its
-    texts, so its silver content is the same string and neither normalization nor re-serialisation needs to run.
+# Beyond ASCII, what a step other than NFC could change shows up as itself: a C1 control (JSON escapes C0 only;
+# NEL, 0x85, is included though only rstrip removes it) or, before a closing quote, a whitespace character above
+# ASCII (`str.isspace`'s, what rstrip removes; test_clean checks the list against Python's).
+SPACES_ABOVE_ASCII = "\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_MAY_CHANGE_BEYOND_ASCII = _MAY_CHANGE + "|[\u0080-\u009f]|[" + SPACES_ABOVE_ASCII + ']"'
 
-    Only all-ASCII records qualify (NFC never changes ASCII; other characters could be unnormalized or Unicode
-    whitespace), and only where no text holds what `normalize_text` could remove or rewrite (`_MAY_CHANGE`, matched
-    on the JSON text by Arrow's RE2 over the whole batch). Anything else takes the record-by-record path."""
+
+def normalization_screen(canonical: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """Per record (its canonical JSON, as bronze writes it): (left as is, NFC alone decides).
+
+    Left as is: normalization provably changes none of its texts, so its silver content is the same string and
+    neither normalization nor re-serialisation needs to run. Only all-ASCII records qualify (NFC never changes
+    ASCII), and only where no text holds what `normalize_text` could remove or rewrite (`_MAY_CHANGE`, matched on
+    the JSON text by Arrow's RE2 over the whole batch). NFC alone decides: a record with text beyond ASCII that
+    holds none of that, nor a C1 control or Unicode whitespace before a closing quote (`_MAY_CHANGE_BEYOND_ASCII`,
+    the same one pass), so only NFC could change it: `nfc_stable` then tells on its texts. Anything else takes
+    the record-by-record path."""
     if len(canonical) == 0:
-        return np.zeros(0, dtype=bool)
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
     ascii_only = pc.string_is_ascii(canonical)
-    may_change = pc.match_substring_regex(canonical, _MAY_CHANGE)
-    return pc.and_(ascii_only, pc.invert(may_change)).to_numpy(zero_copy_only=False)
+    quiet = pc.invert(pc.match_substring_regex(canonical, _MAY_CHANGE_BEYOND_ASCII))
+    return (
+        pc.and_(ascii_only, quiet).to_numpy(zero_copy_only=False),
+        pc.and_(pc.invert(ascii_only), quiet).to_numpy(zero_copy_only=False),
+    )
+
+
+def left_as_is(canonical: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per record: True where normalization provably changes none of its texts (`normalization_screen`'s first)."""
+    return normalization_screen(canonical)[0]
+
+
+def nfc_stable(content: dict[str, Any], norm: NormalizeSpec) -> bool:
+    """For a record `normalization_screen` leaves to NFC: True where normalizing changes none of its texts (each is
+    NFC already, or NFC is off), so it is left as is as well. Table rows take the record-by-record path."""
+    if "values" in content:
+        return False
+    return not norm.nfc or all(unicodedata.is_normalized("NFC", t) for t in content_texts(content))
 
 
 def content_digest(canonical: str) -> str:

@@ -20,7 +20,8 @@ from prep_assets.core.clean import (
     active_filters,
     assign_split,
     content_digest,
-    left_as_is,
+    nfc_stable,
+    normalization_screen,
     normalize_content,
     quality_verdict,
     split_hash,
@@ -166,7 +167,8 @@ def _clean_pass(
             )
             for batch in iter_batches(bronze_dir / RECORDS, batch_size=batch_size, columns=cols):
                 progress.advance(batch.num_rows)
-                as_is = left_as_is(batch.column("content")).tolist()
+                screened = normalization_screen(batch.column("content"))
+                as_is, nfc_only = screened[0].tolist(), screened[1].tolist()
                 values[:] = [batch.column(c).to_pylist() for c in cols]  # a list per column: 4x faster than rows
                 # the kept rows: their provenance is taken from the batch (Arrow), the rest collected here
                 kept: list[int] = []
@@ -174,10 +176,10 @@ def _clean_pass(
                 kept_digest: list[str] = []
                 kept_chars: list[int] = []
                 kept_split: list[str] = []
-                for i, (record_id, canonical, same) in enumerate(zip(values[0], values[-1], as_is)):
+                for i, (record_id, canonical, same, nfc) in enumerate(zip(values[0], values[-1], as_is, nfc_only)):
                     records_in += 1
                     content = loads_json(canonical)
-                    if not same:
+                    if not same and not (nfc and nfc_stable(content, norm)):
                         content = normalize_content(content, norm)
                         canonical = canonical_json(content)
                     texts = content_texts(content)

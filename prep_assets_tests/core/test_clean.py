@@ -1,4 +1,5 @@
 import random
+import re
 import unicodedata
 from collections import Counter
 
@@ -6,10 +7,13 @@ import pyarrow as pa
 
 from prep_assets.core.clean import (
     FILTERS,
+    SPACES_ABOVE_ASCII,
     active_filters,
     assign_split,
     content_sha256,
     left_as_is,
+    nfc_stable,
+    normalization_screen,
     normalize_content,
     normalize_text,
     quality_verdict,
@@ -111,6 +115,63 @@ def test_left_as_is_never_passes_a_record_that_normalization_changes():
         if same:
             for norm in specs:
                 assert canonical_json(normalize_content(content, norm)) == canonical_json(content), content
+
+
+def test_the_screen_names_every_whitespace_character_above_ascii():
+    spaces = re.compile(f"[{SPACES_ABOVE_ASCII}]")
+    above_ascii = [chr(c) for c in range(0x80, 0x110000)]
+    assert [c for c in above_ascii if c.isspace()] == [c for c in above_ascii if spaces.fullmatch(c)]
+
+
+def test_a_record_left_to_nfc_is_unchanged_by_normalization_wherever_its_texts_are_nfc():
+    """Random texts beyond ASCII over the characters each step acts on: wherever `normalization_screen` leaves a
+    record to NFC and `nfc_stable` passes it (every step on, and each one alone), normalizing leaves the canonical
+    JSON exactly as it was; ASCII records are never left to NFC, and the first answer is `left_as_is`'s."""
+    rng = random.Random(11)
+    alphabet = list("ab \t\n\r\\\"'u0") + [
+        "\x00",
+        "\x0b",
+        "\x1c",
+        "\x7f",
+        "\x80",
+        "\x85",
+        "\x9f",
+        "\xa0",
+        "\xe9",
+        "e\u0301",
+        "\u0301",
+        "\u1680",
+        "\u2007",
+        "\u2028",
+        "\u2029",
+        "\u202f",
+        "\u3000",
+        "\u212b",  # Angstrom sign: NFC makes it \xc5
+        "\uac00",
+        "\U0001f600",
+        "\\u00",
+        "\\n",
+    ]
+    contents = [{"text": "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))} for _ in range(20_000)]
+    contents += [{"turns": [{"prompt": c["text"], "completion": "\xe9" + c["text"]}]} for c in contents[:3000]]
+    contents += [{"messages": [{"role": "user", "content": c["text"]}]} for c in contents[3000:5000]]
+    canonical = pa.array([canonical_json(c) for c in contents])
+    as_is, nfc_only = normalization_screen(canonical)
+    assert as_is.tolist() == left_as_is(canonical).tolist() and not (as_is & nfc_only).any()
+    specs = [NORM] + [
+        NormalizeSpec(**{k: k == on for k in ("nfc", "newlines", "control_chars", "trailing_whitespace")})
+        for on in ("nfc", "newlines", "control_chars", "trailing_whitespace")
+    ]
+    passed = 0
+    for content, to_nfc in zip(contents, nfc_only.tolist()):
+        assert not to_nfc or not canonical_json(content).isascii()
+        for norm in specs:
+            if to_nfc and nfc_stable(content, norm):
+                passed += 1
+                assert canonical_json(normalize_content(content, norm)) == canonical_json(content), content
+    assert 1000 < passed
+    assert nfc_stable({"text": "\u212b"}, NORM) is False and nfc_stable({"text": "\u212b"}, specs[2]) is True
+    assert nfc_stable({"columns": ["a"], "values": ["\xe9"]}, NORM) is False  # tables: the record-by-record path
 
 
 def test_prompt_keeps_its_trailing_whitespace_so_it_is_never_glued_to_the_completion():
