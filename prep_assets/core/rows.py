@@ -4,10 +4,11 @@ rows, read from the examples' values, and their counts."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from prep_assets.core.arrays import offsets_from_lengths, within_offsets
+from prep_assets.core.arrays import offsets_from_lengths, ranges_index, within_offsets
 from prep_assets.core.packing import RowPlan
 from prep_assets.core.records import TYPE_PADDING, TYPE_PROMPT
 
@@ -31,6 +32,14 @@ class PackedRows:
     @property
     def num_rows(self) -> int:
         return len(self.seg_offsets) - 1
+
+    @cached_property
+    def token_counts(self) -> tuple[int, int, int]:
+        """(tokens, loss tokens, prompt tokens) of the rows, padding not counted: counted once however many
+        sinks (`RowCounts`) add these rows."""
+        real = self.segment_ids != 0
+        prompt = np.count_nonzero(real & (self.token_type_ids == TYPE_PROMPT))
+        return int(np.count_nonzero(real)), int(self.loss_mask.sum(dtype=np.int64)), int(prompt)
 
 
 def segment_sources(plan: RowPlan, offsets: np.ndarray) -> np.ndarray:
@@ -72,55 +81,39 @@ def rows_from_values(
     every segment; segments are numbered 1..k within a row; each segment's first token and its `masked`
     leading tokens have loss_mask 0.
     """
-    index_type = np.int32 if int(plan.length.sum()) < np.iinfo(np.int32).max else np.int64
-    return _rows(
-        plan,
-        token_ids,
-        loss_mask.astype(np.uint8, copy=True),
-        token_type_ids,
-        within_offsets(plan.length, index_type),
-        row_len=row_len,
-        pad_id=pad_id,
-    )
-
-
-def _rows(
-    plan: RowPlan,
-    token_ids: np.ndarray,
-    kept: np.ndarray,
-    token_type_ids: np.ndarray,
-    pos: np.ndarray,
-    *,
-    row_len: int,
-    pad_id: int,
-) -> PackedRows:
-    """`rows_from_values` with the pieces' token positions given and the mask `kept` owned (masked in place)."""
-    counts = np.diff(plan.row_offsets)
     lengths = plan.length
     num_rows = plan.num_rows
+    if len(lengths) and int(lengths.min()) < 1:
+        raise ValueError("a planned piece holds no token")
     seg_ends = offsets_from_lengths(lengths)
-    used = seg_ends[plan.row_offsets[1:]] - seg_ends[plan.row_offsets[:-1]]
+    row_starts = seg_ends[plan.row_offsets]  # where each row's tokens start among the values
+    used = np.diff(row_starts)
     if np.any(used > row_len):
         raise ValueError("a row holds more tokens than the row length")
-    # Segments fill each row from its start, so the tokens of row r are its first used[r] cells: one boolean
-    # grid places every column (numpy's masked assignment, no per-token destination index).
-    filled = np.arange(row_len, dtype=np.int32)[None, :] < used[:, None]
-    grid = (num_rows, row_len)
-    input_ids = np.full(grid, pad_id, dtype=np.int32)
-    input_ids[filled] = token_ids
-    types = np.full(grid, TYPE_PADDING, dtype=np.uint8)
-    types[filled] = token_type_ids
-    kept[pos < np.repeat(np.maximum(plan.masked, 1).astype(pos.dtype), lengths)] = 0
-    mask = np.zeros(grid, dtype=np.uint8)
-    mask[filled] = kept
-    positions = np.zeros(grid, dtype=np.int32)
-    positions[filled] = pos  # < row_len: fits int32 whatever the index type
-    segments = np.zeros(grid, dtype=np.int32)
-    segments[filled] = np.repeat(within_offsets(counts, np.int32) + 1, lengths)
-    row_loss = mask.sum(axis=1, dtype=np.int64) if num_rows else np.zeros(0)
-    input_ids, types, mask, positions, segments = (
-        a.reshape(-1) for a in (input_ids, types, mask, positions, segments)
-    )
+    layout = _Layout(used, row_len)
+    # Segments fill each row from its start: a segment's first token is at this cell of the flat grid
+    row = np.repeat(np.arange(num_rows, dtype=np.int64), np.diff(plan.row_offsets))
+    first = seg_ends[:-1] - row_starts[:-1][row] + row * row_len
+    opens = np.ones(len(lengths), dtype=bool)  # the segment opens its row
+    opens[1:] = row[1:] != row[:-1]
+    input_ids = layout.place(token_ids, pad_id, np.int32)
+    types = layout.place(token_type_ids, TYPE_PADDING, np.uint8)
+    mask = layout.place(loss_mask, 0, np.uint8)
+    mask[first] = 0
+    masked = np.minimum(plan.masked, lengths)
+    more = masked > 1
+    if more.any():
+        mask[ranges_index(first[more], masked[more])] = 0
+    # Positions and segment numbers as running sums along each row: +1 a token, a segment's first token steps
+    # back to 0 (positions) or up by one (segments); the sums run on through padding, which is then cleared.
+    positions = np.ones(num_rows * row_len, dtype=np.int32)
+    positions[first] = np.where(opens, 0, 1 - np.concatenate([[1], lengths[:-1]]))
+    segments = np.zeros(num_rows * row_len, dtype=np.int32)
+    segments[first] = 1
+    for grid in (positions, segments):
+        np.cumsum(grid.reshape(num_rows, row_len), axis=1, out=grid.reshape(num_rows, row_len))
+        layout.clear_padding(grid)
+    row_loss = mask.reshape(num_rows, row_len).sum(axis=1, dtype=np.int64) if num_rows else np.zeros(0)
     return PackedRows(
         row_len=row_len,
         input_ids=input_ids,
@@ -136,6 +129,53 @@ def _rows(
     )
 
 
+# Cells a padded row may hold for its padding to be written row by row rather than by one mask over the grid: a
+# slice copy costs about a microsecond, a masked copy about a nanosecond per cell of the whole grid.
+_ROW_COPY_CELLS = 2048
+
+
+class _Layout:
+    """Where a chunk's tokens go in its (rows, row_len) grid: the first `used[r]` cells of row r, in order, then
+    padding. Rows that are full (nearly all of them with best-fit packing) run together in the values as in the
+    grid, so each padded row ends one contiguous copy; with many padded rows (short rows, one example per row),
+    one boolean mask over the grid places every column instead."""
+
+    def __init__(self, used: np.ndarray, row_len: int) -> None:
+        self.row_len = row_len
+        self.num_rows = len(used)
+        self.padded = np.flatnonzero(used < row_len)
+        self.padded_used = used[self.padded]
+        self.filled: np.ndarray | None = None
+        if len(self.padded) * _ROW_COPY_CELLS > self.num_rows * row_len:
+            self.filled = np.arange(row_len, dtype=np.int32)[None, :] < used[:, None]
+
+    def place(self, values: np.ndarray, pad: int, dtype: type) -> np.ndarray:
+        """The flat grid of `values` (the rows' tokens, concatenated) with `pad` after each row's tokens."""
+        L = self.row_len
+        if self.filled is not None:
+            out = np.full((self.num_rows, L), pad, dtype=dtype)
+            out[self.filled] = values
+            return out.reshape(-1)
+        out = np.empty(self.num_rows * L, dtype=dtype)
+        row = src = 0  # the first row not written yet; where its tokens start among the values
+        for r, u in zip(self.padded.tolist(), self.padded_used.tolist(), strict=True):
+            cells = (r - row) * L + u  # the full rows before row r, then row r's tokens
+            out[row * L : row * L + cells] = values[src : src + cells]
+            out[row * L + cells : (r + 1) * L] = pad
+            row, src = r + 1, src + cells
+        out[row * L :] = values[src:]
+        return out
+
+    def clear_padding(self, grid: np.ndarray) -> None:
+        """Zero the padding cells of a flat grid."""
+        L = self.row_len
+        if self.filled is not None:
+            np.copyto(grid.reshape(self.num_rows, L), 0, where=~self.filled)
+            return
+        for r, u in zip(self.padded.tolist(), self.padded_used.tolist(), strict=True):
+            grid[r * L + u : (r + 1) * L] = 0
+
+
 @dataclass
 class RowCounts:
     """Token counts over packed rows, accumulated chunk by chunk."""
@@ -145,10 +185,8 @@ class RowCounts:
     prompt: int = 0
 
     def add(self, rows: PackedRows) -> None:
-        real = rows.segment_ids > 0
-        self.output += int(np.count_nonzero(real))
-        self.loss += int(rows.loss_mask.sum(dtype=np.int64))
-        self.prompt += int(np.count_nonzero(real & (rows.token_type_ids == TYPE_PROMPT)))
+        output, loss, prompt = rows.token_counts
+        self.output, self.loss, self.prompt = self.output + output, self.loss + loss, self.prompt + prompt
 
     def merge(self, other: RowCounts) -> None:
         self.output, self.loss, self.prompt = (
