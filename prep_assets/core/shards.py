@@ -51,7 +51,7 @@ from prep_assets.core.records import (
 )
 from prep_assets.core.rows import RowCounts, rows_from_values, segment_sources
 from prep_assets.core.spec import DatasetSpec
-from prep_assets.core.spill import TokenSpill
+from prep_assets.core.spill import TOKEN, TokenSpill
 from prep_assets.core.stats import LayerStats, figure
 from prep_assets.core.tokenizer import load_pinned_info
 
@@ -317,11 +317,17 @@ def build_packed_shards(
                 }
                 counts = RowCounts()
                 progress = Progress(f"shards {out_dir.name}: writing {split}", plan.num_rows)
+                chunks = list(_chunks(plan.num_rows, rows_per_shard))
+                # one buffer for every chunk's tokens, faulted in once (rows copy them out before the next read)
+                ends = offsets_from_lengths(plan.length)[plan.row_offsets]
+                buffer = np.empty(max((int(ends[hi] - ends[lo]) for lo, hi in chunks), default=0), dtype=TOKEN)
                 try:
-                    for c_lo, c_hi in _chunks(plan.num_rows, rows_per_shard):
+                    for c_lo, c_hi in chunks:
                         part = plan.rows(c_lo, c_hi)
-                        values = sg.spill.read(segment_sources(part, sg.offsets), part.length)
-                        rows = rows_from_values(part, *values, row_len=L, pad_id=info.pad_id)
+                        values = sg.spill.records(segment_sources(part, sg.offsets), part.length, buffer)
+                        rows = rows_from_values(
+                            part, values["id"], values["mask"], values["type"], row_len=L, pad_id=info.pad_id
+                        )
                         del values
                         example_ids = sg.example_ids.take(pa.array(part.example, type=pa.int64()))
                         for sink in sinks.values():
@@ -334,6 +340,7 @@ def build_packed_shards(
                         with contextlib.suppress(Exception):
                             sink.close()
                     raise
+                del buffer
                 files = sinks.pop(PARQUET.name).close()["files"]
                 exports: dict[str, Any] = {name: sink.close() for name, sink in sinks.items()}
                 for f in named:

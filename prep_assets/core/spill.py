@@ -4,9 +4,10 @@ One record per token, (token id, loss mask, token type), 6 bytes, in example ord
 - `view()`: the file mapped as numpy arrays, for the passes that read it front to back (planning's loss sums,
   the Megatron export), which call `release()` as they go to drop the pages they touched (`FrontToBack`).
 - `read(starts, lengths)`: the tokens of a list of pieces, concatenated, with one `pread` per run of adjacent
-  pieces. Packing gathers pieces from all over the file; through a mapping every fault would also map the
-  kernel's fault-around window (64 KB) of cached pages, so one chunk of 1,024 rows of 4,096 tokens kept
-  ~470 MB of the file resident. Reads copy exactly the bytes asked for.
+  pieces (`records`: the same as records, into a buffer the caller reuses chunk after chunk: memory once
+  faulted in, not fresh pages for every chunk). Packing gathers pieces from all over the file; through a
+  mapping every fault would also map the kernel's fault-around window (64 KB) of cached pages, so one chunk of
+  1,024 rows of 4,096 tokens kept ~470 MB of the file resident. Reads copy exactly the bytes asked for.
 """
 
 from __future__ import annotations
@@ -80,8 +81,20 @@ class TokenSpill(ClosedOnExit):
 
     def read(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(token ids, loss mask, token types) of the pieces [start, start + length), concatenated in order."""
+        out = self.records(starts, lengths)
+        return np.ascontiguousarray(out["id"]), np.ascontiguousarray(out["mask"]), np.ascontiguousarray(out["type"])
+
+    def records(self, starts: np.ndarray, lengths: np.ndarray, buffer: np.ndarray | None = None) -> np.ndarray:
+        """The TOKEN records of the pieces [start, start + length), concatenated in order: the front of `buffer`
+        (TOKEN records, at least as many as the pieces hold) when given, so a caller reading one chunk after
+        another reuses its memory (the next read overwrites it), else a new array."""
         total = int(np.sum(lengths, dtype=np.int64))
-        out = np.empty(total, dtype=TOKEN)
+        if buffer is None:
+            out = np.empty(total, dtype=TOKEN)
+        elif buffer.dtype != TOKEN or len(buffer) < total:
+            raise ValueError(f"a buffer of {len(buffer)} {buffer.dtype} for {total} TOKEN records")
+        else:
+            out = buffer[:total]
         buf = memoryview(out).cast("B")
         size, pos = TOKEN.itemsize, 0
         for start, n in zip(*(a.tolist() for a in runs(starts, lengths)), strict=True):
@@ -91,7 +104,7 @@ class TokenSpill(ClosedOnExit):
                 if got <= 0:
                     raise OSError(f"{self.path}: spill file ends at byte {at}, {want} more bytes expected")
                 pos, at, want = pos + got, at + got, want - got
-        return np.ascontiguousarray(out["id"]), np.ascontiguousarray(out["mask"]), np.ascontiguousarray(out["type"])
+        return out
 
     def close(self) -> None:
         if not self._out.closed:

@@ -9,7 +9,7 @@ import pytest
 from prep_assets.core.arrays import offsets_from_lengths
 from prep_assets.core.packing import plan_rows
 from prep_assets.core.rows import materialize_rows, rows_from_values, segment_sources
-from prep_assets.core.spill import TokenSpill, runs
+from prep_assets.core.spill import TOKEN, TokenSpill, runs
 
 
 def _spill(path: Path, tokens: int, seed: int = 0) -> tuple[TokenSpill, np.ndarray, np.ndarray, np.ndarray]:
@@ -49,6 +49,24 @@ def test_read_returns_the_pieces_in_order_scattered_adjacent_and_empty(tmp_path:
     src = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)])
     for a, b in zip(got, (ids[src], mask[src], types[src])):
         assert a.flags.c_contiguous and a.tolist() == b.tolist()
+    spill.close()
+
+
+def test_records_into_a_reused_buffer_are_the_pieces_of_each_read(tmp_path: Path):
+    spill, ids, mask, types = _spill(tmp_path / "t.tokens", 50_000)
+    buffer = np.empty(1_000, dtype=TOKEN)
+    for starts, lengths in (([40_000, 3], [600, 400]), ([7], [250]), ([], [])):
+        starts, lengths = np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64)
+        got = spill.records(starts, lengths, buffer)
+        src = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)] + [[]]).astype(int)
+        assert len(got) == len(src) and (np.shares_memory(got, buffer) or not len(src))
+        assert [got[f].tolist() for f in ("id", "mask", "type")] == [
+            ids[src].tolist(),
+            mask[src].tolist(),
+            types[src].tolist(),
+        ]
+    with pytest.raises(ValueError, match="buffer of 1000"):
+        spill.records(np.array([0]), np.array([1_001]), buffer)
     spill.close()
 
 
