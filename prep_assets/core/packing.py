@@ -137,11 +137,11 @@ class _Pool:
     def best_subset(self, gap: int) -> list[tuple[int, int]]:
         """(size, count) pairs of the subset of pool items with the largest sum <= gap.
 
-        A subset sum over bitsets (bit t set = sum t reachable), sizes visited longest first with counts
-        split in powers of two; walking back skips the shortest sizes where it can, so long items go first.
+        A subset sum over bitsets, sizes visited longest first with counts split in powers of two; walking back
+        skips the shortest sizes where it can, so long items go first. Bit gap - t set = sum t reachable: a
+        shift right adds an item, and the sums past gap fall off the end by themselves (no mask per step).
         """
-        limit = (1 << (gap + 1)) - 1
-        reach, steps = 1, []
+        reach, steps = 1 << gap, []
         items, sizes = self.items, self.sizes
         for i in range(bisect_left(sizes, -gap, key=_neg), len(sizes)):  # the sizes that fit, longest first
             size = sizes[i]
@@ -152,18 +152,18 @@ class _Pool:
             while count > 0:
                 take = chunk if chunk < count else count
                 steps.append((size, take, reach))
-                reach = (reach | (reach << (size * take))) & limit
+                reach |= reach >> (size * take)
                 count -= take
                 chunk <<= 1
-            if reach >> gap & 1:
+            if reach & 1:  # gap itself is reachable
                 break
-        target = reach.bit_length() - 1
+        free = (reach & -reach).bit_length() - 1  # gap - the largest reachable sum
         chosen = []
         for size, take, before in reversed(steps):
-            if target == 0:
+            if free == gap:
                 break
-            if not (before >> target) & 1:
-                target -= size * take
+            if not (before >> free) & 1:
+                free += size * take
                 chosen.append((size, take))
         return chosen
 
