@@ -443,9 +443,13 @@ def drop_rows_without(plan: RowPlan, lengths: np.ndarray, flags: np.ndarray) -> 
     )
 
 
-def range_sums(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, span: int = 1 << 22) -> np.ndarray:
+def range_sums(
+    values: np.ndarray, lo: np.ndarray, hi: np.ndarray, span: int = 1 << 22, skip: int = 1 << 16
+) -> np.ndarray:
     """sum(values[lo[i]:hi[i]]) for ranges whose `lo` and `hi` never decrease, a cumulative sum over at most
-    `span` values at a time (a whole-split cumsum of a 100M-token mask would take 800 MB).
+    `span` values at a time (a whole-split cumsum of a 100M-token mask would take 800 MB). A gap of more than
+    `skip` values between one range's end and the next one's start is not read: a few long examples' windows
+    read those examples, not the split (through a spill file's mapping, every page between them).
 
     >>> range_sums(np.array([1, 0, 1, 1]), np.array([0, 1, 2]), np.array([2, 4, 4])).tolist()
     [1, 2, 2]
@@ -455,6 +459,9 @@ def range_sums(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, span: int = 1
     while i < len(lo):
         base = int(lo[i])
         j = max(i + 1, int(np.searchsorted(hi, base + span, side="right")))
+        gaps = np.flatnonzero(lo[i + 1 : j] - hi[i : j - 1] > skip)
+        if len(gaps):
+            j = i + 1 + int(gaps[0])
         top = int(hi[j - 1])
         cum = np.zeros(top - base + 1, dtype=np.int64)
         np.cumsum(values[base:top], dtype=np.int64, out=cum[1:])

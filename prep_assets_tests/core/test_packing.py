@@ -350,7 +350,29 @@ def test_range_sums_in_small_spans_equal_one_cumulative_sum():
     hi = np.maximum.accumulate(np.minimum(lo + rng.integers(0, 1_000, 5_000), 100_000))
     cum = np.concatenate([[0], np.cumsum(values)])
     for span in (1, 137, 1 << 22):  # a span smaller than one range still takes that range whole
-        assert (range_sums(values, lo, hi, span=span) == cum[hi] - cum[lo]).all()
+        for skip in (0, 50, 1 << 16):
+            assert (range_sums(values, lo, hi, span=span, skip=skip) == cum[hi] - cum[lo]).all()
+
+
+def test_range_sums_read_the_ranges_not_the_gaps_between_them():
+    """A few long examples' windows far apart (a split's windowed examples): the values between them are not read."""
+    from prep_assets.core.packing import range_sums
+
+    class Counted:
+        def __init__(self, values: np.ndarray) -> None:
+            self.values, self.read = values, 0
+
+        def __getitem__(self, key: slice) -> np.ndarray:
+            self.read += key.stop - key.start
+            return self.values[key]
+
+    values = np.random.default_rng(1).integers(0, 2, 10_000_000)
+    lo = np.array([5, 1_000, 3_000_000, 3_004_000, 9_999_000])
+    hi = np.array([1_000, 1_500, 3_004_000, 3_006_000, 10_000_000])
+    cum = np.concatenate([[0], np.cumsum(values)])
+    counted = Counted(values)
+    assert (range_sums(counted, lo, hi) == cum[hi] - cum[lo]).all()
+    assert counted.read == 1_495 + 6_000 + 1_000
 
 
 def _row_groups(plan: RowPlan, groups: np.ndarray) -> list[list[int]]:
