@@ -3,6 +3,7 @@ rows, read from the examples' values, and their counts."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -73,9 +74,11 @@ def rows_from_values(
     *,
     row_len: int,
     pad_id: int,
+    grids: GridMemory | None = None,
 ) -> PackedRows:
     """Rows of exactly `row_len` tokens from the planned pieces' tokens, concatenated in plan order (what a
-    gather from memory or a read from a spill file returns), padding the rest.
+    gather from memory or a read from a spill file returns), padding the rest. The five token columns are made
+    in `grids` when given (a writer building one chunk after another), else in new arrays.
 
     Padding: the pad id, loss_mask 0, segment 0, position 0, token type 2. Positions restart at 0 at
     every segment; segments are numbered 1..k within a row; each segment's first token and its `masked`
@@ -90,7 +93,8 @@ def rows_from_values(
     used = np.diff(row_starts)
     if np.any(used > row_len):
         raise ValueError("a row holds more tokens than the row length")
-    layout = _Layout(used, row_len)
+    grids = grids if grids is not None else GridMemory(keep=False)
+    layout = _Layout(used, row_len, grids)
     # Segments fill each row from its start: a segment's first token is at this cell of the flat grid
     row = np.repeat(np.arange(num_rows, dtype=np.int64), np.diff(plan.row_offsets))
     first = seg_ends[:-1] - row_starts[:-1][row] + row * row_len
@@ -106,9 +110,11 @@ def rows_from_values(
         mask[ranges_index(first[more], masked[more])] = 0
     # Positions and segment numbers as running sums along each row: +1 a token, a segment's first token steps
     # back to 0 (positions) or up by one (segments); the sums run on through padding, which is then cleared.
-    positions = np.ones(num_rows * row_len, dtype=np.int32)
+    positions = grids.empty(num_rows * row_len, np.int32)
+    positions.fill(1)
     positions[first] = np.where(opens, 0, 1 - np.concatenate([[1], lengths[:-1]]))
-    segments = np.zeros(num_rows * row_len, dtype=np.int32)
+    segments = grids.empty(num_rows * row_len, np.int32)
+    segments.fill(0)
     segments[first] = 1
     for grid in (positions, segments):
         np.cumsum(grid.reshape(num_rows, row_len), axis=1, out=grid.reshape(num_rows, row_len))
@@ -129,6 +135,45 @@ def rows_from_values(
     )
 
 
+class GridMemory:
+    """Memory for the grids of one chunk of rows after another. A chunk's grids (60 MB for 1,024 rows of 4,096)
+    reuse the memory of an earlier chunk's once nothing holds an array made from it any more (the Parquet writer
+    lets go of a chunk's columns once it has written them), rather than fault in fresh pages for every chunk.
+    CPython's reference count tells: every array viewing a buffer, however derived, holds the buffer itself.
+    `keep=False`: every request is new memory (one-off rows)."""
+
+    def __init__(self, *, keep: bool = True) -> None:
+        self.keep = keep
+        self._buffers: list[np.ndarray] = []
+
+    def empty(self, size: int, dtype: type) -> np.ndarray:
+        """An uninitialized flat array of `size` values: the smallest kept buffer no array uses any more that
+        holds it and is at most twice its size (a mask's grid does not take an id grid's memory), else a new
+        buffer, kept for later requests."""
+        nbytes = size * np.dtype(dtype).itemsize
+        if not self.keep:
+            return np.empty(size, dtype=dtype)
+        free = [
+            i
+            for i in range(len(self._buffers))
+            if nbytes <= len(self._buffers[i]) <= 2 * nbytes and sys.getrefcount(self._buffers[i]) == _UNUSED_REFS
+        ]
+        if free:
+            buffer = self._buffers[min(free, key=lambda i: len(self._buffers[i]))]
+        else:
+            buffer = np.empty(nbytes, dtype=np.uint8)
+            self._buffers.append(buffer)
+        return buffer[:nbytes].view(dtype)
+
+    def release(self) -> None:
+        """Let go of every kept buffer (arrays still using one keep it alive)."""
+        self._buffers = []
+
+
+# References to a kept buffer nothing else uses: the list holding it and getrefcount's own argument
+_UNUSED_REFS = 2
+
+
 # Cells a padded row may hold for its padding to be written row by row rather than by one mask over the grid: a
 # slice copy costs about a microsecond, a masked copy about a nanosecond per cell of the whole grid.
 _ROW_COPY_CELLS = 2048
@@ -140,8 +185,8 @@ class _Layout:
     grid, so each padded row ends one contiguous copy; with many padded rows (short rows, one example per row),
     one boolean mask over the grid places every column instead."""
 
-    def __init__(self, used: np.ndarray, row_len: int) -> None:
-        self.row_len = row_len
+    def __init__(self, used: np.ndarray, row_len: int, grids: GridMemory) -> None:
+        self.row_len, self.grids = row_len, grids
         self.num_rows = len(used)
         self.padded = np.flatnonzero(used < row_len)
         self.padded_used = used[self.padded]
@@ -153,10 +198,11 @@ class _Layout:
         """The flat grid of `values` (the rows' tokens, concatenated) with `pad` after each row's tokens."""
         L = self.row_len
         if self.filled is not None:
-            out = np.full((self.num_rows, L), pad, dtype=dtype)
-            out[self.filled] = values
-            return out.reshape(-1)
-        out = np.empty(self.num_rows * L, dtype=dtype)
+            out = self.grids.empty(self.num_rows * L, dtype)
+            out.fill(pad)
+            out.reshape(self.num_rows, L)[self.filled] = values
+            return out
+        out = self.grids.empty(self.num_rows * L, dtype)
         row = src = 0  # the first row not written yet; where its tokens start among the values
         for r, u in zip(self.padded.tolist(), self.padded_used.tolist(), strict=True):
             cells = (r - row) * L + u  # the full rows before row r, then row r's tokens

@@ -49,7 +49,7 @@ from prep_assets.core.records import (
     SPLITS,
     TYPE_COMPLETION,
 )
-from prep_assets.core.rows import RowCounts, rows_from_values, segment_sources
+from prep_assets.core.rows import GridMemory, RowCounts, rows_from_values, segment_sources
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.spill import TOKEN, TokenSpill
 from prep_assets.core.stats import LayerStats, figure
@@ -321,12 +321,19 @@ def build_packed_shards(
                 # one buffer for every chunk's tokens, faulted in once (rows copy them out before the next read)
                 ends = offsets_from_lengths(plan.length)[plan.row_offsets]
                 buffer = np.empty(max((int(ends[hi] - ends[lo]) for lo, hi in chunks), default=0), dtype=TOKEN)
+                grids = GridMemory()  # a chunk's grids reuse those the writer is done with
                 try:
                     for c_lo, c_hi in chunks:
                         part = plan.rows(c_lo, c_hi)
                         values = sg.spill.records(segment_sources(part, sg.offsets), part.length, buffer)
                         rows = rows_from_values(
-                            part, values["id"], values["mask"], values["type"], row_len=L, pad_id=info.pad_id
+                            part,
+                            values["id"],
+                            values["mask"],
+                            values["type"],
+                            row_len=L,
+                            pad_id=info.pad_id,
+                            grids=grids,
                         )
                         del values
                         example_ids = sg.example_ids.take(pa.array(part.example, type=pa.int64()))
@@ -341,6 +348,7 @@ def build_packed_shards(
                             sink.close()
                     raise
                 del buffer
+                grids.release()
                 files = sinks.pop(PARQUET.name).close()["files"]
                 exports: dict[str, Any] = {name: sink.close() for name, sink in sinks.items()}
                 for f in named:

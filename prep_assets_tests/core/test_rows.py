@@ -85,3 +85,46 @@ def test_rows_refuse_an_overfull_row_and_an_empty_piece():
     empty = RowPlan(np.array([0, 1]), zero, np.array([3, 0]), zero, np.array([0, 2]))
     with pytest.raises(ValueError, match="no token"):
         rows_from_values(empty, *(v[:3] for v in values), row_len=4, pad_id=0)
+
+
+def test_grid_memory_reuses_a_buffer_only_once_nothing_holds_it():
+    import pyarrow as pa
+
+    from prep_assets.core.rows import GridMemory
+
+    grids = GridMemory()
+    a = grids.empty(1_000, np.int32)
+    column = pa.array(a[10:20])  # zero-copy: Arrow holds the buffer through a view of a view
+    del a
+    b = grids.empty(1_000, np.int32)
+    assert not np.shares_memory(np.asarray(column), b)  # still in use: new memory
+    small = grids.empty(100, np.uint8)  # 4,000 bytes kept, 100 asked: not more than twice, new memory
+    assert not np.shares_memory(small, b)
+    del column, b
+    c = grids.empty(900, np.int32)  # one of the two 4,000-byte buffers, free again
+    assert c.dtype == np.int32 and len(c) == 900 and c.base is not None
+    assert len(grids._buffers) == 3
+    d = grids.empty(1_000, np.int32)
+    assert not np.shares_memory(c, d) and len(grids._buffers) == 3
+    grids.release()
+    assert len(grids._buffers) == 0 and len(GridMemory(keep=False).empty(5, np.uint8)) == 5
+
+
+def test_rows_in_reused_grids_equal_rows_in_new_arrays():
+    from prep_assets.core.rows import GridMemory
+
+    rng = np.random.default_rng(5)
+    plan, offsets, ids, mask, types = _case(rng, 64, "bfd", 0)
+    grids, kept = GridMemory(), []
+    for _ in range(3):  # the same chunk again and again: freed grids are written over
+        for lo in range(0, plan.num_rows, 7):
+            part = plan.rows(lo, min(lo + 7, plan.num_rows))
+            src = np.concatenate([np.arange(s, s + n) for s, n in zip(segment_sources(part, offsets), part.length)])
+            values = ids[src], mask[src], types[src]
+            want = rows_from_values(part, *values, row_len=64, pad_id=PAD)
+            got = rows_from_values(part, *values, row_len=64, pad_id=PAD, grids=grids)
+            kept = kept[-1:] + [(got, want)]  # the chunk before stays in use while this one is made
+            for got, want in kept:  # neither written over
+                for name in ("input_ids", "loss_mask", "position_ids", "segment_ids", "token_type_ids"):
+                    assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    assert len(grids._buffers) <= 3 * 5
