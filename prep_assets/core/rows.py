@@ -149,21 +149,24 @@ class GridMemory:
     def empty(self, size: int, dtype: type) -> np.ndarray:
         """An uninitialized flat array of `size` values: the smallest kept buffer no array uses any more that
         holds it and is at most twice its size (a mask's grid does not take an id grid's memory), else a new
-        buffer, kept for later requests."""
+        buffer, kept for later requests, once the kept buffers nothing uses are let go."""
         nbytes = size * np.dtype(dtype).itemsize
         if not self.keep:
             return np.empty(size, dtype=dtype)
         free = [
-            i
-            for i in range(len(self._buffers))
-            if nbytes <= len(self._buffers[i]) <= 2 * nbytes and sys.getrefcount(self._buffers[i]) == _UNUSED_REFS
+            i for i in range(len(self._buffers)) if nbytes <= len(self._buffers[i]) <= 2 * nbytes and self._unused(i)
         ]
         if free:
             buffer = self._buffers[min(free, key=lambda i: len(self._buffers[i]))]
-        else:
+        else:  # the unused buffers do not fit (a last, shorter chunk): their memory goes before new memory comes
+            used = [i for i in range(len(self._buffers)) if not self._unused(i)]
+            self._buffers = [self._buffers[i] for i in used]
             buffer = np.empty(nbytes, dtype=np.uint8)
             self._buffers.append(buffer)
         return buffer[:nbytes].view(dtype)
+
+    def _unused(self, i: int) -> bool:
+        return sys.getrefcount(self._buffers[i]) == _UNUSED_REFS
 
     def release(self) -> None:
         """Let go of every kept buffer (arrays still using one keep it alive)."""

@@ -106,6 +106,12 @@ def test_grid_memory_reuses_a_buffer_only_once_nothing_holds_it():
     assert len(grids._buffers) == 3
     d = grids.empty(1_000, np.int32)
     assert not np.shares_memory(c, d) and len(grids._buffers) == 3
+    del small
+    grids.empty(10_000, np.uint8)  # fits no buffer: the unused one (small's) goes, those in use stay
+    assert sorted(len(b) for b in grids._buffers) == [4_000, 4_000, 10_000]
+    del c, d
+    grids.empty(20_000, np.uint8)  # only the new one and this one are left (the 10,000 one is unused too)
+    assert sorted(len(b) for b in grids._buffers) == [20_000]
     grids.release()
     assert len(grids._buffers) == 0 and len(GridMemory(keep=False).empty(5, np.uint8)) == 5
 
