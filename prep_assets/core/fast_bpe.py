@@ -18,12 +18,12 @@ Large batches are encoded by worker processes (`encode_processes`: threads do no
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
 import random
 import threading
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -209,8 +209,7 @@ class FastEncoder:
 
     def __init__(self, source: tuple[str, str], hf: Tokenizer, seed: int = 0) -> None:
         self.hf, self.seed = hf, seed
-        self._batches = itertools.count()
-        self._lock = threading.Lock()  # batches are numbered and sent to the workers in the order they come
+        self._lock = threading.Lock()  # one batch's requests reach every worker before the next batch's
         post = hf.post_processor  # its config alone, as `to_str` writes it: not the whole vocabulary's JSON
         self.spans_as_hf = not _trims_offsets(None if post is None else json.loads(post.__getstate__()))
         self._source = source  # (tokenizer JSON, split pattern): what this process and the workers build tiktoken from
@@ -270,7 +269,6 @@ class FastEncoder:
     def encode(self, texts: list[str]) -> list[list[int]] | list[np.ndarray]:
         """The texts' ids: by the worker processes (int32 arrays) for a large batch of valid UTF-8, else here."""
         with self._lock:
-            batch = next(self._batches)
             workers = self._workers(texts)
             pending = None
             if workers is not None:
@@ -279,7 +277,7 @@ class FastEncoder:
                 except UnicodeEncodeError:  # a lone surrogate: tiktoken's own handling of it, in this process
                     pending = None
         ids = pending() if pending is not None else encode_parallel(self.encoding, texts, self._pool)
-        self.spot_check(texts, ids, batch=batch)
+        self.spot_check(texts, ids)
         return ids
 
     def encode_offsets(self, texts: list[str]) -> list[Encoded] | None:
@@ -309,14 +307,14 @@ class FastEncoder:
         texts: list[str],
         ids: list[list[int]] | list[np.ndarray],
         offsets: list[list[tuple[int, int]]] | None = None,
-        *,
-        batch: int | None = None,
     ) -> None:
         """Re-encode SPOT_TEXTS seeded texts and the longest with HF; a difference (ids, or offsets when given) fails
-        the drop."""
+        the drop. The draw is seeded by the texts' lengths, not by the order of the calls: gold encodes two batches
+        at once, and a batch with a long text makes several calls, so calls may come in either order."""
         if not texts:
             return
-        rng = random.Random(self.seed * 1_000_003 + (next(self._batches) if batch is None else batch))
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        rng = random.Random(self.seed * 1_000_003 + zlib.crc32(lengths.tobytes()))
         picks = sorted(
             {
                 *rng.sample(range(len(texts)), min(SPOT_TEXTS, len(texts))),

@@ -316,3 +316,31 @@ def test_a_mismatch_at_run_time_fails_the_drop_with_a_clear_error(tmp_path: Path
     monkeypatch.setattr(fast_bpe.tiktoken.Encoding, "encode_ordinary", wrong)
     with pytest.raises(DropError, match=f"encode a text differently.*{ENGINE_ENV}=hf"):
         _lake(tmp_path)
+
+
+def test_the_spot_check_draws_the_same_texts_of_a_call_whatever_calls_came_before(gpt2: PinnedTokenizer):
+    """Gold encodes two batches at once and a batch with a long text makes several calls, so calls come in either
+    order: the texts HF re-encodes are drawn from the call's own texts, not from how many calls came before."""
+    assert gpt2.fast is not None
+    fast, real = gpt2.fast, gpt2.fast.hf
+    first = [f"text number {i} " * (i % 7 + 1) for i in range(200)]
+    second = [f"another {i}" for i in range(50)]
+    checked: list[str] = []
+
+    class Seen:  # HF as the spot check calls it, noting which texts it re-encodes
+        def encode_batch_fast(self, texts: list[str], **kwargs: Any) -> Any:
+            checked.extend(texts)
+            return real.encode_batch_fast(texts, **kwargs)
+
+    drawn = []
+    try:
+        fast.hf = Seen()  # type: ignore[assignment]
+        for calls in ((first, second), (second, first), (second, second, first)):
+            for texts in calls:
+                checked.clear()
+                fast.spot_check(texts, [real.encode(t, add_special_tokens=False).ids for t in texts])
+                if texts is first:
+                    drawn.append(list(checked))
+    finally:
+        fast.hf = real
+    assert len(drawn) == 3 and drawn[0] == drawn[1] == drawn[2] and len(drawn[0]) >= 3
