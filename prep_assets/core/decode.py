@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prep_assets.core.errors import PrepAssetsError
-from prep_assets.core.tokenizer import load_pinned_info, load_tokenizer
+from prep_assets.core.tokenizer import pinned_hf
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -26,9 +26,9 @@ def tokenizer_dir_for(shard: Path) -> Path:
 
 
 def _decoder(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
-    """The pinned tokenizer for decoding only (its encoders for gold are not built: a third of the load time)."""
-    load_pinned_info(tokenizer_dir)  # a clear error where nothing is pinned
-    return load_tokenizer(tokenizer_dir)
+    """The pinned tokenizer for decoding only (its encoders for gold are not built: a third of the load time); a
+    clear error where nothing is pinned."""
+    return pinned_hf(tokenizer_dir)
 
 
 _ROWS_PER_READ = 64

@@ -29,6 +29,7 @@ from prep_assets.core.tokenizer import (
     load_pinned_info,
     load_tokenizer,
     pin_tokenizer,
+    pinned_hf,
     source_digest,
     tokenizer_info,
 )
@@ -309,6 +310,19 @@ def test_inline_chat_template_is_pinned_with_the_tokenizer_and_loaded_back(tmp_p
     assert hf.chat_template == TEMPLATE
     rendered = hf.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert rendered == "<user>hi</user>"
+
+
+def test_the_pinned_tokenizer_is_loaded_once_per_process_until_it_is_pinned_again(tmp_path: Path, gpt2_dir: Path):
+    """Gold, its preview and the shards' preview share one load; a tokenizer pinned again with other files (another
+    fingerprint) in the same folder is loaded anew, not served from the first."""
+    dest = tmp_path / "pinned"
+    _pin(TokenizerSpec(path=str(gpt2_dir)), tmp_path, dest)
+    first = pinned_hf(dest)
+    assert pinned_hf(dest) is first and load_pinned(dest).hf is first
+    shutil.rmtree(dest)
+    _pin(TokenizerSpec(path=str(gpt2_dir), chat_template=TEMPLATE), tmp_path, dest)
+    again = pinned_hf(dest)
+    assert again is not first and again.chat_template == TEMPLATE and first.chat_template != TEMPLATE
 
 
 def test_chat_template_file_replaces_the_tokenizers_own_template(tmp_path: Path):
