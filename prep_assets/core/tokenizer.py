@@ -476,7 +476,7 @@ def pinned_hf(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
     return _pinned_hf(str(tokenizer_dir.resolve()), load_pinned_info(tokenizer_dir).fingerprint)
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=2)  # a long-lived worker process (Celery) holds at most two
 def _pinned_hf(path: str, fingerprint: str) -> PreTrainedTokenizerBase:
     return load_tokenizer(Path(path))
 
