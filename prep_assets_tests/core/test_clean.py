@@ -82,6 +82,12 @@ def test_left_as_is_passes_clean_ascii_and_flags_everything_normalization_would_
     assert left_as_is(pa.array([], pa.string())).tolist() == []
 
 
+def _every_step_and_each_alone() -> list[NormalizeSpec]:
+    """The default normalization (every step on), then each step on alone."""
+    steps = ("nfc", "newlines", "control_chars", "trailing_whitespace")
+    return [NORM] + [NormalizeSpec(**{k: k == on for k in steps}) for on in steps]
+
+
 def test_left_as_is_never_passes_a_record_that_normalization_changes():
     """Random texts over the characters each step acts on: wherever `left_as_is` says so, normalizing (every
     step on, and each one alone) leaves the canonical JSON exactly as it was."""
@@ -107,10 +113,7 @@ def test_left_as_is_never_passes_a_record_that_normalization_changes():
     contents += [{"turns": [{"prompt": c["text"], "completion": "x"}]} for c in contents[:2000]]
     flags = _as_is(contents)
     assert 1000 < sum(flags) < len(flags)  # both paths are exercised
-    specs = [NORM] + [
-        NormalizeSpec(**{k: k == on for k in ("nfc", "newlines", "control_chars", "trailing_whitespace")})
-        for on in ("nfc", "newlines", "control_chars", "trailing_whitespace")
-    ]
+    specs = _every_step_and_each_alone()
     for content, same in zip(contents, flags):
         if same:
             for norm in specs:
@@ -158,10 +161,7 @@ def test_a_record_left_to_nfc_is_unchanged_by_normalization_wherever_its_texts_a
     canonical = pa.array([canonical_json(c) for c in contents])
     as_is, nfc_only = normalization_screen(canonical)
     assert as_is.tolist() == left_as_is(canonical).tolist() and not (as_is & nfc_only).any()
-    specs = [NORM] + [
-        NormalizeSpec(**{k: k == on for k in ("nfc", "newlines", "control_chars", "trailing_whitespace")})
-        for on in ("nfc", "newlines", "control_chars", "trailing_whitespace")
-    ]
+    specs = _every_step_and_each_alone()
     passed = 0
     for content, to_nfc in zip(contents, nfc_only.tolist()):
         assert not to_nfc or not canonical_json(content).isascii()
