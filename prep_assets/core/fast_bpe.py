@@ -181,6 +181,13 @@ def engine_setting() -> str:
     return value
 
 
+def component_config(part: Any) -> Any:
+    """A tokenizer component's config (normalizer, pre-tokenizer, post-processor) as `Tokenizer.to_str` writes it,
+    without the whole vocabulary's JSON: its pickled state is that JSON (a change of that format fails here, loudly,
+    at `json.loads`)."""
+    return None if part is None else json.loads(part.__getstate__())
+
+
 def _trims_offsets(node: Any) -> bool:
     """Does a post-processor trim tokens' spans (ByteLevel `trim_offsets`), which tiktoken-derived spans do not?"""
     if not isinstance(node, dict):
@@ -210,8 +217,7 @@ class FastEncoder:
     def __init__(self, source: tuple[str, str], hf: Tokenizer, seed: int = 0) -> None:
         self.hf, self.seed = hf, seed
         self._lock = threading.Lock()  # one batch's requests reach every worker before the next batch's
-        post = hf.post_processor  # its config alone, as `to_str` writes it: not the whole vocabulary's JSON
-        self.spans_as_hf = not _trims_offsets(None if post is None else json.loads(post.__getstate__()))
+        self.spans_as_hf = not _trims_offsets(component_config(hf.post_processor))
         self._source = source  # (tokenizer JSON, split pattern): what this process and the workers build tiktoken from
         self._start_workers = True  # False once they could not start: this process encodes
         self._processes: EncodeProcesses | None = None

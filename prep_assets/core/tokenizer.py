@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # transformers is imported where a tokenizer is loaded (0.4 s
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from prep_assets.core.errors import TokenizerError  # noqa: E402
-from prep_assets.core.fast_bpe import FastEncoder, decide  # noqa: E402
+from prep_assets.core.fast_bpe import FastEncoder, component_config, decide  # noqa: E402
 from prep_assets.core.lake import canonical_json, read_json, sha256_file, write_json_atomic  # noqa: E402
 from prep_assets.core.spec_sections import TokenizerSpec, TrainTokenizerSpec  # noqa: E402
 
@@ -266,12 +266,6 @@ def _without_word_start(node: Any) -> Any:
     return node
 
 
-def _component_config(part: Any) -> Any:
-    """A normalizer's or pre-tokenizer's config as `Tokenizer.to_str` writes it: its pickled state is that JSON (a
-    change of that format fails here, loudly, at `json.loads`)."""
-    return None if part is None else json.loads(part.__getstate__())
-
-
 def continuation_encoder(encoder: Tokenizer) -> Tokenizer:
     """A copy that encodes text as it would be encoded *after* other text of the same example.
 
@@ -282,7 +276,7 @@ def continuation_encoder(encoder: Tokenizer) -> Tokenizer:
     """
     # the two components' own configs: the whole tokenizer's JSON, 50k words and merges, is only needed when one
     # changes (~0.07 s a load for byte-level BPE)
-    parts = {key: _component_config(getattr(encoder, key)) for key in ("normalizer", "pre_tokenizer")}
+    parts = {key: component_config(getattr(encoder, key)) for key in ("normalizer", "pre_tokenizer")}
     stripped = {key: _without_word_start(node) for key, node in parts.items()}
     if stripped == parts:
         return encoder
