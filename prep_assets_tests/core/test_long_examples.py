@@ -99,11 +99,9 @@ def test_match_gold_over_a_long_example_is_the_same_whatever_the_chunk(tmp_path:
     assert [(r["row"], r["off"], r["token"]) for r in out.offending] == [(2, 24, 6)]
 
 
-@pytest.mark.parametrize("chunk", [1, 5, 64], ids=["chunk_1", "chunk_5", "chunk_over_the_example"])
-def test_the_screen_passes_a_long_example_in_full_rows_whatever_the_chunk(tmp_path: Path, monkeypatch, chunk):
-    """The screen's gold side hashes each token's position and segment on both routes (joined whole, or unnested
-    by chunks): a good packing passes it; one changed token sends the gates to their exact pass."""
-    monkeypatch.setattr(shards_gold, "GOLD_CHUNK", chunk)
+def test_the_screen_passes_a_long_example_in_full_rows(tmp_path: Path):
+    """The screen's gold side lays each segment of a long example at its place in its row: a good packing passes
+    it; one changed token sends the gates to their exact pass."""
     g, ids = _gold_example(tmp_path / "g", 50)
     parts = ["fixed", "layout", "checksum", "padding"]
     ok = _full_rows(tmp_path / "ok" / "train" / "part-00000.parquet", ids, 12)

@@ -3,19 +3,16 @@ placed as the packing layout requires, and every shard token equal to the gold t
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from prep_assets.core.invariants.common import SAMPLE, Outcome, _bound, _files, _rows_in, _violations_in
+from prep_assets.core.invariants.screen import screen
 from prep_assets.core.invariants.shards import (
-    _FIXED_BROKEN,
     _MOD_2_64,
     _ROWS_NAMED,
     _SEG_AT,
@@ -23,11 +20,9 @@ from prep_assets.core.invariants.shards import (
     schema_problems,
     shard_rows,
 )
-from prep_assets.core.records import TYPE_COMPLETION, TYPE_PADDING
+from prep_assets.core.records import TYPE_COMPLETION
 from prep_assets.core.sql import connect as sql_connect
 from prep_assets.core.sql import joins_as_written
-
-_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -256,20 +251,12 @@ _SEGMENTS_WITH_SLICES = f"""
 GOLD_CHUNK = 4096
 # a segment longer than this is broken (no row is that long); it bounds the chunks one corrupt length asks for
 SEGMENT_CAP = 1 << 24
-# `_hashes`, the CTEs of `seg_gold` (file, row, seg, broken, h) from the segments `n` (file, row, seg, example_id,
+# `_HASHES`, the CTEs of `seg_gold` (file, row, seg, broken, h) from the segments `n` (file, row, seg, example_id,
 # off, len, at, k0): per segment, the sum of per-token hashes of (position in the row, id, mask, type) over the gold
 # tokens it should hold, its first k0 tokens masked; `broken` where it names no gold example, starts before it or
 # runs past its end. Routed by num_tokens (gold's mask_aligned gate holds it equal to the lists); either route
-# judges the lists. The token hash is `shards._ROW_HASH`'s, with the mask of the segment's first k0 tokens as 0;
-# `laid_out` (the screen's) adds the token's position in its segment (0-based) and the segment's number.
-_SHORT_LAYOUT = ", (i - 1)::BIGINT, nk.seg::BIGINT"
-_LONG_LAYOUT = ", (lt.j - pc.off - 1)::BIGINT, pc.seg::BIGINT"
-
-
-def _hashes(laid_out: bool) -> str:
-    short_layout = _SHORT_LAYOUT if laid_out else ""
-    long_layout = _LONG_LAYOUT if laid_out else ""
-    return f"""
+# judges the lists. The token hash is `shards._ROW_HASH`'s, with the mask of the segment's first k0 tokens as 0.
+_HASHES = """
     gi AS (SELECT example_id, num_tokens > $C AS long FROM read_parquet($g)),
     nk AS (SELECT n.*, gi.long FROM n LEFT JOIN gi ON gi.example_id = n.example_id),
     short AS (SELECT nk.file, nk.row, nk.seg, nk.off < 0 OR nk.off + nk.len > len(g.token_ids) AS broken,
@@ -278,7 +265,7 @@ def _hashes(laid_out: bool) -> str:
                                                                g.token_type_ids[nk.off + 1 : nk.off + nk.len]),
                          lambda x, i: hash((nk."at" + i)::BIGINT, (x[1])::BIGINT,
                                            (CASE WHEN i <= nk.k0 THEN 0 ELSE x[2] END)::BIGINT,
-                                           (x[3])::BIGINT{short_layout}))), 0)::HUGEINT AS h
+                                           (x[3])::BIGINT))), 0)::HUGEINT AS h
               FROM (SELECT example_id, token_ids, loss_mask, token_type_ids FROM read_parquet($g)
                     WHERE num_tokens <= $C) g JOIN nk ON g.example_id = nk.example_id
               WHERE NOT nk.long),
@@ -291,7 +278,7 @@ def _hashes(laid_out: bool) -> str:
     lsum AS (SELECT pc.file, pc.row, pc.seg, count(*) AS matched,
                     sum(hash((pc."at" + lt.j - pc.off)::BIGINT, (lt.t)::BIGINT,
                              (CASE WHEN lt.j - pc.off <= pc.k0 THEN 0 ELSE lt.tm END)::BIGINT,
-                             (lt.ty)::BIGINT{long_layout}))::HUGEINT AS h
+                             (lt.ty)::BIGINT))::HUGEINT AS h
              FROM lt JOIN pc ON lt.example_id = pc.example_id AND (lt.j - 1) // $C = pc.c
                             AND lt.j > pc.off AND lt.j <= pc.off + pc.len
              GROUP BY pc.file, pc.row, pc.seg),
@@ -305,12 +292,9 @@ def _hashes(laid_out: bool) -> str:
                  SELECT file, row, seg, true, 0::HUGEINT FROM nk WHERE nk.long IS NULL)"""
 
 
-_HASHES = _hashes(False)
-
-
-# Per shard row: the sum of `_hashes`' token hashes over the gold tokens its segments should hold, at their places in
+# Per shard row: the sum of `_HASHES`' token hashes over the gold tokens its segments should hold, at their places in
 # the row, the segments' leading tokens (the first; a window's overlap) masked; `broken` when a segment names no
-# gold example or reaches past its end. `_ROW_SUMS_HEAD` + one `_hashes` + `_ROW_SUMS_TAIL`.
+# gold example or reaches past its end. `_ROW_SUMS_HEAD` + `_HASHES` + `_ROW_SUMS_TAIL`.
 _ROW_SUMS_HEAD = f"""
     WITH s AS (SELECT filename AS file, file_row_number AS row, unnest(example_ids) AS example_id,
                       unnest(example_offsets) AS off, unnest(seq_lengths) AS len,
@@ -322,46 +306,6 @@ _ROW_SUMS_TAIL = f"""
     SELECT file, row, bool_or(broken) AS broken, (sum(h) {_MOD_2_64})::UBIGINT AS h FROM seg_gold GROUP BY file, row"""
 # `shard_rows`' checksum of each row, over the gold tokens it should hold
 _GOLD_ROW_SUMS = _ROW_SUMS_HEAD + _HASHES + _ROW_SUMS_TAIL
-# the screen's: each token's position in its segment and the segment's number hashed too
-_LAID_OUT_ROW_SUMS = _ROW_SUMS_HEAD + _hashes(True) + _ROW_SUMS_TAIL
-
-# The screen: one sum per shard row of a hash of every token's (place in the row, id, mask, type, position,
-# segment), padding included, against the same sum over what the row should hold: the gold tokens its segments
-# name, laid out as its seq_lengths say (positions from 0 in each segment, segments numbered from 1), then padding
-# (pad id, mask 0, the padding type, position 0, segment 0) to max_seq_len. A row that passes keeps the rules of
-# `fixed_broken` (judged exactly), of `layout_differs`, `pad_suspect` and match_gold's checksum, but for odds of
-# ~1e-19: one pass over each side judges all four. That holds where every file holds the token lists as lists of
-# integers (`_screen` checks the schemas first: a cast to BIGINT rounds 0.4 to 0). The shard side unnests the
-# lists (a lambda over their `list_zip` took a third longer); a row of empty lists has no token to unnest, so it
-# is missing from it, and `_screen` counts the rows.
-_SCREEN_SHARD = f"""
-    SELECT file, row, any_value(length) AS length, any_value(used) AS used, any_value(fixed_broken) AS fixed_broken,
-           any_value(sound) AS sound,
-           (sum(hash(i::BIGINT, id::BIGINT, m::BIGINT, typ::BIGINT, pos::BIGINT, seg::BIGINT))
-            {_MOD_2_64})::UBIGINT AS h
-    FROM (SELECT filename AS file, file_row_number AS row, len(input_ids) AS length, used,
-                 {_FIXED_BROKEN} AS fixed_broken,
-                 coalesce(list_count(seq_lengths) = len(seq_lengths) AND coalesce(list_min(seq_lengths), 1) >= 1
-                          AND used <= len(input_ids), false) AS sound,
-                 unnest(input_ids) AS id, unnest(loss_mask) AS m, unnest(token_type_ids) AS typ,
-                 unnest(position_ids) AS pos, unnest(segment_ids) AS seg, generate_subscripts(input_ids, 1) AS i
-          FROM (SELECT *, coalesce(list_sum(seq_lengths), 0)::BIGINT AS used
-                FROM read_parquet($files, filename = true, file_row_number = true)))
-    GROUP BY file, row"""
-# per count of tokens in segments (`used`, 0..max_seq_len): the sum of the hashes of the padding after them
-_PADDING_TAILS = """
-    SELECT i - 1 AS used, sum(h) OVER (ORDER BY i DESC ROWS UNBOUNDED PRECEDING) AS tail
-    FROM (SELECT i, hash(i::BIGINT, $pad::BIGINT, 0::BIGINT, $padding::BIGINT, 0::BIGINT, 0::BIGINT)::HUGEINT AS h
-          FROM range(1, $L + 1) t(i))
-    UNION ALL SELECT $L, 0::HUGEINT"""
-# the screen's verdict per row, from its two sides (`screen_shard`, `screen_gold`: registered tables) and the
-# padding tails; computed apart, the two sides never hold memory at once
-_SCREEN = f"""
-    SELECT a.file, a.row, a.length, a.fixed_broken,
-           coalesce(NOT a.fixed_broken AND a.sound AND NOT b.broken
-                    AND a.h = ((b.h::HUGEINT + p.tail) {_MOD_2_64})::UBIGINT, false) AS passed
-    FROM screen_shard a LEFT JOIN screen_gold b ON a.file = b.file AND a.row = b.row
-         LEFT JOIN ({_PADDING_TAILS}) p ON p.used = a.used"""
 # `screened_rows`' column: every row passed the screen
 SCREENED = "screened"
 # the parts of `shard_rows` the screen stands in for, when all of them are asked for
@@ -369,7 +313,7 @@ SCREENED_PARTS = frozenset({"layout", "checksum", "padding"})
 
 
 def _against_gold(files: list[Path], gold_dir: Path, overlap: int) -> dict[str, Any]:
-    """The parameters of `_hashes` and the row sums: the shards, gold, the overlap, the chunk and the cap (read
+    """The parameters of `_HASHES` and the row sums: the shards, gold, the overlap, the chunk and the cap (read
     when called: tests set a small GOLD_CHUNK)."""
     return {
         "files": _files(files),
@@ -381,19 +325,11 @@ def _against_gold(files: list[Path], gold_dir: Path, overlap: int) -> dict[str, 
 
 
 def _screen(files: list[Path], gold_dir: Path, overlap: int, max_seq_len: int, pad_id: int) -> pa.Table | None:
-    """Every shard row's (file, row, length, fixed_broken, passed) if each one passed the screen, else None (a row
-    failed, or a file holds a token list as other than integers, which the hashes' casts would round)."""
+    """Every shard row's (file, row, length, fixed_broken, passed) if each one passed the screen (`screen`), else
+    None (a row failed, or a file holds a token list as other than integers)."""
     if schema_problems(files):
         return None
-    p = {**_against_gold(files, gold_dir, overlap), "L": max_seq_len, "pad": pad_id, "padding": TYPE_PADDING}
-    with sql_connect() as con, joins_as_written(con):
-        con.register("screen_shard", con.sql(_SCREEN_SHARD, params=_bound(_SCREEN_SHARD, p)).to_arrow_table())
-        con.register("screen_gold", con.sql(_LAID_OUT_ROW_SUMS, params=_bound(_LAID_OUT_ROW_SUMS, p)).to_arrow_table())
-        screen = con.sql(_SCREEN, params=_bound(_SCREEN, p)).to_arrow_table()
-        rows = con.execute("SELECT count(*) FROM read_parquet($files)", {"files": p["files"]}).fetchall()[0][0]
-    if screen.num_rows != rows or not pc.all(screen.column("passed")).as_py():
-        return None
-    return screen
+    return screen(files, gold_dir / "examples.parquet", overlap, max_seq_len, pad_id)
 
 
 def screened_rows(
@@ -402,27 +338,18 @@ def screened_rows(
     """`shard_rows` of `parts` (all of "layout", "checksum" and "padding", and maybe "fixed") through the screen:
     where every row passes it, their `fixed_broken` and no row suspect of the other rules (a `SCREENED` column,
     all true, says so to match_gold); else the exact `shard_rows` of every row, as each gate judged alone reads
-    them. A screen that cannot be judged (gold unreadable, DuckDB's memory budget) is logged, and leaves the gates
-    their exact pass."""
-    try:
-        screen = _screen(files, gold_dir, overlap, max_seq_len, pad_id)
-    except duckdb.Error as exc:
-        _log.warning(
-            "the shard gates' screen could not be judged (%s: %s); each gate makes its exact pass",
-            type(exc).__name__,
-            exc,
-        )
-        screen = None
-    if screen is None:
+    them. A screen that cannot read its files logs why, and leaves the gates their exact pass."""
+    screened = _screen(files, gold_dir, overlap, max_seq_len, pad_id)
+    if screened is None:
         return shard_rows(files, parts, max_seq_len, pad_id)
-    n = screen.num_rows
+    n = screened.num_rows
     false = pa.repeat(pa.scalar(False), n)
     return pa.table(
         {
-            "file": screen.column("file"),
-            "row": screen.column("row"),
-            "length": screen.column("length"),
-            "fixed_broken": screen.column("fixed_broken"),
+            "file": screened.column("file"),
+            "row": screened.column("row"),
+            "length": screened.column("length"),
+            "fixed_broken": screened.column("fixed_broken"),
             "layout_differs": false,
             "h": pa.nulls(n, pa.uint64()),
             "pad_suspect": false,
