@@ -17,6 +17,7 @@ the violations. The two sides read different files and run in two threads; each 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,7 @@ def _segments(files: list[Path], max_seq_len: int, overlap: int) -> _Segments:
     parts: dict[str, list] = {k: [] for k in ("ids", "off", "len", "counts", "loss")}
     rows_per_file = []
     for path in files:
-        table = pq.read_table(path, columns=list(_LAYOUT), use_threads=False).combine_chunks()
+        table = pq.ParquetFile(path).read(columns=list(_LAYOUT), use_threads=False).combine_chunks()
         rows_per_file.append(table.num_rows)
         nlt = table.column("num_loss_tokens").chunk(0) if table.num_rows else pa.array([], pa.int32())
         if nlt.type != fields["num_loss_tokens"] or nlt.null_count:
@@ -170,6 +171,16 @@ def _batch_rows(longest: int) -> int:
     return max(1, min(_BATCH_ROWS, _BATCH_TOKENS // max(1, longest)))
 
 
+def _batches(path: Path, columns: tuple[str, ...], longest: int) -> Iterator[pa.RecordBatch]:
+    """The file's rows in batches of `_batch_rows(longest)`, read a row group at a time: Arrow's reader over the
+    whole file reads several row groups ahead (120 MB against 15-50 MB over the benchmark's shards)."""
+    pf = pq.ParquetFile(path)
+    for group in range(pf.num_row_groups):
+        yield from pf.iter_batches(
+            row_groups=[group], batch_size=_batch_rows(longest), columns=list(columns), use_threads=False
+        )
+
+
 def _shard_sums(files: list[Path], max_seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Per shard row, in file order: the sum of its tokens' hashes, and its loss tokens (its mask's sum)."""
     L = max_seq_len
@@ -177,10 +188,7 @@ def _shard_sums(files: list[Path], max_seq_len: int) -> tuple[np.ndarray, np.nda
     place = np.tile(np.arange(1, L + 1, dtype=np.uint64), per)
     sums, losses = [], []
     for path in files:
-        batches = pq.ParquetFile(path).iter_batches(
-            batch_size=_batch_rows(L), columns=list(_TOKEN_LISTS), use_threads=False
-        )
-        for batch in batches:
+        for batch in _batches(path, _TOKEN_LISTS, L):
             cols = []
             for name in _TOKEN_LISTS:
                 values, offsets = _values(batch.column(name), SHARD_SCHEMA.field(name).type.value_type)
@@ -217,7 +225,7 @@ def _gold_sums(gold: Path, segments: _Segments, rows: int) -> np.ndarray:
     types = {name: GOLD_SCHEMA.field(name).type.value_type for name in _GOLD_LISTS}
     first = 0
     longest = pc.max(scalars.column("num_tokens")).as_py() or 1  # sizes the batches only: the lists are judged
-    for batch in pf.iter_batches(batch_size=_batch_rows(longest), columns=list(_GOLD_LISTS), use_threads=False):
+    for batch in _batches(gold, _GOLD_LISTS, longest):
         last = first + batch.num_rows
         lo, hi = np.searchsorted(ordered, [first, last])
         picked = order[lo:hi]
