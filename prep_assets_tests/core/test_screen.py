@@ -100,6 +100,19 @@ CHANGES = {
     "a_segment_of_no_token": _replace(1, seq_lengths=[7, 0], example_ids=["d:3", "d:3"], example_offsets=[0, 7]),
     "a_short_row": _replace(1, **{k: ROWS[1][k][:7] for k in ("input_ids", "loss_mask", "position_ids")}),
     "a_null_token": _set(0, "input_ids", 0, None),
+    # a row of padding only: `positions_restart` fails it, so the screen must not vouch for it
+    "a_row_of_padding_only": _replace(
+        1,
+        input_ids=[0] * L,
+        loss_mask=[0] * L,
+        position_ids=[0] * L,
+        segment_ids=[0] * L,
+        token_type_ids=[2] * L,
+        seq_lengths=[],
+        example_ids=[],
+        example_offsets=[],
+        num_loss_tokens=0,
+    ),
 }
 
 
@@ -153,6 +166,50 @@ def test_the_screen_answers_none_for_any_change_to_gold(tmp_path: Path, gold_cha
         table = pq.read_table(gold / "examples.parquet")
         pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), gold / "examples.parquet")
     assert scr.screen(files, gold / "examples.parquet", 0, L, 0) is None
+
+
+GOLD_CHANGES = {
+    "num_tokens_null": lambda t: t.set_column(
+        t.schema.get_field_index("num_tokens"), "num_tokens", pa.array([5, None, 7], pa.int32())
+    ),
+    "num_tokens_unlike_the_lists": lambda t: t.set_column(
+        t.schema.get_field_index("num_tokens"), "num_tokens", pa.array([5, 3, 6], pa.int32())
+    ),
+    "num_tokens_as_int64": lambda t: t.set_column(
+        t.schema.get_field_index("num_tokens"), "num_tokens", t.column("num_tokens").cast(pa.int64())
+    ),
+    "no_num_tokens": lambda t: t.drop_columns(["num_tokens"]),
+    "no_example_id": lambda t: t.drop_columns(["example_id"]),
+    "unchanged": lambda t: t,
+}
+
+
+@pytest.mark.parametrize("change", list(GOLD_CHANGES), ids=list(GOLD_CHANGES))
+def test_the_screen_answers_none_for_gold_columns_it_does_not_expect(tmp_path: Path, change):
+    files, gold = _lake(tmp_path)
+    table = GOLD_CHANGES[change](pq.read_table(gold / "examples.parquet"))
+    pq.write_table(table, gold / "examples.parquet")
+    assert (scr.screen(files, gold / "examples.parquet", 0, L, 0) is None) == (change != "unchanged")
+
+
+@pytest.mark.parametrize("column", ["example_ids", "num_loss_tokens", "seq_lengths"])
+def test_the_screen_answers_none_for_a_shard_file_lacking_a_column(tmp_path: Path, column):
+    files, gold = _lake(tmp_path)
+    pq.write_table(pq.read_table(files[0]).drop_columns([column]), files[0])
+    assert scr.screen(files, gold / "examples.parquet", 0, L, 0) is None
+
+
+def test_one_long_example_sizes_the_batches_of_its_own_row_group_only(tmp_path: Path):
+    """Gold's batches are sized per row group by its longest example: one long document does not make every
+    batch of a drop one example long."""
+    rows = [{"token_ids": [1] * 10, "loss_mask": [1] * 10, "token_type_ids": [1] * 10} for _ in range(6)]
+    rows[1] = {"token_ids": [1] * 5000, "loss_mask": [1] * 5000, "token_type_ids": [1] * 5000}
+    gold = write_gold(tmp_path / "gold", rows)
+    table = pq.read_table(gold / "examples.parquet")
+    pq.write_table(table, gold / "examples.parquet", row_group_size=2)
+    examples = scr._Gold.read(gold / "examples.parquet")
+    assert [examples.longest(g) for g in range(3)] == [5000, 10, 10]
+    assert scr._batch_rows(10) > scr._batch_rows(5000)
 
 
 def test_a_window_after_the_first_has_its_overlap_masked(tmp_path: Path):

@@ -17,7 +17,8 @@ the violations. The two sides read different files and run in two threads; each 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,13 +88,49 @@ def _in_range(values: np.ndarray) -> None:
         raise _Unscreened
 
 
+def _schema(pf: pq.ParquetFile, schema: pa.Schema, names: tuple[str, ...]) -> None:
+    """The file holds each of `names` as `schema` types it."""
+    found = pf.schema_arrow
+    for name in names:
+        at = found.get_field_index(name)
+        if at < 0 or found.field(at).type != schema.field(name).type:
+            raise _Unscreened
+
+
+@dataclass(frozen=True)
+class _Gold:
+    """Gold's examples: their ids (unique), their num_tokens, and the first example of each row group."""
+
+    path: Path
+    keys: pa.Array
+    num_tokens: np.ndarray
+    group_starts: np.ndarray
+
+    @classmethod
+    def read(cls, path: Path) -> _Gold:
+        pf = pq.ParquetFile(path)
+        _schema(pf, GOLD_SCHEMA, ("example_id", "num_tokens", *_GOLD_LISTS))
+        scalars = pf.read(columns=["example_id", "num_tokens"], use_threads=False).combine_chunks()
+        keys, num_tokens = (_only_chunk(scalars, name) for name in ("example_id", "num_tokens"))
+        if keys.null_count or num_tokens.null_count or pc.count_distinct(keys).as_py() != len(keys):
+            raise _Unscreened  # ids that are not unique keys, or a count that is missing
+        sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+        return cls(path, keys, num_tokens.to_numpy().astype(np.int64), np.cumsum([0, *sizes]))
+
+    def longest(self, group: int) -> int:
+        """The most tokens an example of row group `group` holds (by num_tokens: it sizes the batches only)."""
+        lo, hi = self.group_starts[group], self.group_starts[group + 1]
+        return int(self.num_tokens[lo:hi].max()) if hi > lo else 1
+
+
 @dataclass(frozen=True)
 class _Segments:
-    """Every segment of every shard row (rows numbered across the files in order): the gold example it names,
-    where in it it starts, its length, where in its row it starts, its number in the row (from 1), how many of its
-    leading tokens are masked, and its row; and per row, the tokens its segments cover and its num_loss_tokens."""
+    """Every segment of every shard row (rows numbered across the files in order): the gold example it names (its
+    row in gold), where in it it starts, its length, where in its row it starts, its number in the row (from 1),
+    how many of its leading tokens are masked, and its row; and per row, the tokens its segments cover and its
+    num_loss_tokens. About 30 bytes a segment: ids are looked up in gold file by file, and not kept."""
 
-    example_ids: pa.Array
+    example: np.ndarray
     off: np.ndarray
     length: np.ndarray
     at: np.ndarray
@@ -105,55 +142,63 @@ class _Segments:
     rows_per_file: list[int]
 
 
-def _segments(files: list[Path], max_seq_len: int, overlap: int) -> _Segments:
-    fields = {name: SHARD_SCHEMA.field(name).type for name in _LAYOUT}
-    parts: dict[str, list] = {k: [] for k in ("ids", "off", "len", "counts", "loss")}
+def _only_chunk(table: pa.Table, name: str) -> pa.Array:
+    column = table.column(name)
+    return column.chunk(0) if column.num_chunks else pa.array([], column.type)
+
+
+def _segments(files: list[Path], gold: _Gold, max_seq_len: int, overlap: int) -> _Segments:
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("example", "off", "len", "counts", "loss")}
     rows_per_file = []
     for path in files:
-        table = pq.ParquetFile(path).read(columns=list(_LAYOUT), use_threads=False).combine_chunks()
+        pf = pq.ParquetFile(path)
+        _schema(pf, SHARD_SCHEMA, (*_LAYOUT, *_TOKEN_LISTS))
+        table = pf.read(columns=list(_LAYOUT), use_threads=False).combine_chunks()
         rows_per_file.append(table.num_rows)
-        nlt = table.column("num_loss_tokens").chunk(0) if table.num_rows else pa.array([], pa.int32())
-        if nlt.type != fields["num_loss_tokens"] or nlt.null_count:
+        loss = _only_chunk(table, "num_loss_tokens")
+        if loss.null_count:
             raise _Unscreened
-        lengths, by_len = _values(_chunk(table, "seq_lengths"), fields["seq_lengths"].value_type)
-        offs, by_off = _values(_chunk(table, "example_offsets"), fields["example_offsets"].value_type)
-        ids = _chunk(table, "example_ids")
-        if ids.type != fields["example_ids"] or ids.null_count:
-            raise _Unscreened
+        lengths, by_len = _values(_only_chunk(table, "seq_lengths"), pa.int32())
+        offs, by_off = _values(_only_chunk(table, "example_offsets"), pa.int32())
+        ids = _only_chunk(table, "example_ids")
         id_offsets = np.asarray(ids.offsets, dtype=np.int64)
         flat_ids = ids.values.slice(id_offsets[0], id_offsets[-1] - id_offsets[0])
-        if flat_ids.null_count or not (
+        if ids.null_count or not (
             np.array_equal(by_len, by_off) and np.array_equal(by_len, id_offsets - id_offsets[0])
         ):
-            raise _Unscreened
-        parts["ids"].append(flat_ids)
-        parts["off"].append(offs.astype(np.int64))
-        parts["len"].append(lengths.astype(np.int64))
-        parts["counts"].append(np.diff(by_len))
-        parts["loss"].append(nlt.to_numpy().astype(np.int64))
-    length = np.concatenate(parts["len"]) if files else np.zeros(0, np.int64)
-    counts = np.concatenate(parts["counts"]) if files else np.zeros(0, np.int64)
+            raise _Unscreened  # a NULL, or lists of one row that disagree in length
+        counts = np.diff(by_len)
+        if (counts == 0).any():
+            raise _Unscreened  # a row of padding only: `positions_restart` judges it exactly
+        where = pc.index_in(flat_ids, value_set=gold.keys)  # a NULL id finds nothing
+        if where.null_count:
+            raise _Unscreened  # a segment names an example gold lacks
+        parts["example"].append(where.to_numpy().astype(np.int32))
+        parts["off"].append(offs)
+        parts["len"].append(lengths)
+        parts["counts"].append(counts)
+        parts["loss"].append(loss.to_numpy().astype(np.int64))
+    empty = np.zeros(0, np.int32)
+    example, off, length, counts = (
+        np.concatenate(parts[k]) if files else empty for k in ("example", "off", "len", "counts")
+    )
     if len(length) and length.min() < 1:
         raise _Unscreened  # a segment of no token (or fewer)
-    ends = np.cumsum(length)
-    row_first = np.cumsum(counts) - counts  # each row's first segment (an empty row: the next row's)
-    some = counts > 0
-    used = np.zeros(len(counts), dtype=np.int64)  # per row, the tokens its segments cover
-    if some.any():
-        used[some] = np.add.reduceat(length, row_first[some])
+    ends = np.cumsum(length, dtype=np.int64)
+    row_first = np.cumsum(counts, dtype=np.int64) - counts  # each row's first segment
+    used = np.add.reduceat(length, row_first, dtype=np.int64) if len(length) else np.zeros(0, np.int64)
     if len(used) and used.max() > max_seq_len:
         raise _Unscreened
-    row = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    row_start = np.repeat((ends - length)[row_first[some]], counts[some])  # its row's first segment's start
-    off = np.concatenate(parts["off"]) if files else np.zeros(0, np.int64)
+    row = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    starts = ends - length
     lead = 1 if overlap < 1 else overlap
     return _Segments(
-        example_ids=pa.concat_arrays(parts["ids"]) if parts["ids"] else pa.array([], pa.string()),
+        example=example,
         off=off,
         length=length,
-        at=ends - length - row_start,
-        number=np.arange(len(length), dtype=np.int64) - np.repeat(row_first, counts) + 1,
-        masked=np.minimum(length, np.where(off == 0, 1, lead)),
+        at=(starts - np.repeat(starts[row_first], counts)).astype(np.int32),  # below max_seq_len
+        number=(np.arange(len(length), dtype=np.int64) - np.repeat(row_first, counts) + 1).astype(np.int32),
+        masked=np.minimum(length, np.where(off == 0, 1, lead)).astype(np.int32),
         row=row,
         used=used,
         loss_tokens=np.concatenate(parts["loss"]) if files else np.zeros(0, np.int64),
@@ -161,34 +206,33 @@ def _segments(files: list[Path], max_seq_len: int, overlap: int) -> _Segments:
     )
 
 
-def _chunk(table: pa.Table, name: str) -> pa.Array:
-    column = table.column(name)
-    return column.chunk(0) if column.num_chunks else pa.array([], column.type)
-
-
 def _batch_rows(longest: int) -> int:
     """Rows read at once where no row holds more than `longest` tokens: `_BATCH_TOKENS`' worth, at least one."""
     return max(1, min(_BATCH_ROWS, _BATCH_TOKENS // max(1, longest)))
 
 
-def _batches(path: Path, columns: tuple[str, ...], longest: int) -> Iterator[pa.RecordBatch]:
-    """The file's rows in batches of `_batch_rows(longest)`, read a row group at a time: Arrow's reader over the
-    whole file reads several row groups ahead (120 MB against 15-50 MB over the benchmark's shards)."""
+def _batches(path: Path, columns: tuple[str, ...], longest: Callable[[int], int]) -> Iterator[pa.RecordBatch]:
+    """The file's rows in batches, read a row group at a time (Arrow's reader over a whole file reads several
+    row groups ahead: 120 MB against 15-50 MB over the benchmark's shards), each group's batches sized by the
+    longest row `longest(group)` says it holds (one long example slows its own row group only)."""
     pf = pq.ParquetFile(path)
     for group in range(pf.num_row_groups):
         yield from pf.iter_batches(
-            row_groups=[group], batch_size=_batch_rows(longest), columns=list(columns), use_threads=False
+            row_groups=[group], batch_size=_batch_rows(longest(group)), columns=list(columns), use_threads=False
         )
 
 
-def _shard_sums(files: list[Path], max_seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per shard row, in file order: the sum of its tokens' hashes, and its loss tokens (its mask's sum)."""
+def _shard_sums(files: list[Path], max_seq_len: int, stop: threading.Event) -> tuple[np.ndarray, np.ndarray]:
+    """Per shard row, in file order: the sum of its tokens' hashes, and its loss tokens (its mask's sum). Gives up
+    when `stop` is set (the gold side gave up)."""
     L = max_seq_len
     per = max(1, _CHUNK // L)  # rows hashed at once
     place = np.tile(np.arange(1, L + 1, dtype=np.uint64), per)
     sums, losses = [], []
     for path in files:
-        for batch in _batches(path, _TOKEN_LISTS, L):
+        for batch in _batches(path, _TOKEN_LISTS, lambda _group: L):
+            if stop.is_set():
+                raise _Unscreened
             cols = []
             for name in _TOKEN_LISTS:
                 values, offsets = _values(batch.column(name), SHARD_SCHEMA.field(name).type.value_type)
@@ -208,37 +252,31 @@ def _shard_sums(files: list[Path], max_seq_len: int) -> tuple[np.ndarray, np.nda
     return (np.concatenate(sums) if sums else empty), (np.concatenate(losses) if losses else empty.astype(np.int64))
 
 
-def _gold_sums(gold: Path, segments: _Segments, rows: int) -> np.ndarray:
+def _gold_sums(gold: _Gold, segments: _Segments, rows: int) -> np.ndarray:
     """Per shard row: the sum of the hashes of the gold tokens its segments should hold, at their places."""
-    pf = pq.ParquetFile(gold)
-    scalars = pf.read(columns=["example_id", "num_tokens"], use_threads=False)
-    keys = scalars.column("example_id").combine_chunks()
-    if keys.type != pa.string() or keys.null_count or pc.count_distinct(keys).as_py() != len(keys):
-        raise _Unscreened  # example ids that are not unique keys
-    where = pc.index_in(segments.example_ids, value_set=keys)
-    if where.null_count:
-        raise _Unscreened  # a segment names an example gold lacks
-    where = where.to_numpy().astype(np.int64)
-    order = np.argsort(where, kind="stable")
-    ordered = where[order]
+    order = np.argsort(segments.example, kind="stable")
+    ordered = segments.example[order]
     out = np.zeros(rows, dtype=np.uint64)
     types = {name: GOLD_SCHEMA.field(name).type.value_type for name in _GOLD_LISTS}
     first = 0
-    longest = pc.max(scalars.column("num_tokens")).as_py() or 1  # sizes the batches only: the lists are judged
-    for batch in _batches(gold, _GOLD_LISTS, longest):
+    for batch in _batches(gold.path, _GOLD_LISTS, gold.longest):
         last = first + batch.num_rows
-        lo, hi = np.searchsorted(ordered, [first, last])
-        picked = order[lo:hi]
-        first = last
-        if not len(picked):
-            continue
         ids, offsets = _values(batch.column("token_ids"), types["token_ids"])
         mask, by_mask = _values(batch.column("loss_mask"), types["loss_mask"])
         kinds, by_kind = _values(batch.column("token_type_ids"), types["token_type_ids"])
-        if not (np.array_equal(offsets, by_mask) and np.array_equal(offsets, by_kind)):
-            raise _Unscreened  # gold's lists of one example disagree in length
-        example = where[picked] - (last - batch.num_rows)
-        off, length = segments.off[picked], segments.length[picked]
+        if not (
+            np.array_equal(offsets, by_mask)
+            and np.array_equal(offsets, by_kind)
+            and np.array_equal(np.diff(offsets), gold.num_tokens[first:last])
+        ):
+            raise _Unscreened  # gold's lists of one example disagree in length, or with its num_tokens
+        lo, hi = np.searchsorted(ordered, [first, last])
+        picked = order[lo:hi]
+        example = segments.example[picked].astype(np.int64) - first
+        first = last
+        if not len(picked):
+            continue
+        off, length = segments.off[picked].astype(np.int64), segments.length[picked].astype(np.int64)
         if (off < 0).any() or (off + length > offsets[example + 1] - offsets[example]).any():
             raise _Unscreened  # a segment starts before its example or runs past its end
         source = offsets[example] + off
@@ -259,6 +297,8 @@ def _gold_sums(gold: Path, segments: _Segments, rows: int) -> np.ndarray:
                 np.repeat(segments.number[picked[group]], n),
             )
             np.add.at(out, segments.row[picked[group]], np.add.reduceat(h, starts))
+    if first != len(gold.num_tokens):
+        raise _Unscreened  # gold's lists hold another count of examples than its ids
     return out
 
 
@@ -283,12 +323,18 @@ def screen(files: list[Path], gold: Path, overlap: int, max_seq_len: int, pad_id
     `files`: shard files holding the token lists as lists of integers (the caller checks their schemas)."""
     if not 0 < max_seq_len < 1 << _BITS or not np.iinfo(np.int32).min <= pad_id <= np.iinfo(np.int32).max:
         return None
+    stop = threading.Event()
     try:
-        segments = _segments(files, max_seq_len, overlap)
+        examples = _Gold.read(gold)
+        segments = _segments(files, examples, max_seq_len, overlap)
         rows = sum(segments.rows_per_file)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            shard_side = pool.submit(_shard_sums, files, max_seq_len)
-            expected = _gold_sums(gold, segments, rows)
+            shard_side = pool.submit(_shard_sums, files, max_seq_len, stop)
+            try:
+                expected = _gold_sums(examples, segments, rows)
+            except BaseException:
+                stop.set()  # the shard side stops at its next batch
+                raise
             got, losses = shard_side.result()
     except _Unscreened:
         return None
@@ -299,11 +345,10 @@ def screen(files: list[Path], gold: Path, overlap: int, max_seq_len: int, pad_id
         return None
     if not np.array_equal(got, expected + _padding_tails(max_seq_len, pad_id)[segments.used]):
         return None
+    names = pa.array([str(p) for p in files], pa.string())
     return pa.table(
         {
-            "file": pa.array(
-                [str(p) for p, n in zip(files, segments.rows_per_file, strict=True) for _ in range(n)], pa.string()
-            ),
+            "file": names.take(np.repeat(np.arange(len(files)), segments.rows_per_file)) if files else names,
             "row": pa.array(
                 np.concatenate([np.arange(n, dtype=np.int64) for n in segments.rows_per_file])
                 if files
