@@ -128,7 +128,7 @@ class _Segments:
     """Every segment of every shard row (rows numbered across the files in order): the gold example it names (its
     row in gold), where in it it starts, its length, where in its row it starts, its number in the row (from 1),
     how many of its leading tokens are masked, and its row; and per row, the tokens its segments cover and its
-    num_loss_tokens. About 30 bytes a segment: ids are looked up in gold file by file, and not kept."""
+    num_loss_tokens. 28 bytes a segment: ids are looked up in gold file by file, and not kept."""
 
     example: np.ndarray
     off: np.ndarray
