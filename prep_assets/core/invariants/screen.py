@@ -319,8 +319,8 @@ def _padding_tails(max_seq_len: int, pad_id: int) -> np.ndarray:
 
 
 def screen(files: list[Path], gold: Path, overlap: int, max_seq_len: int, pad_id: int) -> pa.Table | None:
-    """Every shard row's (file, row, length, fixed_broken, passed) where every row passed the screen, else None.
-    `files`: shard files holding the token lists as lists of integers (the caller checks their schemas)."""
+    """Every shard row's (file, row, length) where every row passed the screen, else None (a row failed, or the
+    screen stands aside: a file's columns are not the shard or gold schema's, among the rest)."""
     if not 0 < max_seq_len < 1 << _BITS or not np.iinfo(np.int32).min <= pad_id <= np.iinfo(np.int32).max:
         return None
     stop = threading.Event()
@@ -355,7 +355,5 @@ def screen(files: list[Path], gold: Path, overlap: int, max_seq_len: int, pad_id
                 else np.zeros(0, np.int64)
             ),
             "length": pa.array(np.full(rows, max_seq_len, dtype=np.int64)),
-            "fixed_broken": pa.repeat(pa.scalar(False), rows),
-            "passed": pa.repeat(pa.scalar(True), rows),
         }
     )

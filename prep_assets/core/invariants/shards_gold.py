@@ -17,7 +17,6 @@ from prep_assets.core.invariants.shards import (
     _ROWS_NAMED,
     _SEG_AT,
     _no_shards,
-    schema_problems,
     shard_rows,
 )
 from prep_assets.core.records import TYPE_COMPLETION
@@ -324,22 +323,14 @@ def _against_gold(files: list[Path], gold_dir: Path, overlap: int) -> dict[str, 
     }
 
 
-def _screen(files: list[Path], gold_dir: Path, overlap: int, max_seq_len: int, pad_id: int) -> pa.Table | None:
-    """Every shard row's (file, row, length, fixed_broken, passed) if each one passed the screen (`screen`), else
-    None (a row failed, or a file holds a token list as other than integers)."""
-    if schema_problems(files):
-        return None
-    return screen(files, gold_dir / "examples.parquet", overlap, max_seq_len, pad_id)
-
-
 def screened_rows(
     files: list[Path], gold_dir: Path, overlap: int, max_seq_len: int, pad_id: int, parts: Iterable[str]
 ) -> pa.Table:
     """`shard_rows` of `parts` (all of "layout", "checksum" and "padding", and maybe "fixed") through the screen:
-    where every row passes it, their `fixed_broken` and no row suspect of the other rules (a `SCREENED` column,
-    all true, says so to match_gold); else the exact `shard_rows` of every row, as each gate judged alone reads
+    where every row passes it, no row broken or suspect of any rule (a `SCREENED` column, all true, says so to
+    match_gold); else the exact `shard_rows` of every row, as each gate judged alone reads
     them. A screen that cannot read its files logs why, and leaves the gates their exact pass."""
-    screened = _screen(files, gold_dir, overlap, max_seq_len, pad_id)
+    screened = screen(files, gold_dir / "examples.parquet", overlap, max_seq_len, pad_id)
     if screened is None:
         return shard_rows(files, parts, max_seq_len, pad_id)
     n = screened.num_rows
@@ -349,7 +340,7 @@ def screened_rows(
             "file": screened.column("file"),
             "row": screened.column("row"),
             "length": screened.column("length"),
-            "fixed_broken": screened.column("fixed_broken"),
+            "fixed_broken": false,
             "layout_differs": false,
             "h": pa.nulls(n, pa.uint64()),
             "pad_suspect": false,
