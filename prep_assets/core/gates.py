@@ -32,6 +32,10 @@ GateLayer = Literal[
 ]  # what a gate judges (the manifest: the dataset's)
 
 
+# The shard gate that judges the files it can read and names the columns of those it cannot (`Gate.cannot_read`)
+_NAMES_UNREADABLE = "packed_shards_fixed_length"
+
+
 def _layer_dir(layer: str) -> property:
     return property(lambda on: on.paths.partition_dir(layer, on.partition), doc=f"the partition's {layer} folder")
 
@@ -54,6 +58,11 @@ class Subject:
     @property
     def shard_files(self) -> list[Path]:
         return inv.shard_files(self.shards)
+
+    @cached_property
+    def unreadable_shards(self) -> list[dict[str, str]]:
+        """Each column a shard file lacks or holds as another type (`inv.shard_schema_problems`)."""
+        return inv.shard_schema_problems(self.shard_files)
 
     @cached_property
     def manifest(self) -> dict[str, Any]:
@@ -117,8 +126,8 @@ class ShardRows(SharedPass):
                 pad_id = load_pinned_info(subject.paths.tokenizer_dir).pad_id
             except TokenizerError:  # the padding gate meets this error judged alone; the others keep the pass
                 parts.remove("padding")
-        if inv.lacks_a_column(files):
-            return None  # each gate judges alone: fixed_length names the file, the others meet its error
+        if subject.unreadable_shards:
+            return None  # each gate judges alone (`Gate.cannot_read`): fixed_length names the file
         seq_len = subject.spec.sequence.max_seq_len
         if pad_id is not None and inv.SCREENED_PARTS <= set(parts):  # through the screen: one hash pass a side
             return inv.screened_rows(files, subject.gold, subject.spec.sequence.overlap, seq_len, pad_id, parts)
@@ -166,8 +175,27 @@ class Gate:
         """The outcome under this gate's name, described by this gate unless it found more to say."""
         return replace(outcome, name=self.name, description=outcome.description or self.description)
 
+    def cannot_read(self, subject: Subject) -> inv.Outcome | None:
+        """A shard gate's violation when a shard file lacks a column, or holds one as another type
+        (`inv.shard_schema_problems`): those columns, named, rather than the error or the cast reading of a pass.
+        `packed_shards_fixed_length` judges the other files and names these among its own findings."""
+        if self.layer != "shards" or self.name == _NAMES_UNREADABLE or not subject.unreadable_shards:
+            return None
+        problems = subject.unreadable_shards
+        return self.named(
+            inv.Outcome(
+                len(problems),
+                problems[: inv.SAMPLE],
+                {"files": len({p["file"] for p in problems})},
+                "not judged: a shard file lacks a column the shard gates read, or holds it as another type "
+                "(listed); rematerialize the shards",
+            )
+        )
+
     def evaluate(self, subject: Subject) -> inv.Outcome:
         """This gate judged alone."""
+        if (unread := self.cannot_read(subject)) is not None:
+            return unread
         judge = self.judge.alone if isinstance(self.judge, SharedPass) else self.judge
         return self.named(judge(subject))
 
@@ -483,8 +511,15 @@ def judged(subject: Subject, gates: Sequence[Gate]) -> list[tuple[Gate, inv.Outc
     kind of `SharedPass` run together read one pass; all of them use one DuckDB database."""
     with shared_database():
         together: dict[str, inv.Outcome | Exception] = {}
-        for kind in dict.fromkeys(type(g.judge) for g in gates if isinstance(g.judge, SharedPass)):
-            group = [g for g in gates if type(g.judge) is kind]
+        for g in gates:
+            try:
+                if (unread := g.cannot_read(subject)) is not None:
+                    together[g.name] = unread
+            except Exception as exc:  # a footer that cannot be read: every shard gate meets it
+                together[g.name] = exc
+        judging = [g for g in gates if g.name not in together]
+        for kind in dict.fromkeys(type(g.judge) for g in judging if isinstance(g.judge, SharedPass)):
+            group = [g for g in judging if type(g.judge) is kind]
             if len(group) > 1:
                 together.update(_judged_together(subject, group))
         out: list[tuple[Gate, inv.Outcome | Exception]] = []

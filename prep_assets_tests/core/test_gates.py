@@ -65,19 +65,41 @@ def _named(outcome: object) -> object:
     return f"{type(outcome).__name__}: {outcome}" if isinstance(outcome, Exception) else outcome
 
 
-def test_a_shard_file_lacking_a_column_is_named_by_fixed_length_and_each_gate_reports_as_alone(tmp_path: Path):
+_UNREADABLE = {
+    "segment_ids_missing": lambda t: t.drop_columns(["segment_ids"]),
+    "example_ids_missing": lambda t: t.drop_columns(["example_ids"]),
+    "num_loss_tokens_missing": lambda t: t.drop_columns(["num_loss_tokens"]),
+    "example_ids_of_integers": lambda t: t.set_column(
+        t.schema.get_field_index("example_ids"), "example_ids", pa.array([[7]], pa.list_(pa.int64()))
+    ),
+    "num_loss_tokens_a_float": lambda t: t.set_column(
+        t.schema.get_field_index("num_loss_tokens"), "num_loss_tokens", pa.array([3.0])
+    ),
+    "seq_lengths_of_floats": lambda t: t.set_column(
+        t.schema.get_field_index("seq_lengths"), "seq_lengths", pa.array([[3.4]], pa.list_(pa.float64()))
+    ),
+}
+
+
+@pytest.mark.parametrize("change", list(_UNREADABLE), ids=list(_UNREADABLE))
+def test_a_shard_file_lacking_a_column_or_holding_another_type_is_named_by_every_shard_gate_not_raised(
+    tmp_path: Path, change: str
+):
     paths = dataset_paths(tmp_path, "ds")
     shards = paths.partition_dir("shards", "k") / "train"
     write_shard(shards / "part-00000.parquet", [shard_row8()])
-    lacking = pa.Table.from_pylist([shard_row8()], schema=SHARD_SCHEMA).drop_columns(["segment_ids"])
-    pq.write_table(lacking, shards / "part-00001.parquet")
+    changed = _UNREADABLE[change](pa.Table.from_pylist([shard_row8()], schema=SHARD_SCHEMA))
+    pq.write_table(changed, shards / "part-00001.parquet")
     write_gold(paths.partition_dir("gold", "k"), [GOOD])
     spec = make_spec(sequence={"max_seq_len": 8})
-    chosen = [g for g in gates.gates_for(spec) if g.name in BY_ROWS]
+    chosen = [g for g in gates.gates_for(spec) if g.layer == "shards"]
     together = {g.name: _named(o) for g, o in gates.outcomes(spec, paths, "k", chosen)}
     assert together == {g.name: _named(gates.outcomes(spec, paths, "k", [g])[0][1]) for g in chosen}
-    fixed = together["packed_shards_fixed_length"]
-    assert isinstance(fixed, inv.Outcome) and fixed.offending[0]["column"] == "segment_ids"
+    column = change.split("_missing")[0].split("_of_")[0].split("_a_")[0]
+    for name, outcome in together.items():
+        assert isinstance(outcome, inv.Outcome), f"{name}: {outcome}"
+        assert not outcome.passed and outcome.offending[0]["column"] == column, name
+        assert outcome.offending[0]["file"] == str(shards / "part-00001.parquet"), name
 
 
 def test_gold_row_gates_run_together_are_named_and_report_what_each_finds_alone(tmp_path: Path):

@@ -650,7 +650,7 @@ def test_a_file_lacking_a_column_is_named_by_fixed_length_not_raised(tmp_path: P
     good = write_shard(tmp_path / "train" / "part-00000.parquet", [shard_row()])
     lacking = tmp_path / "train" / "part-00001.parquet"
     pq.write_table(pa.Table.from_pylist([shard_row()], schema=SHARD_SCHEMA).drop_columns(["example_offsets"]), lacking)
-    assert inv.lacks_a_column([good, lacking]) and not inv.lacks_a_column([good])
+    assert inv.shard_schema_problems([good, lacking]) and not inv.shard_schema_problems([good])
     for files in ([lacking], [good, lacking]):
         out = inv.shards_fixed_length(files, 4)
         assert out.offending[0] == {"file": str(lacking), "column": "example_offsets", "type": "missing"}

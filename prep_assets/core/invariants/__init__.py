@@ -37,7 +37,6 @@ from prep_assets.core.invariants.manifest import duplicates_resolve_to_kept, sha
 from prep_assets.core.invariants.shards import (
     ROW_PART_COLUMNS,
     ROW_PARTS,
-    lacks_a_column,
     shard_files,
     shard_rows,
     shards_fixed_length,
@@ -45,6 +44,9 @@ from prep_assets.core.invariants.shards import (
     shards_pairs_together,
     shards_positions_restart,
     shards_utilization,
+)
+from prep_assets.core.invariants.shards import (
+    schema_problems as shard_schema_problems,
 )
 from prep_assets.core.invariants.shards_gold import (
     SCREENED_PARTS,
@@ -93,7 +95,7 @@ __all__ = [
     "mask_aligned_rule",
     "SCREENED_PARTS",
     "screened_rows",
-    "lacks_a_column",
+    "shard_schema_problems",
     "shard_files",
     "shard_rows",
     "shards_fixed_length",
