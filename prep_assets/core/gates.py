@@ -311,8 +311,9 @@ GATES: tuple[Gate, ...] = (
     Gate(
         "gold",
         "tokenized_examples_mask_aligned",
-        "equal list lengths, counts equal to the lists, mask ∈ {0,1}, mask 1 only on the token types `mask` trains "
-        "(completion/EOS by default); the file holds ids, mask and types as lists of integers",
+        "no NULL list, value or count; equal list lengths, counts equal to the lists, mask ∈ {0,1}, mask 1 only on "
+        "the token types `mask` trains (completion/EOS by default); the file holds ids, mask and types as lists of "
+        "integers",
         GoldRows(lambda on: inv.mask_aligned_rule(trainable_types(on.spec))),
     ),
     Gate(

@@ -59,6 +59,33 @@ def test_gold_lists_held_as_floats_fail_mask_aligned_judged_alone_or_together(tm
     assert together[0] == alone and together[1].passed and together[2].passed  # only mask_aligned names the file
 
 
+_GOLD_NULLS = {
+    "null_num_tokens": {"num_tokens": None},
+    "null_num_loss_tokens": {"num_loss_tokens": None},
+    "null_token_ids": {"token_ids": None},
+    "null_loss_mask": {"loss_mask": None},
+    "null_token_type_ids": {"token_type_ids": None},
+    "null_id_in_the_list": {"token_ids": [5, None, 7]},
+    "null_mask_value_on_a_completion_token": {"loss_mask": [0, None, 1], "num_loss_tokens": 1},
+    "null_type_of_a_trained_token": {"token_type_ids": [1, None, 3]},
+}
+
+
+@pytest.mark.parametrize("over", list(_GOLD_NULLS.values()), ids=list(_GOLD_NULLS))
+def test_gold_nulls_another_writer_might_leave_fail_mask_aligned(tmp_path: Path, over: dict):
+    """Gold's own writer cannot leave a NULL (its schema forbids them); a comparison with one is NULL, not true."""
+    g = write_gold(tmp_path / "g", [GOOD])
+    examples = pq.read_table(g / "examples.parquet")
+    row = {**examples.to_pylist()[0], **over}
+    schema = pa.schema(
+        [f.with_type(pa.list_(f.type.value_type)) if pa.types.is_list(f.type) else f for f in examples.schema]
+    )
+    schema = pa.schema([f.with_nullable(True) for f in schema])
+    pq.write_table(pa.Table.from_pylist([row], schema=schema), g / "examples.parquet")
+    out = inv.gold_mask_aligned(g)
+    assert out.violations == 1 and out.offending == [{"example_id": "d:1", "location": "f.jsonl:1"}]
+
+
 def test_gold_mask_on_prompt_type_fails(tmp_path: Path):
     g = write_gold(tmp_path / "g", [{"token_ids": [5, 6], "loss_mask": [0, 1], "token_type_ids": [0, 0]}])
     assert inv.gold_mask_aligned(g).violations == 1

@@ -68,10 +68,14 @@ def gold_rows(gold_dir: Path, rules: list[RowRule]) -> list[Outcome]:
 
 
 def mask_aligned_rule(trainable_types: tuple[int, ...] = _TRAINED) -> RowRule:
-    """Equal list lengths; mask in {0,1}; mask 1 only on the types the spec trains; counts match the lists; the file
-    holds the lists as lists of integers (a float mask of 0.5, 0.5 and 1 would otherwise pass every rule)."""
+    """No NULL list, value or count; equal list lengths; mask in {0,1}; mask 1 only on the types the spec trains;
+    counts match the lists; the file holds the lists as lists of integers (a float mask of 0.5, 0.5 and 1 would
+    otherwise pass every rule). A comparison with a NULL is NULL, read as passing: hence the NULL checks first."""
     where = (
-        "len(token_ids) <> len(loss_mask) OR len(token_ids) <> len(token_type_ids) OR len(token_ids) <> num_tokens "
+        "num_tokens IS NULL OR num_loss_tokens IS NULL OR token_ids IS NULL OR loss_mask IS NULL "
+        "OR token_type_ids IS NULL OR list_count(token_ids) < len(token_ids) "
+        "OR list_count(loss_mask) < len(loss_mask) OR list_count(token_type_ids) < len(token_type_ids) "
+        "OR len(token_ids) <> len(loss_mask) OR len(token_ids) <> len(token_type_ids) OR len(token_ids) <> num_tokens "
         "OR list_max(loss_mask) > 1 OR list_max(token_type_ids) > $last_type "
         "OR list_sum(loss_mask) <> num_loss_tokens OR list_count(list_filter(list_zip(loss_mask, token_type_ids), "
         "lambda x: x[1] = 1 AND NOT list_contains($trainable_types, x[2]))) > 0"
