@@ -19,9 +19,17 @@ from prep_assets.core import invariants as inv
 from prep_assets.core.dedup import earlier_indexes
 from prep_assets.core.drops import resolve_drop
 from prep_assets.core.errors import DropError, TokenizerError
-from prep_assets.core.lake import STATS, DatasetPaths, read_json
+from prep_assets.core.lake import EXAMPLES, RECORDS, REJECTS, STATS, DatasetPaths, read_json
 from prep_assets.core.masking import trainable_types
 from prep_assets.core.record_types import record_type
+from prep_assets.core.records import (
+    BRONZE_REJECT_SCHEMA,
+    BRONZE_SCHEMA,
+    GOLD_REJECT_SCHEMA,
+    GOLD_SCHEMA,
+    SILVER_REJECT_SCHEMA,
+    SILVER_SCHEMA,
+)
 from prep_assets.core.shards import ShardStats, drops_prompt_only_rows
 from prep_assets.core.spec import DatasetSpec
 from prep_assets.core.sql import shared_database
@@ -34,6 +42,21 @@ GateLayer = Literal[
 
 # The shard gate that judges the files it can read and names the columns of those it cannot (`Gate.cannot_read`)
 _NAMES_UNREADABLE = "packed_shards_fixed_length"
+# The Parquet files each layer's gates read besides the shards (layer folder, file name, the schema it must hold)
+_READ: dict[str, tuple[tuple[str, str, pa.Schema], ...]] = {
+    "bronze": (("bronze", RECORDS, BRONZE_SCHEMA), ("bronze", REJECTS, BRONZE_REJECT_SCHEMA)),
+    "silver": (
+        ("bronze", RECORDS, BRONZE_SCHEMA),
+        ("silver", RECORDS, SILVER_SCHEMA),
+        ("silver", REJECTS, SILVER_REJECT_SCHEMA),
+    ),
+    "gold": (
+        ("silver", RECORDS, SILVER_SCHEMA),
+        ("gold", EXAMPLES, GOLD_SCHEMA),
+        ("gold", REJECTS, GOLD_REJECT_SCHEMA),
+    ),
+    "shards": (("gold", EXAMPLES, GOLD_SCHEMA),),
+}
 
 
 def _layer_dir(layer: str) -> property:
@@ -63,6 +86,24 @@ class Subject:
     def unreadable_shards(self) -> list[dict[str, str]]:
         """Each column a shard file lacks or holds as another type (`inv.shard_schema_problems`)."""
         return inv.shard_schema_problems(self.shard_files)
+
+    @cached_property
+    def _unreadable(self) -> dict[str, list[dict[str, Any]]]:
+        return {}
+
+    def unreadable(self, layer: GateLayer) -> list[dict[str, Any]]:
+        """Each column a file that `layer`'s gates read (`_READ`: the layer's own, the layer's before) lacks, holds
+        as another kind, or holds a NULL in where its schema allows none (`inv.file_problems`), then the shard files'
+        (`unreadable_shards`). A file that is not there is left to the gates that read it."""
+        if layer not in self._unreadable:
+            found = [
+                problem
+                for upstream, name, schema in _READ.get(layer, ())
+                if (path := self.paths.partition_dir(upstream, self.partition) / name).exists()
+                for problem in inv.file_problems(path, schema)
+            ]
+            self._unreadable[layer] = found + (self.unreadable_shards if layer == "shards" else [])
+        return self._unreadable[layer]
 
     @cached_property
     def manifest(self) -> dict[str, Any]:
@@ -176,19 +217,22 @@ class Gate:
         return replace(outcome, name=self.name, description=outcome.description or self.description)
 
     def cannot_read(self, subject: Subject) -> inv.Outcome | None:
-        """A shard gate's violation when a shard file lacks a column, or holds one as another type
-        (`inv.shard_schema_problems`): those columns, named, rather than the error or the cast reading of a pass.
-        `packed_shards_fixed_length` judges the other files and names these among its own findings."""
-        if self.layer != "shards" or self.name == _NAMES_UNREADABLE or not subject.unreadable_shards:
+        """A gate's violation when a file it reads lacks a column, holds one as another kind, or a NULL where its
+        schema allows none (`Subject.unreadable`): those columns, named, rather than the error, the cast reading or
+        the NULL comparison (which passes) of its pass. `packed_shards_fixed_length`, which reads only the shard
+        files, judges those it can read and names the others among its own findings."""
+        if self.layer == "manifest" or self.name == _NAMES_UNREADABLE:
             return None
-        problems = subject.unreadable_shards
+        problems = subject.unreadable(self.layer)
+        if not problems:
+            return None
         return self.named(
             inv.Outcome(
                 len(problems),
                 problems[: inv.SAMPLE],
                 {"files": len({p["file"] for p in problems})},
-                "not judged: a shard file lacks a column the shard gates read, or holds it as another type "
-                "(listed); rematerialize the shards",
+                "not judged: a file this gate reads lacks a column, holds one as another type, or holds a NULL where "
+                "the layer's schema allows none (listed); rematerialize the layer named",
             )
         )
 

@@ -14,7 +14,7 @@ from prep_assets.core.invariants.bronze import (
     count_lines,
     count_parquet_rows,
 )
-from prep_assets.core.invariants.common import SAMPLE, Outcome
+from prep_assets.core.invariants.common import SAMPLE, Outcome, file_problems
 from prep_assets.core.invariants.gold import (
     REJECT_EXAMPLES,
     TABULAR_REMEDIES,
@@ -69,6 +69,7 @@ __all__ = [
     "ROW_PART_COLUMNS",
     "ROW_PARTS",
     "SAMPLE",
+    "file_problems",
     "TABULAR_REMEDIES",
     "Layout",
     "Outcome",

@@ -126,6 +126,77 @@ def _one_to_one(
     return Outcome(n, bad, facts)
 
 
+def _kind_fits(found: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a column of type `found` reads as the schema's `want`: the same kind (an integer of any width for an
+    integer, a string or large string for a string, a list or large list of that kind for a list)."""
+    if pa.types.is_list(want):
+        listed = pa.types.is_list(found) or pa.types.is_large_list(found)
+        return listed and _kind_fits(found.value_type, want.value_type)
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(found)
+    if pa.types.is_string(want):
+        return pa.types.is_string(found) or pa.types.is_large_string(found)
+    return found.equals(want)
+
+
+def _may_hold_nulls(meta: pq.FileMetaData, names: set[str]) -> set[str]:
+    """Of the columns `names`, those whose statistics count a NULL (an empty list counts as one), or a scalar column
+    without statistics. A list without them (our token lists: `ParquetSink`) is left to the row rules, which read
+    every list and fail a NULL in one (gold's `mask_aligned`, the shards' `fixed_length`)."""
+    out = set()
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            path = chunk.path_in_schema
+            name, listed = path.split(".")[0], "." in path
+            if name not in names:
+                continue
+            stats = chunk.statistics
+            if stats is None or not stats.has_null_count:
+                if not listed:
+                    out.add(name)
+            elif stats.null_count:
+                out.add(name)
+    return out
+
+
+def file_problems(path: Path, schema: pa.Schema) -> list[dict[str, Any]]:
+    """Each column of `schema` the Parquet file at `path` lacks, holds as another kind (`_kind_fits`), or holds a
+    NULL in (a NULL list or value of a list) where the schema allows none. A file written by our own sinks has none:
+    another writer's would be misjudged, as a comparison with a NULL is NULL, which a rule reads as passing. Read from
+    the footer; a column's values only where its statistics count a NULL or an empty list (`_may_hold_nulls`)."""
+    try:
+        with pq.ParquetFile(path) as pf:
+            return _problems(pf, path, schema)
+    except (OSError, pa.ArrowException) as exc:
+        return [{"file": str(path), "column": None, "type": f"not a readable Parquet file: {exc}"}]
+
+
+def _problems(pf: pq.ParquetFile, path: Path, schema: pa.Schema) -> list[dict[str, Any]]:
+    found = pf.schema_arrow
+    out: list[dict[str, Any]] = []
+    wanted = set()
+    for f in schema:
+        at = found.get_field_index(f.name)
+        kind = found.field(at).type if at >= 0 else None
+        if kind is None or not _kind_fits(kind, f.type):
+            out.append({"file": str(path), "column": f.name, "type": MISSING if kind is None else str(kind)})
+        elif not f.nullable:
+            wanted.add(f.name)
+    doubtful = [f.name for f in schema if f.name in _may_hold_nulls(pf.metadata, wanted)]
+    if doubtful:
+        table = pf.read(columns=doubtful)
+        for name in doubtful:
+            column = table.column(name)
+            nulls = column.null_count
+            if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+                nulls += sum(chunk.flatten().null_count for chunk in column.chunks)
+            if nulls:
+                out.append({"file": str(path), "column": name, "type": f"{column.type} holding {nulls} NULL"})
+    return out
+
+
 def integer_list_problems(files: list[Path], schema: pa.Schema) -> list[dict[str, str]]:
     """Per file, each column that `schema` (a layer's) holds as a list of integers and the file lacks or holds
     otherwise. The gates read those lists as integers: DuckDB reads several files with the first one's types, and

@@ -76,7 +76,8 @@ def mask_aligned_rule(trainable_types: tuple[int, ...] = _TRAINED) -> RowRule:
         "OR token_type_ids IS NULL OR list_count(token_ids) < len(token_ids) "
         "OR list_count(loss_mask) < len(loss_mask) OR list_count(token_type_ids) < len(token_type_ids) "
         "OR len(token_ids) <> len(loss_mask) OR len(token_ids) <> len(token_type_ids) OR len(token_ids) <> num_tokens "
-        "OR list_max(loss_mask) > 1 OR list_max(token_type_ids) > $last_type "
+        "OR list_max(loss_mask) > 1 OR list_min(loss_mask) < 0 OR list_max(token_type_ids) > $last_type "
+        "OR list_min(token_type_ids) < 0 "
         "OR list_sum(loss_mask) <> num_loss_tokens OR list_count(list_filter(list_zip(loss_mask, token_type_ids), "
         "lambda x: x[1] = 1 AND NOT list_contains($trainable_types, x[2]))) > 0"
     )

@@ -11,17 +11,20 @@ from prep_assets.core.invariants.common import SAMPLE, Outcome, _violating_rows
 
 def duplicates_resolve_to_kept(silver_dirs: list[Path]) -> Outcome:
     """Every record removed as a (near) duplicate from the given drops names a record kept in them, directly or
-    through one removed as a near duplicate of a kept one: no record is lost to a copy that is not shipped."""
+    through one removed as a near duplicate of a kept one: no record is lost to a copy that is not shipped (nor to
+    a duplicate's reject that names none)."""
     facts: dict[str, Any] = {"drops": len(silver_dirs)}
     if not silver_dirs:
         return Outcome(0, [], facts)
+    # A duplicate's reject that names no record (a NULL `duplicate_of`) is a violation too: a NULL joins nothing,
+    # and `NOT IN` a set holding a NULL is never true, hence NOT EXISTS.
     source = """(WITH kept AS (SELECT record_id FROM read_parquet($records)),
                       rej AS (SELECT record_id, duplicate_of, source_file, source_line FROM read_parquet($rejects)
-                              WHERE duplicate_of IS NOT NULL)
+                              WHERE duplicate_of IS NOT NULL OR reason IN ('duplicate', 'near_duplicate'))
                  SELECT r.record_id, r.source_file || ':' || r.source_line AS location, r.source_line, r.duplicate_of
                  FROM rej AS r LEFT JOIN rej AS via ON r.duplicate_of = via.record_id
-                 WHERE r.duplicate_of NOT IN (SELECT record_id FROM kept)
-                   AND (via.duplicate_of IS NULL OR via.duplicate_of NOT IN (SELECT record_id FROM kept)))"""
+                 WHERE NOT EXISTS (SELECT 1 FROM kept WHERE kept.record_id = r.duplicate_of)
+                   AND NOT EXISTS (SELECT 1 FROM kept WHERE kept.record_id = via.duplicate_of))"""
     params = {
         "records": [str(d / "records.parquet") for d in silver_dirs],
         "rejects": [str(d / "rejects.parquet") for d in silver_dirs],

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prep_assets.core.invariants.common import (
@@ -162,10 +163,12 @@ def shards_fixed_length(files: list[Path], max_seq_len: int, rows: pa.Table | No
     if not files:
         return _no_shards()
     problems = schema_problems(files)
-    lacking = {p["file"] for p in problems if p["type"] == MISSING}
-    readable = [f for f in files if str(f) not in lacking]  # a file lacking a column is named, not read
+    named = {p["file"] for p in problems}
+    readable = [f for f in files if str(f) not in named]  # a file lacking a column or of another type: named, not read
     if rows is None and readable:
         rows = shard_rows(readable, ["fixed"], max_seq_len)
+    elif rows is not None and named:  # a pass given over every file: its rows of the files named are not judged
+        rows = rows.filter(pc.invert(pc.is_in(rows.column("file"), pa.array(sorted(named)))))
     n, bad = 0, []
     if rows is not None:
         n, bad = _violating_rows(

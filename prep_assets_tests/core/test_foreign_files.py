@@ -1,0 +1,148 @@
+"""Layer files rewritten by another writer (a NULL where the layer's schema allows none, a column missing or of
+another kind): every gate that reads them fails naming the file and column, rather than passing (a comparison with
+a NULL is NULL, which a rule reads as passing) or raising a database error."""
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from prep_assets.core import gates, silver
+from prep_assets.core import invariants as inv
+from prep_assets.core.bronze import build_raw_records
+from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
+from prep_assets.core.lake import dataset_paths
+from prep_assets.core.records import GOLD_SCHEMA, SHARD_SCHEMA, SILVER_SCHEMA
+from prep_assets_tests.conftest import make_spec
+from prep_assets_tests.core.lakes import GOOD, shard_row, write_gold
+
+SPEC = make_spec("ds", clean={"dedup": "exact", "dedup_scope": "dataset"})
+TEXTS = ["A first note about the river.", "A second note about the hills.", "A first note about the river."]
+
+
+def _loose(schema: pa.Schema) -> pa.Schema:
+    """`schema` with every column nullable, as another writer might declare it."""
+    return pa.schema([f.with_nullable(True) for f in schema])
+
+
+def _rewrite(path: Path, change) -> None:
+    table = pq.read_table(path)
+    pq.write_table(change(table.cast(_loose(table.schema))), path)
+
+
+def _null_at(table: pa.Table, column: str, row: int = 0) -> pa.Table:
+    values = table.column(column).to_pylist()
+    values[row] = None
+    at = table.schema.get_field_index(column)
+    return table.set_column(at, table.schema.field(at), pa.array(values, table.schema.field(at).type))
+
+
+def _silver_lake(tmp_path: Path):
+    paths = dataset_paths(tmp_path, "ds")
+    paths.raw_dir.mkdir(parents=True)
+    (paths.raw_dir / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS), encoding="utf-8")
+    register_drops(paths)
+    (key,) = registered_drops(paths)
+    drop, src = resolve_drop(paths, key)
+    build_raw_records(SPEC, drop, src, paths.partition_dir("bronze", key))
+    silver.build(SPEC, paths, key)
+    return paths, key
+
+
+def _judged(paths, key: str, layer: str) -> dict[str, object]:
+    chosen = [g for g in gates.gates_for(SPEC) if g.layer == layer]
+    return {g.name: o for g, o in gates.outcomes(SPEC, paths, key, chosen)}
+
+
+def test_file_problems_names_a_missing_column_another_kind_and_nulls_and_accepts_wider_kinds(tmp_path: Path):
+    row = {f.name: None for f in SILVER_SCHEMA} | {
+        "record_id": "d:1",
+        "drop": "d",
+        "source_file": "f.jsonl",
+        "source_line": 1,
+        "byte_offset": 0,
+        "content": "{}",
+        "content_sha256": "ab",
+        "num_chars": 2,
+        "split": "train",
+    }
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.Table.from_pylist([row], schema=SILVER_SCHEMA), good)
+    assert inv.file_problems(good, SILVER_SCHEMA) == []
+    wide = pa.Table.from_pylist([row], schema=_loose(SILVER_SCHEMA))  # nullable, holding no NULL: fine
+    wide = wide.set_column(wide.schema.get_field_index("content"), "content", pa.array(["{}"], pa.large_string()))
+    pq.write_table(wide, tmp_path / "wide.parquet")
+    assert inv.file_problems(tmp_path / "wide.parquet", SILVER_SCHEMA) == []
+    bad = pa.Table.from_pylist([row, {**row, "content_sha256": None}], schema=_loose(SILVER_SCHEMA))
+    bad = bad.drop_columns(["split"])
+    bad = bad.set_column(bad.schema.get_field_index("num_chars"), "num_chars", pa.array([2.0, 2.0]))
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    assert [(p["column"], p["type"]) for p in inv.file_problems(tmp_path / "bad.parquet", SILVER_SCHEMA)] == [
+        ("num_chars", "double"),
+        ("split", "missing"),
+        ("content_sha256", "string holding 1 NULL"),
+    ]
+    assert inv.file_problems(tmp_path / "absent.parquet", SILVER_SCHEMA)[0]["column"] is None
+
+
+@pytest.mark.parametrize("column", ["content_sha256", "num_chars", "split", "content", "record_id"])
+def test_a_null_in_silver_fails_every_silver_and_gold_gate_naming_it(tmp_path: Path, column: str):
+    """A NULL hash joined no duplicate: a copy of a held-out record reached train with every gate passing."""
+    paths, key = _silver_lake(tmp_path)
+    assert all(o.passed for o in _judged(paths, key, "silver").values())  # type: ignore[union-attr]
+    _rewrite(paths.partition_dir("silver", key) / "records.parquet", lambda t: _null_at(t, column))
+    for layer in ("silver", "gold"):
+        for name, outcome in _judged(paths, key, layer).items():
+            assert isinstance(outcome, inv.Outcome), f"{name}: {outcome}"
+            assert not outcome.passed and outcome.offending[0]["column"] == column, name
+            assert outcome.offending[0]["type"] == "string holding 1 NULL" or column == "num_chars", name
+
+
+def test_bronze_lacking_a_column_fails_every_bronze_gate_naming_it(tmp_path: Path):
+    paths, key = _silver_lake(tmp_path)
+    _rewrite(paths.partition_dir("bronze", key) / "records.parquet", lambda t: t.drop_columns(["content"]))
+    for name, outcome in _judged(paths, key, "bronze").items():
+        assert isinstance(outcome, inv.Outcome) and not outcome.passed, f"{name}: {outcome}"
+        assert outcome.offending[0] | {"file": ""} == {"file": "", "column": "content", "type": "missing"}, name
+
+
+def test_a_null_split_in_gold_fails_every_gold_gate(tmp_path: Path):
+    paths = dataset_paths(tmp_path, "ds")
+    write_gold(paths.partition_dir("gold", "k"), [GOOD, GOOD])
+    _rewrite(paths.partition_dir("gold", "k") / "examples.parquet", lambda t: _null_at(t, "split", 1))
+    spec = make_spec(sequence={"max_seq_len": 8})
+    chosen = [g for g in gates.gates_for(spec) if g.layer == "gold"]
+    for g, outcome in gates.outcomes(spec, paths, "k", chosen):
+        assert isinstance(outcome, inv.Outcome) and outcome.offending[0]["column"] == "split", g.name
+
+
+def test_a_negative_mask_or_type_in_signed_lists_fails_mask_aligned(tmp_path: Path):
+    g = write_gold(tmp_path / "g", [GOOD])
+    schema = GOLD_SCHEMA
+    for name in ("loss_mask", "token_type_ids"):
+        schema = schema.set(schema.get_field_index(name), pa.field(name, pa.list_(pa.int8()), nullable=False))
+    for over in ({"loss_mask": [-1, 1, 1], "num_loss_tokens": 1}, {"token_type_ids": [-1, 1, 3]}):
+        row = {**pq.read_table(g / "examples.parquet").to_pylist()[0], **over}
+        pq.write_table(pa.Table.from_pylist([row], schema=schema), g / "examples.parquet")
+        assert inv.gold_mask_aligned(g).violations == 1, over
+
+
+def test_a_duplicate_reject_naming_no_record_fails_the_manifest_duplicates_gate(tmp_path: Path):
+    paths, key = _silver_lake(tmp_path)
+    silver_dir = paths.partition_dir("silver", key)
+    assert inv.duplicates_resolve_to_kept([silver_dir]).passed
+    _rewrite(silver_dir / "rejects.parquet", lambda t: _null_at(t, "duplicate_of"))
+    out = inv.duplicates_resolve_to_kept([silver_dir])
+    assert out.violations == 1 and out.offending[0]["duplicate_of"] is None
+
+
+def test_fixed_length_names_a_sole_shard_file_holding_a_token_list_of_strings(tmp_path: Path):
+    f = tmp_path / "train" / "part-00000.parquet"
+    f.parent.mkdir(parents=True)
+    schema = SHARD_SCHEMA.set(SHARD_SCHEMA.get_field_index("loss_mask"), pa.field("loss_mask", pa.list_(pa.string())))
+    row = shard_row(loss_mask=["0", "1", "1", "0"])
+    pq.write_table(pa.Table.from_pylist([row], schema=schema), f)
+    out = inv.shards_fixed_length([f], 4)
+    assert out.violations == 1 and out.offending[0]["column"] == "loss_mask"
