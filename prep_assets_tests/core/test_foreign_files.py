@@ -12,11 +12,12 @@ import pytest
 from prep_assets.core import gates, silver
 from prep_assets.core import invariants as inv
 from prep_assets.core.bronze import build_raw_records
+from prep_assets.core.dedup import earlier_indexes
 from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
 from prep_assets.core.lake import dataset_paths
 from prep_assets.core.records import GOLD_SCHEMA, SHARD_SCHEMA, SILVER_SCHEMA
 from prep_assets_tests.conftest import make_spec
-from prep_assets_tests.core.lakes import GOOD, shard_row, write_gold
+from prep_assets_tests.core.lakes import GOOD, shard_row, shard_row8, write_gold, write_shard
 
 SPEC = make_spec("ds", clean={"dedup": "exact", "dedup_scope": "dataset"})
 TEXTS = ["A first note about the river.", "A second note about the hills.", "A first note about the river."]
@@ -39,16 +40,20 @@ def _null_at(table: pa.Table, column: str, row: int = 0) -> pa.Table:
     return table.set_column(at, table.schema.field(at), pa.array(values, table.schema.field(at).type))
 
 
-def _silver_lake(tmp_path: Path):
+def _silver_lake(tmp_path: Path, drops: tuple[str, ...] = ("a.jsonl",)):
+    """Bronze and silver of `drops` (each holding TEXTS, registered in name order); the last drop's key."""
     paths = dataset_paths(tmp_path, "ds")
     paths.raw_dir.mkdir(parents=True)
-    (paths.raw_dir / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS), encoding="utf-8")
+    for name in drops:
+        texts = [*TEXTS, f"A note only {name} holds."]
+        (paths.raw_dir / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     register_drops(paths)
-    (key,) = registered_drops(paths)
-    drop, src = resolve_drop(paths, key)
-    build_raw_records(SPEC, drop, src, paths.partition_dir("bronze", key))
-    silver.build(SPEC, paths, key)
-    return paths, key
+    keys = sorted(registered_drops(paths), key=lambda k: registered_drops(paths)[k].file)
+    for key in keys:
+        drop, src = resolve_drop(paths, key)
+        build_raw_records(SPEC, drop, src, paths.partition_dir("bronze", key))
+        silver.build(SPEC, paths, key)
+    return paths, keys[-1]
 
 
 def _judged(paths, key: str, layer: str) -> dict[str, object]:
@@ -146,3 +151,63 @@ def test_fixed_length_names_a_sole_shard_file_holding_a_token_list_of_strings(tm
     pq.write_table(pa.Table.from_pylist([row], schema=schema), f)
     out = inv.shards_fixed_length([f], 4)
     assert out.violations == 1 and out.offending[0]["column"] == "loss_mask"
+
+
+def test_an_earlier_drops_index_row_without_a_hash_fails_unique_across_drops(tmp_path: Path):
+    """A NULL hash in an earlier drop's dedup index joins nothing: a repeat of it would pass unnoticed."""
+    paths, key = _silver_lake(tmp_path, ("a.jsonl", "b.jsonl"))
+    assert _judged(paths, key, "silver")["clean_records_unique_across_drops"].passed  # type: ignore[union-attr]
+    ((_, index),) = earlier_indexes(SPEC, paths, key)
+    _rewrite(index, lambda t: _null_at(t, "content_sha256"))
+    out = _judged(paths, key, "silver")["clean_records_unique_across_drops"]
+    assert isinstance(out, inv.Outcome) and out.violations == 1
+    assert out.offending == [{"index_file": str(index), "rows_without_hash_or_content": 1}]
+
+
+def _pair(pair_id: str | None, branch: str | None) -> dict:
+    return {**GOOD, "loss_mask": [0, 0, 1], "pair_id": pair_id, "branch": branch, "shared_prefix_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [_pair("p", "chosen"), _pair("p", "rejected"), _pair(None, "chosen")],
+        [_pair(None, "chosen"), _pair(None, "rejected")],
+        [_pair("p", "chosen"), _pair("p", None)],
+    ],
+    ids=["an_example_of_no_pair", "a_pair_of_null_ids", "a_null_branch"],
+)
+def test_pairs_complete_fails_an_example_of_no_pair_or_branch(tmp_path: Path, rows: list[dict]):
+    g = write_gold(tmp_path / "g", [_pair("p", "chosen"), _pair("p", "rejected")])
+    assert inv.gold_pairs_complete(g).passed
+    write_gold(g, rows)
+    assert not inv.gold_pairs_complete(g).passed
+
+
+def test_a_truncated_shard_file_is_named_by_every_shard_gate_not_raised(tmp_path: Path):
+    paths = dataset_paths(tmp_path, "ds")
+    shards = paths.partition_dir("shards", "k") / "train"
+    write_shard(shards / "part-00000.parquet", [shard_row8()])
+    broken = write_shard(shards / "part-00001.parquet", [shard_row8()])
+    broken.write_bytes(broken.read_bytes()[:100])
+    write_gold(paths.partition_dir("gold", "k"), [GOOD])
+    spec = make_spec(sequence={"max_seq_len": 8})
+    chosen = [g for g in gates.gates_for(spec) if g.layer == "shards"]
+    for g, outcome in gates.outcomes(spec, paths, "k", chosen):
+        assert isinstance(outcome, inv.Outcome) and not outcome.passed, f"{g.name}: {outcome}"
+        assert outcome.offending[0]["file"] == str(broken) and outcome.offending[0]["column"] is None, g.name
+
+
+def test_large_lists_large_and_dictionary_strings_read_as_the_schemas_kinds(tmp_path: Path):
+    g = write_gold(tmp_path / "g", [GOOD])
+    table = pq.read_table(g / "examples.parquet")
+    for name in ("token_ids", "loss_mask", "token_type_ids"):
+        at = table.schema.get_field_index(name)
+        table = table.set_column(
+            at, name, table.column(name).cast(pa.large_list(table.schema.field(at).type.value_type))
+        )
+    at = table.schema.get_field_index("split")
+    table = table.set_column(at, "split", table.column("split").dictionary_encode())
+    pq.write_table(table, g / "examples.parquet")
+    assert inv.file_problems(g / "examples.parquet", GOLD_SCHEMA) == []
+    assert inv.gold_mask_aligned(g).passed

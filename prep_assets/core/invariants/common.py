@@ -128,7 +128,10 @@ def _one_to_one(
 
 def _kind_fits(found: pa.DataType, want: pa.DataType) -> bool:
     """Whether a column of type `found` reads as the schema's `want`: the same kind (an integer of any width for an
-    integer, a string or large string for a string, a list or large list of that kind for a list)."""
+    integer, a string or large string for a string, a list or large list of that kind for a list; dictionary-encoded
+    values read as their values)."""
+    if pa.types.is_dictionary(found):
+        found = found.value_type
     if pa.types.is_list(want):
         listed = pa.types.is_list(found) or pa.types.is_large_list(found)
         return listed and _kind_fits(found.value_type, want.value_type)
@@ -161,19 +164,19 @@ def _may_hold_nulls(meta: pq.FileMetaData, names: set[str]) -> set[str]:
     return out
 
 
-def file_problems(path: Path, schema: pa.Schema) -> list[dict[str, Any]]:
+def file_problems(path: Path, schema: pa.Schema, *, nulls: bool = True) -> list[dict[str, Any]]:
     """Each column of `schema` the Parquet file at `path` lacks, holds as another kind (`_kind_fits`), or holds a
     NULL in (a NULL list or value of a list) where the schema allows none. A file written by our own sinks has none:
     another writer's would be misjudged, as a comparison with a NULL is NULL, which a rule reads as passing. Read from
     the footer; a column's values only where its statistics count a NULL or an empty list (`_may_hold_nulls`)."""
     try:
         with pq.ParquetFile(path) as pf:
-            return _problems(pf, path, schema)
+            return _problems(pf, path, schema, nulls)
     except (OSError, pa.ArrowException) as exc:
         return [{"file": str(path), "column": None, "type": f"not a readable Parquet file: {exc}"}]
 
 
-def _problems(pf: pq.ParquetFile, path: Path, schema: pa.Schema) -> list[dict[str, Any]]:
+def _problems(pf: pq.ParquetFile, path: Path, schema: pa.Schema, nulls: bool) -> list[dict[str, Any]]:
     found = pf.schema_arrow
     out: list[dict[str, Any]] = []
     wanted = set()
@@ -182,7 +185,7 @@ def _problems(pf: pq.ParquetFile, path: Path, schema: pa.Schema) -> list[dict[st
         kind = found.field(at).type if at >= 0 else None
         if kind is None or not _kind_fits(kind, f.type):
             out.append({"file": str(path), "column": f.name, "type": MISSING if kind is None else str(kind)})
-        elif not f.nullable:
+        elif nulls and not f.nullable:
             wanted.add(f.name)
     doubtful = [f.name for f in schema if f.name in _may_hold_nulls(pf.metadata, wanted)]
     if doubtful:
@@ -199,15 +202,8 @@ def _problems(pf: pq.ParquetFile, path: Path, schema: pa.Schema) -> list[dict[st
 
 def integer_list_problems(files: list[Path], schema: pa.Schema) -> list[dict[str, str]]:
     """Per file, each column that `schema` (a layer's) holds as a list of integers and the file lacks or holds
-    otherwise. The gates read those lists as integers: DuckDB reads several files with the first one's types, and
-    a cast to an integer rounds a float (0.4 is 0) or reads a string ('01' is 1)."""
-    wanted = [f.name for f in schema if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)]
-    out = []
-    for path in files:
-        found = pq.read_schema(path)
-        for name in wanted:
-            at = found.get_field_index(name)
-            kind = found.field(at).type if at >= 0 else None
-            if kind is None or not pa.types.is_list(kind) or not pa.types.is_integer(kind.value_type):
-                out.append({"file": str(path), "column": name, "type": MISSING if kind is None else str(kind)})
-    return out
+    otherwise (`_kind_fits`), or the file when it is no readable Parquet. The gates read those lists as integers:
+    DuckDB reads several files with the first one's types, and a cast to an integer rounds a float (0.4 is 0) or
+    reads a string ('01' is 1)."""
+    wanted = pa.schema([f for f in schema if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)])
+    return [p for path in files for p in file_problems(path, wanted, nulls=False)]

@@ -224,17 +224,20 @@ def gold_tabular_budget(gold_dir: Path, max_seq_len: int) -> Outcome:
 
 
 def gold_pairs_complete(gold_dir: Path) -> Outcome:
-    """Preference pairs: one chosen + one rejected example, one split, the same masked shared prompt tokens."""
+    """Preference pairs: one chosen + one rejected example, one split, the same masked shared prompt tokens. An
+    example of no pair (a NULL `pair_id`, which the preference writer never leaves) is a violation of its own."""
     sql = """
         WITH e AS (SELECT pair_id, branch, split, source_file || ':' || source_line AS location,
+                          CASE WHEN pair_id IS NULL THEN file_row_number END AS unpaired,
                           shared_prefix_tokens AS shared, list_slice(token_ids, 1, shared_prefix_tokens) AS prompt,
                           coalesce(list_sum(list_slice(loss_mask, 1, shared_prefix_tokens)), 0) AS prompt_loss
-                   FROM read_parquet($g) WHERE pair_id IS NOT NULL)
+                   FROM read_parquet($g, file_row_number = true))
         SELECT pair_id, any_value(location) AS location, count(*) AS examples,
                count(*) FILTER (branch = 'chosen') AS chosen, count(DISTINCT split) AS splits,
                count(DISTINCT prompt) AS prompts, min(shared) AS shared, max(prompt_loss) AS prompt_loss
-        FROM e GROUP BY pair_id
-        HAVING count(*) <> 2 OR count(*) FILTER (branch = 'chosen') <> 1 OR count(DISTINCT split) <> 1
+        FROM e GROUP BY pair_id, unpaired
+        HAVING pair_id IS NULL OR count(*) <> 2 OR count(*) FILTER (branch = 'chosen') <> 1
+            OR count(*) FILTER (branch = 'rejected') <> 1 OR count(DISTINCT split) <> 1
             OR count(DISTINCT prompt) <> 1 OR count(DISTINCT shared) <> 1 OR min(coalesce(shared, 0)) < 1
             OR max(prompt_loss) > 0
     """

@@ -4,22 +4,20 @@ that three of them (and `shards_gold.shards_match_gold`) read when judged togeth
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from prep_assets.core.invariants.common import (
-    MISSING,
     SAMPLE,
     Outcome,
     _bound,
     _files,
     _query,
     _violating_rows,
-    integer_list_problems,
+    file_problems,
 )
 from prep_assets.core.records import SHARD_SCHEMA, TYPE_PADDING
 from prep_assets.core.sql import connect as sql_connect
@@ -133,27 +131,12 @@ def shard_rows(
         return con.sql(sql, params=_bound(sql, p)).to_arrow_table()
 
 
-# The shard columns other than the integer lists, and the types a gate can read them as
-_OTHER_COLUMNS: dict[str, Callable[[pa.DataType], bool]] = {
-    "example_ids": lambda t: pa.types.is_list(t) and pa.types.is_string(t.value_type),
-    "num_loss_tokens": pa.types.is_integer,
-}
-
-
 def schema_problems(files: list[Path]) -> list[dict[str, str]]:
-    """Per file, each column of the shard schema it lacks or holds otherwise: the integer lists as lists of
-    integers (`integer_list_problems`), `example_ids` as a list of strings, `num_loss_tokens` as an integer. A pass
-    over such a file would raise, or read the column cast (a float rounded, a string '01' as 1): every shard gate
-    names these rather than judging them (`gates.Gate.cannot_read`)."""
-    out = integer_list_problems(files, SHARD_SCHEMA)
-    for path in files:
-        found = pq.read_schema(path)
-        for name, fits in _OTHER_COLUMNS.items():
-            at = found.get_field_index(name)
-            kind = found.field(at).type if at >= 0 else None
-            if kind is None or not fits(kind):
-                out.append({"file": str(path), "column": name, "type": MISSING if kind is None else str(kind)})
-    return sorted(out, key=lambda p: p["file"])  # stable: a file's problems in the schema's order, lists first
+    """Per file, each column of the shard schema it lacks or holds as another kind (`file_problems`: the token lists
+    as lists of integers, `example_ids` as a list of strings, `num_loss_tokens` as an integer), or the file when it
+    is no readable Parquet. A pass over such a file would raise, or read the column cast (a float rounded, a string
+    '01' as 1): every shard gate names these rather than judging them (`gates.Gate.cannot_read`)."""
+    return [p for path in files for p in file_problems(path, SHARD_SCHEMA, nulls=False)]
 
 
 def shards_fixed_length(files: list[Path], max_seq_len: int, rows: pa.Table | None = None) -> Outcome:

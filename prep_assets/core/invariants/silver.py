@@ -50,6 +50,15 @@ def silver_unique_across_drops(silver_dir: Path, earlier: list[Path]) -> Outcome
         return Outcome(len(missing), [{"missing_index": m} for m in missing[:SAMPLE]], facts)
     if not earlier:
         return Outcome(0, [], facts)
+    # an index row of no hash or content joins nothing: the index cannot vouch for the drop
+    unreadable = _query(
+        "SELECT filename AS index_file, count(*) AS rows_without_hash_or_content "
+        "FROM read_parquet($i, filename = true) WHERE content_sha256 IS NULL OR content IS NULL "
+        "GROUP BY filename ORDER BY filename",
+        {"i": [str(p) for p in earlier]},
+    )
+    if unreadable:
+        return Outcome(len(unreadable), unreadable[:SAMPLE], facts)
     source = (
         "(SELECT s.record_id, any_value(s.source_file || ':' || s.source_line) AS location, "
         "any_value(s.source_line) AS source_line, min(i.record_id) AS earlier_record_id "
