@@ -192,11 +192,11 @@ def _problems(pf: pq.ParquetFile, path: Path, schema: pa.Schema, nulls: bool) ->
         table = pf.read(columns=doubtful)
         for name in doubtful:
             column = table.column(name)
-            nulls = column.null_count
+            count = column.null_count
             if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-                nulls += sum(chunk.flatten().null_count for chunk in column.chunks)
-            if nulls:
-                out.append({"file": str(path), "column": name, "type": f"{column.type} holding {nulls} NULL"})
+                count += sum(chunk.flatten().null_count for chunk in column.chunks)
+            if count:
+                out.append({"file": str(path), "column": name, "type": f"{column.type} holding {count} NULL"})
     return out
 
 
