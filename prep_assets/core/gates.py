@@ -40,8 +40,6 @@ GateLayer = Literal[
 ]  # what a gate judges (the manifest: the dataset's)
 
 
-# The shard gate that judges the files it can read and names the columns of those it cannot (`Gate.cannot_read`)
-_NAMES_UNREADABLE = "packed_shards_fixed_length"
 # The Parquet files each layer's gates read besides the shards (layer folder, file name, the schema it must hold)
 _READ: dict[str, tuple[tuple[str, str, pa.Schema], ...]] = {
     "bronze": (("bronze", RECORDS, BRONZE_SCHEMA), ("bronze", REJECTS, BRONZE_REJECT_SCHEMA)),
@@ -83,18 +81,13 @@ class Subject:
         return inv.shard_files(self.shards)
 
     @cached_property
-    def unreadable_shards(self) -> list[dict[str, str]]:
-        """Each column a shard file lacks or holds as another type (`inv.shard_schema_problems`)."""
-        return inv.shard_schema_problems(self.shard_files)
-
-    @cached_property
     def _unreadable(self) -> dict[str, list[dict[str, Any]]]:
         return {}
 
     def unreadable(self, layer: GateLayer) -> list[dict[str, Any]]:
         """Each column a file that `layer`'s gates read (`_READ`: the layer's own, the layer's before) lacks, holds
         as another kind, or holds a NULL in where its schema allows none (`inv.file_problems`), then the shard files'
-        (`unreadable_shards`). A file that is not there is left to the gates that read it."""
+        (`inv.shard_schema_problems`). A file that is not there is left to the gates that read it."""
         if layer not in self._unreadable:
             found = [
                 problem
@@ -102,7 +95,8 @@ class Subject:
                 if (path := self.paths.partition_dir(upstream, self.partition) / name).exists()
                 for problem in inv.file_problems(path, schema)
             ]
-            self._unreadable[layer] = found + (self.unreadable_shards if layer == "shards" else [])
+            shards = inv.shard_schema_problems(self.shard_files) if layer == "shards" else []
+            self._unreadable[layer] = found + shards
         return self._unreadable[layer]
 
     @cached_property
@@ -158,6 +152,7 @@ class ShardRows(SharedPass):
 
     @classmethod
     def shared(cls, subject: Subject, judges: Sequence[ShardRows]) -> pa.Table | None:
+        # `judged` gives it no gate whose files cannot be read as the shard schema says (`Gate.cannot_read`)
         files = subject.shard_files
         if not files:
             return None
@@ -167,8 +162,6 @@ class ShardRows(SharedPass):
                 pad_id = load_pinned_info(subject.paths.tokenizer_dir).pad_id
             except TokenizerError:  # the padding gate meets this error judged alone; the others keep the pass
                 parts.remove("padding")
-        if subject.unreadable_shards:
-            return None  # each gate judges alone (`Gate.cannot_read`): fixed_length names the file
         seq_len = subject.spec.sequence.max_seq_len
         if pad_id is not None and inv.SCREENED_PARTS <= set(parts):  # through the screen: one hash pass a side
             return inv.screened_rows(files, subject.gold, subject.spec.sequence.overlap, seq_len, pad_id, parts)
@@ -219,9 +212,8 @@ class Gate:
     def cannot_read(self, subject: Subject) -> inv.Outcome | None:
         """A gate's violation when a file it reads lacks a column, holds one as another kind, or a NULL where its
         schema allows none (`Subject.unreadable`): those columns, named, rather than the error, the cast reading or
-        the NULL comparison (which passes) of its pass. `packed_shards_fixed_length`, which reads only the shard
-        files, judges those it can read and names the others among its own findings."""
-        if self.layer == "manifest" or self.name == _NAMES_UNREADABLE:
+        the NULL comparison (which passes) of its pass."""
+        if self.layer == "manifest":
             return None
         problems = subject.unreadable(self.layer)
         if not problems:
@@ -560,7 +552,7 @@ def judged(subject: Subject, gates: Sequence[Gate]) -> list[tuple[Gate, inv.Outc
             try:
                 if (unread := g.cannot_read(subject)) is not None:
                     together[g.name] = unread
-            except Exception as exc:  # a footer that cannot be read: every shard gate meets it
+            except Exception as exc:  # the check's own error is the gate's, as a pass's would be
                 together[g.name] = exc
         judging = [g for g in gates if g.name not in together]
         for kind in dict.fromkeys(type(g.judge) for g in judging if isinstance(g.judge, SharedPass)):
