@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from prep_assets.core.arrays import list_array, percentiles, segment_sums
 from prep_assets.core.chat import ChatTemplate
+from prep_assets.core.invariants.common import require_input
 from prep_assets.core.lake import (
     EXAMPLES,
     RECORDS,
@@ -40,6 +41,7 @@ from prep_assets.core.records import (
     DEFAULT_DOMAIN,
     GOLD_REJECT_SCHEMA,
     NO_CATEGORY,
+    SILVER_SCHEMA,
     SPLITS,
     TYPE_COMPLETION,
     TYPE_EOS,
@@ -314,6 +316,7 @@ def build_tokenized_examples(
 ) -> GoldStats:
     """Gold: one example per record (a preference pair: two) with token ids, loss mask and token types
     (docs/shards.md); for tables, examples assembled from rows (`tabular_gold`)."""
+    require_input(silver_dir / RECORDS, SILVER_SCHEMA, remedy="rematerialize silver (clean_records)")
     pt = load_pinned(tokenizer_dir)
     tally = _GoldTally()
     with closing(pt), staged_dir(out_dir) as stage:

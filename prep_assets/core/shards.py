@@ -27,6 +27,7 @@ from prep_assets.core.formats import (
     SplitTarget,
 )
 from prep_assets.core.gold import GoldStats
+from prep_assets.core.invariants.common import require_input
 from prep_assets.core.lake import (
     EXAMPLES,
     RECORDS,
@@ -48,6 +49,7 @@ from prep_assets.core.records import (
     DEFAULT_DOMAIN,
     SPLITS,
     TYPE_COMPLETION,
+    gold_schema,
 )
 from prep_assets.core.rows import GridMemory, RowCounts, rows_from_values, segment_sources
 from prep_assets.core.spec import DatasetSpec
@@ -255,6 +257,8 @@ def build_packed_shards(
     plus the optional memmap and Megatron exports. Streams: gold is read once in batches and spilled per split
     to flat files (mapped back), rows are planned from the lengths and materialized SHARD_CHUNK_ROWS at a time.
     `before_publish` gets the new files' checksums just before they replace the old (`staged_dir`)."""
+    schema = gold_schema(spec.input.categories is not None, spec.packing.close_row_at_dropped)
+    require_input(gold_dir / EXAMPLES, schema, remedy="rematerialize gold (tokenized_examples)")
     info = load_pinned_info(tokenizer_dir)  # ids and fingerprint only: packing never encodes
     gold = GoldStats.from_json(read_json(gold_dir / STATS))
     if gold.tokenizer_fingerprint != info.fingerprint:

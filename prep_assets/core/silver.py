@@ -30,6 +30,7 @@ from prep_assets.core.clean import (
 )
 from prep_assets.core.drops import Drop, DropSet, drop_order, resolve_drop
 from prep_assets.core.errors import DropError
+from prep_assets.core.invariants.common import require_input
 from prep_assets.core.lake import (
     ACCOUNTING,
     RECORDS,
@@ -46,6 +47,7 @@ from prep_assets.core.lake import (
 from prep_assets.core.parquet_io import DEFAULT_BATCH, ParquetSink, RowBuffer, gc_paused, iter_batches
 from prep_assets.core.progress import Progress
 from prep_assets.core.records import (
+    BRONZE_SCHEMA,
     SILVER_REJECT_SCHEMA,
     SILVER_SCHEMA,
     SPLITS,
@@ -103,6 +105,7 @@ def build_clean_records(
     which holds exact contents only). `splits=False` leaves every record in train (for an index, which holds no
     split, so an earlier drop too small for `split.validation_count` still yields its contents).
     """
+    require_input(bronze_dir / RECORDS, BRONZE_SCHEMA, remedy="rematerialize bronze (raw_records)")
     colliding: frozenset[str] = frozenset()
     while True:
         try:

@@ -9,11 +9,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from prep_assets.core import gates, silver
+from prep_assets.core import gates, gold, shards, silver
 from prep_assets.core import invariants as inv
 from prep_assets.core.bronze import build_raw_records
 from prep_assets.core.dedup import earlier_indexes
 from prep_assets.core.drops import register_drops, registered_drops, resolve_drop
+from prep_assets.core.errors import DropError
 from prep_assets.core.lake import dataset_paths
 from prep_assets.core.records import GOLD_SCHEMA, SHARD_SCHEMA, SILVER_SCHEMA
 from prep_assets_tests.conftest import make_spec
@@ -38,6 +39,11 @@ def _null_at(table: pa.Table, column: str, row: int = 0) -> pa.Table:
     values[row] = None
     at = table.schema.get_field_index(column)
     return table.set_column(at, table.schema.field(at), pa.array(values, table.schema.field(at).type))
+
+
+def _as(table: pa.Table, column: str, kind: pa.DataType) -> pa.Table:
+    at = table.schema.get_field_index(column)
+    return table.set_column(at, column, table.column(column).cast(kind))
 
 
 def _silver_lake(tmp_path: Path, drops: tuple[str, ...] = ("a.jsonl",)):
@@ -211,3 +217,48 @@ def test_large_lists_large_and_dictionary_strings_read_as_the_schemas_kinds(tmp_
     pq.write_table(table, g / "examples.parquet")
     assert inv.file_problems(g / "examples.parquet", GOLD_SCHEMA) == []
     assert inv.gold_mask_aligned(g).passed
+
+
+def test_silver_build_refuses_bronze_lacking_a_column_and_keeps_the_silver_it_had(tmp_path: Path):
+    paths, key = _silver_lake(tmp_path)
+    before = (paths.partition_dir("silver", key) / "records.parquet").read_bytes()
+    _rewrite(paths.partition_dir("bronze", key) / "records.parquet", lambda t: t.drop_columns(["content"]))
+    with pytest.raises(DropError, match=r"records\.parquet is not a file this pipeline writes \(column 'content'"):
+        silver.build(SPEC, paths, key)
+    assert (paths.partition_dir("silver", key) / "records.parquet").read_bytes() == before
+
+
+@pytest.mark.parametrize("column", ["split", "content"])
+def test_gold_build_refuses_silver_holding_a_null_rather_than_a_traceback(tmp_path: Path, column: str):
+    """It raised ArrowInvalid from the reader (a traceback in the run), before the check."""
+    paths, key = _silver_lake(tmp_path)
+    _rewrite(paths.partition_dir("silver", key) / "records.parquet", lambda t: _null_at(t, column))
+    with pytest.raises(DropError, match=rf"column '{column}': string holding 1 NULL\): rematerialize silver"):
+        gold.build(SPEC, paths, key)
+    assert not paths.partition_dir("gold", key).exists()
+
+
+def test_shards_build_refuses_gold_holding_a_null_split_or_a_double_count(tmp_path: Path):
+    """Both built shards before the check; only the gates after the build refused them."""
+    paths = dataset_paths(tmp_path, "ds")
+    gold_dir = write_gold(paths.partition_dir("gold", "k"), [GOOD, GOOD])
+    _rewrite(gold_dir / "examples.parquet", lambda t: _null_at(t, "split", 1))
+    with pytest.raises(DropError, match=r"column 'split': string holding 1 NULL\): rematerialize gold"):
+        shards.build(SPEC, paths, "k")
+    write_gold(gold_dir, [GOOD, GOOD])
+    _rewrite(gold_dir / "examples.parquet", lambda t: _as(t, "num_tokens", pa.float64()))
+    with pytest.raises(DropError, match=r"column 'num_tokens': double\)"):
+        shards.build(SPEC, paths, "k")
+    assert not paths.partition_dir("shards", "k").exists()
+
+
+@pytest.mark.parametrize("garbage", [None, b"PAR1 not a footer"])
+def test_a_build_names_an_input_file_missing_or_unreadable(tmp_path: Path, garbage: bytes | None):
+    paths, key = _silver_lake(tmp_path)
+    path = paths.partition_dir("silver", key) / "records.parquet"
+    path.unlink()
+    if garbage is not None:
+        path.write_bytes(garbage)
+    said = "is not there" if garbage is None else "not a readable Parquet file"
+    with pytest.raises(DropError, match=said):
+        gold.build(SPEC, paths, key)

@@ -14,7 +14,7 @@ from prep_assets.core.invariants.bronze import (
     count_lines,
     count_parquet_rows,
 )
-from prep_assets.core.invariants.common import SAMPLE, Outcome, file_problems
+from prep_assets.core.invariants.common import SAMPLE, Outcome, file_problems, require_input
 from prep_assets.core.invariants.gold import (
     REJECT_EXAMPLES,
     TABULAR_REMEDIES,
@@ -70,6 +70,7 @@ __all__ = [
     "ROW_PARTS",
     "SAMPLE",
     "file_problems",
+    "require_input",
     "TABULAR_REMEDIES",
     "Layout",
     "Outcome",

@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prep_assets.core.errors import DropError
 from prep_assets.core.sql import connect as sql_connect
 
 SAMPLE = 20
@@ -174,6 +175,21 @@ def file_problems(path: Path, schema: pa.Schema, *, nulls: bool = True) -> list[
             return _problems(pf, path, schema, nulls)
     except (OSError, pa.ArrowException) as exc:
         return [{"file": str(path), "column": None, "type": f"not a readable Parquet file: {exc}"}]
+
+
+def require_input(path: Path, schema: pa.Schema, *, remedy: str) -> None:
+    """A build's check of the file of the layer before it reads: a `DropError` naming the file and each problem
+    `file_problems` finds (a column missing, of another kind, holding a NULL where the schema allows none, or no
+    readable Parquet at all), so another writer's file stops the build with what to do (`remedy`) rather than a
+    traceback midway, or ids built from values the gates would have refused."""
+    if not path.is_file():
+        raise DropError(f"{path} is not there: {remedy}")
+    problems = file_problems(path, schema)
+    if problems:
+        found = "; ".join(
+            f"column {p['column']!r}: {p['type']}" if p["column"] is not None else str(p["type"]) for p in problems
+        )
+        raise DropError(f"{path} is not a file this pipeline writes ({found}): {remedy}")
 
 
 def _problems(pf: pq.ParquetFile, path: Path, schema: pa.Schema, nulls: bool) -> list[dict[str, Any]]:
