@@ -149,6 +149,18 @@ def test_a_duplicate_reject_naming_no_record_fails_the_manifest_duplicates_gate(
     assert out.violations == 1 and out.offending[0]["duplicate_of"] is None
 
 
+def test_the_manifest_duplicates_gate_names_silver_lacking_a_column_or_missing_rather_than_raising(tmp_path: Path):
+    """A rejects file without `duplicate_of` raised a DuckDB BinderException; a drop without silver an IOException."""
+    paths, key = _silver_lake(tmp_path, ("a.jsonl", "b.jsonl"))
+    first, last = (paths.partition_dir("silver", k) for k in sorted(registered_drops(paths)))
+    _rewrite(last / "rejects.parquet", lambda t: t.drop_columns(["duplicate_of"]))
+    (first / "records.parquet").unlink()
+    out = inv.duplicates_resolve_to_kept([first, last])
+    assert not out.passed and out.description.startswith("not judged")
+    named = {(Path(p["file"]).parent.name, Path(p["file"]).name, p["column"]) for p in out.offending}
+    assert named == {(first.name, "records.parquet", None), (last.name, "rejects.parquet", "duplicate_of")}
+
+
 def test_fixed_length_names_a_sole_shard_file_holding_a_token_list_of_strings(tmp_path: Path):
     f = tmp_path / "train" / "part-00000.parquet"
     f.parent.mkdir(parents=True)

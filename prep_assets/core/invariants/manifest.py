@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prep_assets.core.invariants.common import SAMPLE, Outcome, _violating_rows
+from prep_assets.core.invariants.common import SAMPLE, Outcome, _violating_rows, file_problems
+from prep_assets.core.records import SILVER_REJECT_SCHEMA, SILVER_SCHEMA
 
 
 def duplicates_resolve_to_kept(silver_dirs: list[Path]) -> Outcome:
@@ -16,6 +17,22 @@ def duplicates_resolve_to_kept(silver_dirs: list[Path]) -> Outcome:
     facts: dict[str, Any] = {"drops": len(silver_dirs)}
     if not silver_dirs:
         return Outcome(0, [], facts)
+    # Files of another writer (or none) are named, not judged: a column missing would raise, a NULL record id of a
+    # kept record would pass for no record (as every layer's gates, `file_problems`)
+    problems = [
+        problem
+        for d in silver_dirs
+        for name, schema in (("records.parquet", SILVER_SCHEMA), ("rejects.parquet", SILVER_REJECT_SCHEMA))
+        for problem in file_problems(d / name, schema)
+    ]
+    if problems:
+        return Outcome(
+            len(problems),
+            problems[:SAMPLE],
+            facts,
+            "not judged: a silver file of the manifest's drops is missing, lacks a column, holds one as another type "
+            "or holds a NULL where silver's schema allows none (listed); rematerialize that drop's silver",
+        )
     # A duplicate's reject that names no record (a NULL `duplicate_of`) is a violation too: a NULL joins nothing,
     # and `NOT IN` a set holding a NULL is never true, hence NOT EXISTS.
     source = """(WITH kept AS (SELECT record_id FROM read_parquet($records)),
