@@ -317,6 +317,15 @@ GATES: tuple[Gate, ...] = (
     ),
     Gate(
         "silver",
+        "clean_records_duplicates_kept",
+        "with `clean.dedup` and `dedup_scope: drop`: every record removed as a duplicate names a record the drop "
+        "keeps, directly or through a near duplicate of a kept one (the manifest's `duplicates_kept` judges "
+        "`dedup_scope: dataset`)",
+        lambda on: inv.duplicates_resolve_to_kept([on.silver]),
+        applies=lambda s: s.clean.dedup != "none" and s.clean.dedup_scope == "drop",
+    ),
+    Gate(
+        "silver",
         "clean_records_length_bounds",
         "`clean.min_chars` ≤ chars ≤ `clean.max_chars` for every kept record",
         lambda on: inv.silver_lengths(on.silver, on.spec.clean.min_chars, on.spec.clean.max_chars),

@@ -161,6 +161,31 @@ def test_the_manifest_duplicates_gate_names_silver_lacking_a_column_or_missing_r
     assert named == {(first.name, "records.parquet", None), (last.name, "rejects.parquet", "duplicate_of")}
 
 
+def test_a_duplicate_whose_kept_record_became_a_reject_fails_the_drop_scoped_duplicates_gate(tmp_path: Path):
+    """With `dedup_scope: drop` nothing judged it: the record moved from silver's records to its rejects keeps the
+    accounting whole and the kept contents unique, yet the duplicate removed for it names no record that ships."""
+    spec = make_spec("ds", clean={"dedup": "exact"})
+    paths, key = _silver_lake(tmp_path)  # built with dataset scope; drop scope gives the same files for one drop
+    silver_dir = paths.partition_dir("silver", key)
+    gate = next(g for g in gates.gates_for(spec) if g.name == "clean_records_duplicates_kept")
+    assert gate.probe(spec, paths, key).passed
+    assert "clean_records_duplicates_kept" not in {g.name for g in gates.gates_for(SPEC)}  # the manifest's, there
+    rejects = pq.read_table(silver_dir / "rejects.parquet")
+    (named,) = [r for r in rejects.to_pylist() if r["reason"] == "duplicate"]
+    records = pq.read_table(silver_dir / "records.parquet").to_pylist()
+    (moved,) = [r for r in records if r["record_id"] == named["duplicate_of"]]
+    kept = [r for r in records if r is not moved]
+    pq.write_table(pa.Table.from_pylist(kept, schema=SILVER_SCHEMA), silver_dir / "records.parquet")
+    filtered = {**moved, "reason": "too_short", "detail": "", "duplicate_of": None, "content_sha256": None}
+    pq.write_table(
+        pa.Table.from_pylist([*rejects.to_pylist(), filtered], schema=rejects.schema), silver_dir / "rejects.parquet"
+    )
+    out = gate.probe(spec, paths, key)
+    assert not out.passed and [r["duplicate_of"] for r in out.offending] == [moved["record_id"]]
+    accounted = next(g for g in gates.gates_for(spec) if g.name == "clean_records_accounted")
+    assert accounted.probe(spec, paths, key).passed
+
+
 def test_fixed_length_names_a_sole_shard_file_holding_a_token_list_of_strings(tmp_path: Path):
     f = tmp_path / "train" / "part-00000.parquet"
     f.parent.mkdir(parents=True)
