@@ -76,7 +76,7 @@ def test_e2e_benchmark_prints_both_anchors_ratios_layers_and_peak_rss_of_each_ru
     figures = json.loads(out.strip().splitlines()[-1])
     assert figures["runs"] == 2 and len(figures["ratios"]) == 2 and figures["ratio"] == min(figures["ratios"])
     assert out.count("run 1/2: end to end") == out.count("run 2/2: end to end") == 1 and "median" in out
-    assert figures["checks_passed"] == figures["checks"] == 19
+    assert figures["checks_passed"] == figures["checks"] == 20
     assert set(figures["layers_s"]) == {"raw_records", "clean_records", "tokenized_examples", "packed_shards"}
     assert out.count("around gold (every step") == 3
     # the time around gold is the run's wall time less gold's own step (not its gates step)
@@ -136,7 +136,7 @@ def test_longdoc_benchmark_one_long_document_passes_every_gate_within_bounded_me
     ]
     assert bench.main(args) == 0
     out = capsys.readouterr().out
-    assert re.search(r"1\.00 MB", out) and "19/19 checks passed" in out
+    assert re.search(r"1\.00 MB", out) and "20/20 checks passed" in out
     tokens = int(re.search(r"([\d,]+) tokens in", out).group(1).replace(",", ""))  # type: ignore[union-attr]
     assert tokens > 200_000
     found = re.search(r"peak RSS of the pipeline process[^:]*: ([\d,]+) MiB", out)

@@ -35,7 +35,7 @@ def test_gsm8k_instruction_through_every_layer(tmp_path: Path, gpt2_dir: Path, i
     ((key, result),) = materialize_drops(data, "gsm", instance).items()
     assert result.success
     checks = result.get_asset_check_evaluations()
-    assert len(checks) == 20 and all(c.passed for c in checks)
+    assert len(checks) == 21 and all(c.passed for c in checks)
     bronze = metadata(result, "gsm", "raw_records")
     assert bronze["dagster/row_count"] == 7473 and bronze["num_rejects"] == 0
     gold = metadata(result, "gsm", "tokenized_examples")

@@ -50,8 +50,8 @@ def _run(data: Path, order: list[int], home: Path, scope: str = "dataset") -> tu
                 instance=instance,
                 resources={"lake": LakeResource(data_dir=str(data))},
             )
-            checks = result.get_asset_check_evaluations()
-            assert result.success and len(checks) == (9 if scope == "dataset" else 8) and all(c.passed for c in checks)
+            checks = result.get_asset_check_evaluations()  # dataset scope: unique_across_drops; drop: duplicates_kept
+            assert result.success and len(checks) == 9 and all(c.passed for c in checks)
             meta[keys[i]] = metadata(result, "notes", CLEAN_RECORDS)
     digests = {
         str(p.relative_to(paths.root)): hashlib.sha256(p.read_bytes()).hexdigest()
