@@ -98,7 +98,16 @@ def record_category(value: Any, spec: InputSpec) -> tuple[int | None, str | None
     assert spec.categories is not None
     key, names = spec.category_key, spec.categories
     items = value if isinstance(value, list) else [value]
-    found = {item[key] for item in items if isinstance(item, dict) and item.get(key) is not None}
+    named = [item[key] for item in items if isinstance(item, dict) and item.get(key) is not None]
+    unnamed = [v for v in named if isinstance(v, (list, dict))]
+    if unnamed:
+        return (
+            None,
+            "unknown_category",
+            f"{key!r} is {json.dumps(unnamed[0])[:60]}: a list or object names no category of input.categories "
+            f"{names}",
+        )
+    found = set(named)
     if len(found) > 1:
         return (
             None,

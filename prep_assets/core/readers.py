@@ -208,6 +208,8 @@ def gzip_limit(path: Path, ratio: float) -> int:
     return max(GZIP_MIN_LIMIT, int(ratio * path.stat().st_size))
 
 
+# a byte that is not UTF-8, as `surrogateescape` decodes it
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 # a JSON number token
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 # what the json module's ValueError says of an integer past Python's digit limit (sys.set_int_max_str_digits)
@@ -332,7 +334,7 @@ def read_lines(
             body = raw[:-1] if raw.endswith(b"\n") else raw
             if line_no == 1 and body.startswith(UTF8_BOM):
                 body = body[len(UTF8_BOM) :]
-            if body.endswith(b"\r"):
+            if raw.endswith(b"\r\n"):  # a CRLF line end; a lone \r (the file's last byte too) stays in its line
                 body = body[:-1]
             if not body.strip():
                 acct.blank_lines += 1
@@ -379,25 +381,21 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
         acct.rejected += 1
         return RawReject(line, offset, reason, detail, excerpt)
 
-    try:
-        text = data[bom:].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        yield reject(
-            data[: exc.start + bom].count(b"\n") + 1,
-            exc.start + bom,
-            "invalid_utf8",
-            f"{exc.reason}; the whole array is unreadable",
-            "",
-        )
-        return
+    # bytes that are not UTF-8 are read as lone surrogates (`surrogateescape`): the elements holding them are
+    # rejected one by one, the others read on
+    text = data[bom:].decode("utf-8", errors="surrogateescape")
+    not_utf8 = _ESCAPED_BYTE.search(text) is not None
     line, byte_pos, char_pos = 1, bom, 0
 
     def advance(to: int) -> None:
         nonlocal line, byte_pos, char_pos
         chunk = text[char_pos:to]
         line += chunk.count("\n")
-        byte_pos += len(chunk.encode("utf-8"))
+        byte_pos += len(chunk.encode("utf-8", errors="surrogateescape"))
         char_pos = to
+
+    def shown_bytes(part: str) -> str:
+        return excerpt_of(part.encode("utf-8", errors="surrogateescape"))
 
     decoder, repeated = checked_decoder()
     pos = _skip_ws(text, 0)
@@ -410,7 +408,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
             byte_pos,
             "not_a_json_array",
             "format json expects a top-level array of records",
-            excerpt_of(text[pos:]),
+            shown_bytes(text[pos:]),
         )
         return
     pos = _skip_ws(text, pos + 1)
@@ -421,19 +419,19 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
         try:
             value, end = decoder.raw_decode(text, pos)
         except ValueError as exc:
-            found = None
-            if _TOO_MANY_DIGITS in str(exc):  # the element holding it ends where its brackets close, or the number
-                number = _NUMBER.match(text, pos)
-                found = _value_end(text, pos) if text[pos] in "[{" else number.end() if number else None
+            # the element that cannot be read ends where its brackets close (outside strings), or a number where
+            # the number does: that element is the reject, and reading goes on after it
+            reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
+            detail = _too_many_digits() if _TOO_MANY_DIGITS in str(exc) else str(exc)
+            number = _NUMBER.match(text, pos) if _TOO_MANY_DIGITS in str(exc) else None
+            found = _value_end(text, pos) if text[pos] in "[{" else number.end() if number else None
             if found is None:
-                reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
-                detail = _too_many_digits() if _TOO_MANY_DIGITS in str(exc) else str(exc)
                 yield reject(
-                    line, byte_pos, reason, f"{detail}; the rest of the array is unreadable", excerpt_of(text[pos:])
+                    line, byte_pos, reason, f"{detail}; the rest of the array is unreadable", shown_bytes(text[pos:])
                 )
                 return
-            value, end = None, found  # the element holding the number (or the number itself): that element only
-            problem = ("malformed_json", _too_many_digits())
+            value, end = None, found
+            problem = (reason, detail)
         except RecursionError:
             found = _value_end(text, pos)
             if found is None:
@@ -442,7 +440,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
                     byte_pos,
                     "malformed_json",
                     f"{NESTING_TOO_DEEP}; the element never closes: the rest of the array is unreadable",
-                    excerpt_of(text[pos:]),
+                    shown_bytes(text[pos:]),
                 )
                 return
             value, end = None, found
@@ -452,8 +450,10 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
             if problem is None and repeated:
                 problem = ("duplicate_key", duplicate_key_detail(repeated))
         element = text[pos:end]
+        if not_utf8 and (bad := _ESCAPED_BYTE.search(element)) is not None:  # before a surrogate's own reject
+            problem = ("invalid_utf8", f"byte 0x{ord(bad.group()) - 0xDC00:02x} of the element is not UTF-8")
         if problem is not None:
-            yield reject(line, byte_pos, *problem, excerpt_of(element))
+            yield reject(line, byte_pos, *problem, shown_bytes(element))
         else:
             acct.lines_in += 1
             acct.parsed += 1
@@ -466,7 +466,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
         else:
             advance(min(pos, len(text)))
             yield reject(
-                line, byte_pos, "malformed_json", "expected ',' or ']' after an array element", excerpt_of(text[pos:])
+                line, byte_pos, "malformed_json", "expected ',' or ']' after an array element", shown_bytes(text[pos:])
             )
             return
     if not closed:
@@ -477,7 +477,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
     if tail < len(text):
         advance(tail)
         yield reject(
-            line, byte_pos, "trailing_content", "content after the closing ']' of the array", excerpt_of(text[tail:])
+            line, byte_pos, "trailing_content", "content after the closing ']' of the array", shown_bytes(text[tail:])
         )
 
 

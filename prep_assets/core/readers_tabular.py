@@ -141,29 +141,34 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
             except csv.Error as exc:
                 # the row that does not parse is a reject; reading resumes at the next physical line
                 line, offset = starts[first] if first < len(starts) else (consumed + 1, 0)
-                acct.lines_in += 1
-                acct.rejected += 1
                 cause = str(exc)
                 if "new-line character seen in unquoted field" in cause:  # the csv module's words for a lone \r
                     cause = (
                         "a carriage return (\\r) inside an unquoted field: lines end with \\n or \\r\\n only "
                         "(convert a file with classic Mac \\r line ends), and a \\r inside a value needs quotes"
                     )
-                yield RawReject(
-                    line,
-                    offset,
-                    "malformed_csv",
-                    f"{cause}; the row's lines are skipped, reading resumes after them",
-                    "",
-                )
-                if header is None:
-                    return
+                if header is None:  # the header is no row: each data row after it is a reject saying why
+                    header, header_problem = [], ("malformed_csv", f"the header (line {line}) cannot be read: {cause}")
+                else:
+                    acct.lines_in += 1
+                    acct.rejected += 1
+                    yield RawReject(
+                        line,
+                        offset,
+                        "malformed_csv",
+                        f"{cause}; the row's lines are skipped, reading resumes after them",
+                        "",
+                    )
                 consumed = base = len(starts)
                 reader = csv.reader(physical, strict=True)
                 continue
             consumed = base + reader.line_num
             line, offset = starts[first]
             lines = range(starts[first][0], starts[consumed - 1][0] + 1)
+            if header is None and not row:  # an empty line before the header: a blank line, as after it
+                acct.lines_in += 1
+                acct.blank_lines += 1
+                continue
             if header is None:
                 header = row
                 header_problem = _header_problem(header, not any(n in bad for n in lines))
@@ -376,12 +381,12 @@ def read_parquet(
         meta = pf.metadata
         group_offsets = [_group_offset(meta.row_group(g)) for g in range(meta.num_row_groups)]
         group_rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-    except (pa.ArrowException, OSError) as exc:
+        names = pf.schema_arrow.names
+    except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: a column name that is not UTF-8
         acct.lines_in += 1
         acct.rejected += 1
         yield RawReject(1, 0, "unreadable_parquet", str(exc), "")
         return
-    names = pf.schema_arrow.names
     twice = sorted({n for n in names if names.count(n) > 1})
     decimals = {k: v for k, v in _decimal_kinds(pf.schema_arrow).items() if k not in typed_columns}
     row = 0

@@ -346,7 +346,7 @@ ADDED_KEYS: tuple[tuple[str | None, str, Any], ...] = (
 # `checks` is in every layer: a changed threshold must re-judge every partition.
 # Bump when a layer's code changes what it writes: the UI then shows that layer (and below) stale, and the
 # dedup indexes (keyed by silver's version) are rebuilt.
-CODE_VERSION = "11"
+CODE_VERSION = "12"
 
 # the sections every layer from silver down follows (the order of names never changes a fingerprint)
 _CLEANED = ("input", "checks", "clean", "split", "tabular")

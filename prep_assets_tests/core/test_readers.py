@@ -431,3 +431,71 @@ def test_parquet_decimals_train_as_numbers_where_a_float_holds_them_else_as_thei
         '{"money":2.0,"wide":"1.00","whole":1}',
         '{"money":null,"wide":"3.50","whole":0}',
     ]
+
+
+def test_json_array_bad_element_is_its_own_reject_and_reading_goes_on(tmp_path: Path):
+    """A NaN, an infinity, a raw tab or a byte that is not UTF-8 in one element rejected every element after it
+    (the invalid UTF-8 one the whole array) in one reject, or lost them: each bad element is now its own reject."""
+    raw = (
+        b'[{"text": "a"},\n{"text": "b", "n": NaN},\n{"text": "\xff\xfe"}, {"text": "c\td"},\n'
+        b'{"text": "\xc3\xa9", "n": 1e400},\n{"text": "e"}]'
+    )
+    (tmp_path / "d.json").write_bytes(raw)
+    items, rejects, acct = _read(tmp_path / "d.json", "json")
+    assert [(i.value["text"], i.line) for i in items] == [("a", 1), ("e", 5)]
+    assert [(r.reason, r.line) for r in rejects] == [
+        ("invalid_json_constant", 2),
+        ("invalid_utf8", 3),
+        ("malformed_json", 3),
+        ("invalid_json_constant", 4),
+    ]
+    assert [raw[r.byte_offset : r.byte_offset + 9] for r in rejects] == [
+        b'{"text": ',
+        b'{"text": ',
+        b'{"text": ',
+        b'{"text": ',
+    ]
+    assert raw[items[1].byte_offset :].startswith(b'{"text": "e"}')  # offsets count the bytes that are not UTF-8
+    assert rejects[1].detail == "byte 0xff of the element is not UTF-8" and "\\xff" in rejects[1].excerpt
+    assert acct.lines_in == 6 == len(items) + len(rejects)
+
+
+def test_csv_header_that_does_not_parse_makes_each_data_row_a_reject_none_lost(tmp_path: Path):
+    """The rows after such a header were neither kept nor rejected; with a bare CR the gate's recount gave up."""
+    for name, raw in (
+        ("q.csv", b'"text"x,b\nhello,1\nworld,2\nthird,3\n'),
+        ("cr.csv", b"text\rb,c\nhello,1\nworld,2\n"),
+    ):
+        (tmp_path / name).write_bytes(raw)
+        items, rejects, acct = _read(tmp_path / name, "csv")
+        rows = raw.count(b"\n") - 1
+        assert items == [] and [r.line for r in rejects] == list(range(2, rows + 2)), name
+        assert all(r.reason == "malformed_csv" and r.detail.startswith("the header (line 1)") for r in rejects)
+        assert acct.lines_in == rows and acct.rejected == rows
+
+
+def test_csv_empty_lines_before_the_header_are_blank_lines_not_a_header_of_no_column(tmp_path: Path):
+    (tmp_path / "b.csv").write_bytes(b"\n\ntext,b\nhello,1\n")
+    items, rejects, acct = _read(tmp_path / "b.csv", "csv")
+    assert [(i.value, i.line, i.byte_offset) for i in items] == [({"text": "hello", "b": "1"}, 4, 9)]
+    assert rejects == [] and acct.blank_lines == 2 and acct.lines_in == 3
+
+
+def test_txt_lone_carriage_return_at_the_end_of_the_file_stays_in_its_line(tmp_path: Path):
+    """Only a CRLF line end is taken off a line: the last line's lone \\r was stripped as if it were one."""
+    (tmp_path / "t.txt").write_bytes(b"first\r\nsecond\rthird\r")
+    items, _, _ = _read(tmp_path / "t.txt", "txt")
+    assert [i.value for i in items] == ["first", "second\rthird\r"]
+
+
+def test_parquet_column_name_not_utf8_is_a_reject_not_a_traceback(tmp_path: Path):
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    pq.write_table(pa.table({"text": ["a", "b"], "tezt": ["x", "y"]}), out, store_schema=False)
+    (tmp_path / "n.parquet").write_bytes(out.getvalue().replace(b"tezt", b"te\xffz"))
+    items, rejects, _ = _read(tmp_path / "n.parquet", "parquet")
+    assert items == [] and [(r.reason, r.line) for r in rejects] == [("unreadable_parquet", 1)]

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from prep_assets.core.bronze import record_category
 from prep_assets.core.masking import example_pieces
 from prep_assets.core.packing import drop_rows_without, plan_greedy, plan_rows
 from prep_assets.core.readers import Accounting, _parse_json, read_drop
@@ -400,3 +401,12 @@ def test_recipe_gdp_is_refused_for_tables():
 def test_fixtures_are_small_and_say_how_they_were_made():
     assert all(p.stat().st_size < 8000 for p in FIXTURES.glob("*.json"))
     assert "693d6e36835b3051298b026ead75832a5a61ffe3" in (FIXTURES / "README.md").read_text(encoding="utf-8")
+
+
+def test_a_category_given_as_a_list_or_object_is_a_reject_not_a_traceback():
+    """`record_category` put the values in a set: a list or object raised TypeError and stopped the drop."""
+    spec = make_spec("gdp", input={"type": "instruction", "categories": ["x", "y"]}).input
+    for value in ({"category": ["x"]}, {"category": []}, [{"category": "x"}, {"category": {"a": 1}}]):
+        _, reason, detail = record_category(value, spec)
+        assert reason == "unknown_category" and "a list or object names no category" in detail, value
+    assert record_category([{"category": "y"}, {"category": "y"}], spec) == (1, None, None)
