@@ -216,11 +216,7 @@ class Hdf5Rows:
             return max(1, math.ceil(self.rows / self.target.rows_per_file))
         if self.as_jsonl:
             return asked
-        if self.rows < asked:
-            raise DropError(
-                f"hdf5: output.{key} asks for {asked} {GDP_PREFIX[self.split]} files, but the drop's {self.split} "
-                f"split has {self.rows} rows: a file would be empty; lower output.{key} or leave it unset"
-            )
+        _require_rows(self.split, asked, self.rows)
         return asked
 
     def close(self) -> dict[str, Any]:
@@ -256,12 +252,27 @@ class Hdf5Rows:
                 lo += size
 
 
+def _require_rows(split: str, asked: int, rows: int) -> None:
+    """A DropError when the spec asks for more files of `split` than it has rows (a file would be empty)."""
+    if rows < asked:
+        key = _NUM_FILES_KEY[split]
+        raise DropError(
+            f"hdf5: output.{key} asks for {asked} {GDP_PREFIX[split]} files, but the drop's {split} split has {rows} "
+            f"rows: a file would be empty; lower output.{key} or leave it unset"
+        )
+
+
 def finish(target: PartitionTarget, entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The drop's gdp folder completed once every split is written: the test JSONL (when asked), the tokenizer
-    copy, category_to_id.json (with categories) and the one metadata.yaml; returns their manifest entry."""
+    copy, category_to_id.json (with categories) and the one metadata.yaml; returns their manifest entry. A split
+    of no rows has no sink: the files asked of it are checked here."""
     dest = target.dir / HDF5_DIR
     dest.mkdir(exist_ok=True)
     output = target.spec.output
+    for split, key in _NUM_FILES_KEY.items():
+        asked = getattr(output, key)
+        if asked is not None and split not in entries and not (split == "test" and output.hdf5_test_jsonl):
+            _require_rows(split, asked, 0)
     files: list[dict[str, Any]] = []
     sizes = {s: e.get("rows_per_file", []) for s, e in entries.items()}
     if output.hdf5_test_jsonl:

@@ -441,6 +441,14 @@ def test_more_files_than_rows_is_a_drop_error_naming_the_key(tmp_path: Path):
         _thirty_records(tmp_path, {"validation_count": 2}, {"num_dev_splits": 5})
 
 
+def test_files_asked_of_a_split_of_no_rows_is_a_drop_error_too(tmp_path: Path):
+    """An empty split opened no sink, so its count went unchecked: the drop published with no dev file."""
+    with pytest.raises(
+        DropError, match=r"num_dev_splits asks for 2 dev files, but the drop's validation split has 0 rows"
+    ):
+        _thirty_records(tmp_path, {"validation_ratio": 0, "test_ratio": 0}, {"num_dev_splits": 2})
+
+
 @pytest.mark.parametrize(("asked", "files"), [(2, [3, 2]), (6, None)])
 def test_num_test_splits_cuts_the_test_jsonl_into_that_many_files(tmp_path: Path, asked: int, files):
     """gdp's --num_test_splits counts its untokenized test files: with hdf5_test_jsonl, the test records in exactly
