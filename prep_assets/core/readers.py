@@ -147,7 +147,7 @@ def _lone_surrogate(text: str, where: str) -> str | None:
     return None
 
 
-def _unkeepable(value: Any, text: str, start: int = 0, end: int | None = None) -> tuple[str, str] | None:
+def unkeepable(value: Any, text: str, start: int = 0, end: int | None = None) -> tuple[str, str] | None:
     """Why a value the json module read from `text[start:end]` cannot be kept, or None: nested deeper than
     `JSON_MAX_DEPTH`, or a key or string holding a lone surrogate. The text is searched first (at C speed); the
     value is walked only where the text could hold either."""
@@ -180,7 +180,7 @@ def _unkeepable(value: Any, text: str, start: int = 0, end: int | None = None) -
 def _decode_keepable(text: str) -> Any:
     """The json module's reading of `text` (what orjson does not read alike), refused if it cannot be kept."""
     value = _DECODER.decode(text)
-    problem = _unkeepable(value, text)
+    problem = unkeepable(value, text)
     if problem is not None:
         raise _Unkeepable(*problem)
     return value
@@ -446,7 +446,7 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
             value, end = None, found
             problem: tuple[str, str] | None = ("malformed_json", NESTING_TOO_DEEP)
         else:
-            problem = _unkeepable(value, text, pos, end)
+            problem = unkeepable(value, text, pos, end)
             if problem is None and repeated:
                 problem = ("duplicate_key", duplicate_key_detail(repeated))
         element = text[pos:end]

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from prep_assets.core.errors import DropError
-from prep_assets.core.readers import InexactFloat, checked_decoder, duplicate_key_detail
+from prep_assets.core.readers import InexactFloat, checked_decoder, duplicate_key_detail, unkeepable
 from prep_assets.core.spec_sections import InputSpec, TabularSpec
 from prep_assets.core.tabular import is_empty_group_value, json_value, parse_cell, render_values
 
@@ -194,6 +194,8 @@ def _tools(obj: dict[str, Any], spec: InputSpec) -> list[dict[str, Any]] | Inval
             return Invalid("invalid_tools", f"{spec.tools_key!r} is a string but not JSON: {exc}")
         if repeated:
             return Invalid("invalid_tools", f"{spec.tools_key!r} (a JSON string): {duplicate_key_detail(repeated)}")
+        if (problem := unkeepable(value, obj[spec.tools_key])) is not None:  # nested too deep, a lone surrogate
+            return Invalid("invalid_tools", f"{spec.tools_key!r} (a JSON string): {problem[1]}")
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         return Invalid("invalid_tools", f"{spec.tools_key!r} must be a list of tool objects")
     return [t if "function" in t else {"type": "function", "function": t} for t in value] or None

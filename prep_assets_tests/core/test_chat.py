@@ -260,9 +260,12 @@ def test_tools_given_as_a_json_string_are_read_as_strictly_as_a_line():
     """`_tools` read its JSON string with json.loads: a key given twice lost a value, NaN passed."""
     spec = make_spec(input={"type": "chat"}).input
     messages = [_u("q"), _a("a")]
-    for tools in ('[{"name": "f", "name": "g", "parameters": {}}]', '[{"name": "f", "parameters": {"x": NaN}}]'):
+    deep = '[{"name": "f", "parameters": ' + "[" * 200 + "]" * 200 + "}]"  # a line this deep is a reject too
+    surrogate = '[{"name": "f", "description": "\\ud800"}]'
+    for tools in ('[{"name": "f", "name": "g", "parameters": {}}]', '[{"name": "f", "parameters": {"x": NaN}}]', deep):
         got = extract_chat({"messages": messages, "tools": tools}, spec)
         assert got.reason == "invalid_tools"  # type: ignore[union-attr]
+    assert "lone surrogate" in extract_chat({"messages": messages, "tools": surrogate}, spec).detail  # type: ignore[union-attr]
     ok = extract_chat({"messages": messages, "tools": '[{"name": "f", "parameters": {}}]'}, spec)
     assert ok["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {}}}]  # type: ignore[index]
 
