@@ -390,26 +390,39 @@ def _run_dataset(
         if not run["success"]:
             return
     superseded = superseded_drops(paths)
+    drops = registered_drops(paths)
+    gone = {k for k, d in drops.items() if k not in superseded and not (paths.raw_dir / d.file).is_file()}
+    unbuilt: set[str] = set()  # drops whose raw file is gone that this run tried to rebuild and could not
     for key in keys:
         run = None
         if key in superseded:
             rows.append({**summary_row(spec, paths, key, None), "checks": f"superseded by {superseded[key]}"})
             continue
-        if rerun_all or not partition_up_to_date(instance, spec, paths, key, log):
+        current = None if rerun_all and key not in gone else partition_up_to_date(instance, spec, paths, key, log)
+        if rerun_all and current:  # `--all` cannot rebuild a drop without its raw file: its built bytes stand
+            log(f"[{spec.name}] drop {key}: its raw file is gone; kept as built, not rematerialized")
+        elif not current:
             log(f"[{spec.name}] materializing drop {key}")
             # long layers' progress as plain lines, unless a bar draws it on this terminal
             lines = nullcontext() if bar_shown() else reporting(lambda line: log(f"[{spec.name}] {line}"))
             with lines:
                 run = _launch(defs, instance, drop_job_name(spec), key)
             runs.append(run)
+            if key in gone and not run["success"]:
+                unbuilt.add(key)
         rows.append(summary_row(spec, paths, key, run))
     drops = registered_drops(paths)  # read again: a drop retired from the UI meanwhile is not noted
     for key in keys:  # its outputs stay (raw files may be archived once built); say so, and how to take it out
         drop = drops.get(key)
-        if drop is not None and key not in superseded and not (paths.raw_dir / drop.file).is_file():
+        if drop is not None and key in gone:
+            raw = f"raw/{spec.name}/{drop.file}"
             report.setdefault("gone", []).append(
-                f"{spec.name} {key}: its raw file raw/{spec.name}/{drop.file} is gone; its outputs stay in "
-                f"the manifest (`prep-assets retire {spec.name} {key}` takes the drop out)"
+                f"{spec.name} {key}: its raw file {raw} is gone and its layers are out of date (another spec or "
+                f"code version), which cannot be rebuilt without it: no new manifest includes the drop; put the "
+                f"file back, or `prep-assets retire {spec.name} {key}` takes the drop out"
+                if key in unbuilt
+                else f"{spec.name} {key}: its raw file {raw} is gone; its outputs stay in the manifest "
+                f"(`prep-assets retire {spec.name} {key}` takes the drop out)"
             )
     runs.append(_launch(defs, instance, manifest_job_name(spec)))
     for folder, size in remove_other_indexes(spec, paths):

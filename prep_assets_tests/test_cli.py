@@ -442,6 +442,14 @@ def test_a_built_drop_whose_raw_file_is_gone_is_noted_with_the_way_to_take_it_ou
     out = capsys.readouterr().out
     assert f"its raw file raw/sample_text/{gone.name} is gone; its outputs stay in the manifest" in out
     assert "`prep-assets retire sample_text " in out and out.count("NOTE drop") == 1
+    # `--all` rebuilt it from the missing file: the drop failed, and left the manifest while the note said it stayed
+    manifest = data / "lake" / "sample_text" / "manifest.json"
+    before = manifest.read_bytes()
+    assert main(["run", "--data-dir", str(data), "--dataset", "sample_text", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "its raw file is gone; kept as built, not rematerialized" in out and "FAILED" not in out
+    assert f"raw/sample_text/{gone.name} is gone; its outputs stay in the manifest" in out
+    assert manifest.read_bytes() == before
 
 
 def test_a_raw_folder_a_tokenizer_trains_on_is_read_so_never_reported_unread(tmp_path: Path):
