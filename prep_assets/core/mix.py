@@ -18,18 +18,17 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow.parquet as pq
-import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, StrictBool, ValidationError, model_validator
 
 from prep_assets.core.errors import PrepAssetsError, SpecError
 from prep_assets.core.lake import partition_lock, read_json, sha256_file, staged_dir, write_json_atomic
 from prep_assets.core.mix_outputs import Output, gpt_simple_layout, megatron_blend, write_outputs
 from prep_assets.core.reading import order
-from prep_assets.core.spec import _format_error
+from prep_assets.core.spec import _format_error, load_document
 from prep_assets.core.spec_sections import _Strict
 
 MIXES_DIR = "_mixes"  # lake/_mixes/<name>/: no dataset name starts with "_"
@@ -43,9 +42,21 @@ class MixError(PrepAssetsError):
     """A mix cannot be planned from its sources (a source without a manifest or without rows in the split)."""
 
 
+def _a_number(value: Any) -> Any:
+    """A count or weight as written: a number, never a boolean (YAML reads `yes` as true, which a number field
+    would take as 1) nor a string (a quoted '0.5')."""
+    if isinstance(value, (bool, str)):
+        raise ValueError(f"a number, not {value!r}")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_a_number)]  # an integral float (1e9) is taken, as pydantic does
+Weight = Annotated[float, BeforeValidator(_a_number)]
+
+
 class SourceSpec(_Strict):
     dataset: str
-    max_epochs: int = Field(default=1, ge=1)  # a small source may repeat up to this many times (upsampling)
+    max_epochs: Count = Field(default=1, ge=1)  # a small source may repeat up to this many times (upsampling)
     # narrow the bucket to these domains of a dataset with input.domain_key (its shards' domain-pure row ranges)
     domains: list[str] | None = Field(default=None, min_length=1)
 
@@ -58,8 +69,8 @@ class SourceSpec(_Strict):
 
 class PhaseSpec(_Strict):
     name: str
-    duration_tokens: int = Field(gt=0)
-    weights: dict[str, float]
+    duration_tokens: Count = Field(gt=0)
+    weights: dict[str, Weight]
 
     @model_validator(mode="after")
     def _weights(self) -> PhaseSpec:
@@ -75,11 +86,11 @@ class MixSpec(_Strict):
     description: str = ""
     sources: dict[str, SourceSpec]
     phases: list[PhaseSpec]
-    total_tokens: int | None = Field(default=None, gt=0)  # when given, the phases' durations must add up to it
+    total_tokens: Count | None = Field(default=None, gt=0)  # when given, the phases' durations must add up to it
     split: str = "train"
-    seed: int = Field(default=0, ge=0)
-    allow_bucket_exhaustion: bool = False
-    max_items: int | None = Field(default=None, ge=1)  # at most this many rows per bucket and phase (quick runs)
+    seed: Count = Field(default=0, ge=0)
+    allow_bucket_exhaustion: StrictBool = False
+    max_items: Count | None = Field(default=None, ge=1)  # at most this many rows per bucket and phase (quick runs)
     outputs: list[Output] = []  # what to write for trainers beside mix.json (core/mix_outputs.py)
 
     @model_validator(mode="before")
@@ -111,6 +122,17 @@ class MixSpec(_Strict):
         bad = [b for b in self.sources if not _NAME_RE.match(b)]
         if bad:
             raise ValueError(f"sources: bucket names {bad}: use lower-case letters, digits and _")
+        by_dataset: dict[str, list[str]] = {}
+        for b, src in self.sources.items():
+            by_dataset.setdefault(src.dataset, []).append(b)
+        for dataset, buckets in by_dataset.items():
+            domains = [self.sources[b].domains for b in buckets]
+            named = [d for ds in domains if ds is not None for d in ds]
+            if len(buckets) > 1 and (None in domains or len(set(named)) < len(named)):
+                raise ValueError(
+                    f"sources: buckets {buckets} all draw on dataset {dataset!r}: a row could be taken by more than "
+                    "one of them; give the dataset one bucket, or each bucket domains of its own"
+                )
         if not self.phases:
             raise ValueError("phases: give at least one phase (or top-level weights and duration_tokens)")
         if len(set(self.outputs)) != len(self.outputs):
@@ -149,10 +171,7 @@ def parse_mix(raw: Any, *, path: Path, default_name: str, datasets: set[str] | N
 
 
 def load_mix(path: Path, datasets: set[str] | None = None) -> MixSpec:
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    raw = load_document(path)
     return parse_mix(raw, path=path, default_name=path.stem, datasets=datasets)
 
 

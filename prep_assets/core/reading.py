@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from prep_assets.core.errors import ManifestMismatchError, ReadError, ShardIntegrityError, SplitNotFoundError
-from prep_assets.core.lake import sha256_file, sha256_handle
+from prep_assets.core.lake import CHECKSUMS, sha256_file, sha256_handle
 
 MANIFEST = "manifest.json"
 # the fixed-length token columns (max_seq_len per row) and the per-segment ones
@@ -306,6 +306,19 @@ class PackedRows:
         return {**self.__dict__, "_cache": OrderedDict()}
 
 
+def _verify_mix_file(path: Path) -> None:
+    """mix.json's bytes as recorded when its folder was published (`.checksums.json`), else `ReadError`: an edited
+    order would read rows the plan never chose (a row twice, a negative index read from the end)."""
+    record = path.parent / CHECKSUMS
+    want = json.loads(record.read_text(encoding="utf-8")).get(path.name) if record.is_file() else None
+    if want is None:
+        raise ReadError(f"{path}: no checksum recorded for it in {record}: not a mix as published")
+    if path.stat().st_size != int(want["bytes"]) or sha256_file(path) != want["sha256"]:
+        raise ReadError(
+            f"{path}: its bytes differ from those recorded when it was published; materialize the mix again"
+        )
+
+
 class MixRows:
     """The rows of a training mix (`lake/_mixes/<name>/mix.json`, or its folder) in its planned order: phase after
     phase, each phase's `order` of [bucket, row]. Each bucket reads its source manifest's split, which must still
@@ -316,6 +329,8 @@ class MixRows:
         path = Path(mix) / "mix.json" if Path(mix).is_dir() else Path(mix)
         if not path.is_file():
             raise ReadError(f"{path}: no mix (give lake/_mixes/<name>/ or its mix.json)")
+        if verify:
+            _verify_mix_file(path)
         data = json.loads(path.read_text(encoding="utf-8"))
         names = [p["name"] for p in data["phases"]]
         phases = [phases] if isinstance(phases, str) else phases
@@ -324,11 +339,17 @@ class MixRows:
             raise ReadError(f"{path}: no phase {unknown or '(none given)'}; its phases are {names}")
         lake = path.parent / data["lake"]
         self.buckets = list(data.get("bucket_order", data["sources"]))  # what the order's bucket indices index
-        self.sources: list[PackedRows] = []
+        self.sources: list[PackedRows | None] = []  # None: a bucket planned without rows (it ran short)
         for bucket in self.buckets:
             src = data["sources"][bucket]
-            rows = PackedRows(lake / src["manifest"], data["split"], verify=False)
-            if [(f.sha256, f.rows) for f in rows.files] != [(f["sha256"], f["sequences"]) for f in src["files"]]:
+            try:
+                rows: PackedRows | None = PackedRows(lake / src["manifest"], data["split"], verify=False)
+            except SplitNotFoundError:
+                if src["files"]:
+                    raise
+                rows = None  # planned from a split of no rows, which still has none: nothing of it to read
+            listed = [] if rows is None else [(f.sha256, f.rows) for f in rows.files]
+            if listed != [(f["sha256"], f["sequences"]) for f in src["files"]]:
                 from prep_assets.core.mix import held_path  # here: core.mix imports this module
 
                 held = held_path(path.parent.parent.parent, path.parent.name)
@@ -341,22 +362,33 @@ class MixRows:
                     f"{path}: bucket {bucket!r}: {src['manifest']} no longer lists the files the mix was planned "
                     f"from (a new drop or a rebuild): {again}"
                 )
-            if verify:
+            if verify and rows is not None:
                 verify_files(rows.files)
             self.sources.append(rows)
-        agree([m for r in self.sources for m in r.manifests])
+        agree([m for r in self.sources if r is not None for m in r.manifests])
         chosen = [p for p in data["phases"] if phases is None or p["name"] in phases]
         self.phase_names = [p["name"] for p in chosen]
         self.order = np.array(
             [(pi, b, r) for pi, p in enumerate(chosen) for b, r in p["order"]], dtype=np.int64
         ).reshape(-1, 3)
+        sizes = np.array([0 if r is None else len(r) for r in self.sources], dtype=np.int64)
+        bucket, row = self.order[:, 1], self.order[:, 2]
+        outside = (bucket < 0) | (bucket >= len(sizes))
+        outside[~outside] = (row[~outside] < 0) | (row[~outside] >= sizes[bucket[~outside]])
+        if outside.any():
+            at = int(np.flatnonzero(outside)[0])
+            raise ReadError(
+                f"{path}: order entry {at} names [bucket, row] {self.order[at, 1:].tolist()}, no row there"
+            )
 
     def __len__(self) -> int:
         return len(self.order)
 
     def __getitem__(self, index: int) -> Row:
         phase, bucket, row = (int(x) for x in self.order[index])
-        out = self.sources[bucket][row]
+        source = self.sources[bucket]
+        assert source is not None  # the order names no row of a bucket without rows (checked when opened)
+        out = source[row]
         return {**out, "bucket": self.buckets[bucket], "phase": self.phase_names[phase], "mix_index": int(index)}
 
     def __iter__(self) -> Iterator[Row]:

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError, model_validator
 
 from prep_assets.core.errors import SpecError
+from prep_assets.core.readers import checked_decoder, duplicate_key_detail
 from prep_assets.core.record_types import TYPES, record_type
 from prep_assets.core.spec_astrai import AstraiConfig, is_astrai, spec_from_astrai
 from prep_assets.core.spec_sections import (
@@ -372,6 +373,55 @@ LAYER_SECTIONS: dict[Layer, tuple[str, ...]] = {
 }
 
 
+class _KeysOnceLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a mapping that gives a key twice is an error: PyYAML keeps the last value
+    without a word, so a spec would not be what its file shows (a merge key `<<` may still be overridden)."""
+
+
+def _mapping_keys_once(loader: _KeysOnceLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            twice = key in seen
+        except TypeError:  # not hashable: the mapping's own construction says so
+            break
+        if twice:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark, f"key {key!r} is given twice", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_KeysOnceLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_keys_once)
+# YAML 1.2's floats: PyYAML (YAML 1.1) reads `1e-3` or `1e9`, with no dot, as a string
+_KeysOnceLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def load_document(path: Path) -> Any:
+    """A spec file's document: YAML (a safe loader) or, for `.json`, JSON; a key given twice in one mapping is an
+    error (`SpecError` naming the file), as every reading of the file must be the one it shows."""
+    kind = "JSON" if path.suffix == ".json" else "YAML"
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix != ".json":
+            return yaml.load(text, Loader=_KeysOnceLoader)  # a SafeLoader: plain data only
+        decoder, repeated = checked_decoder()
+        raw = decoder.decode(text)
+    except (UnicodeDecodeError, ValueError, RecursionError, yaml.YAMLError) as exc:
+        raise SpecError(f"{path}: not valid {kind}: {exc}") from None
+    if repeated:
+        raise SpecError(f"{path}: not valid JSON: {duplicate_key_detail(repeated)}")
+    return raw
+
+
 def _format_error(path: Path, err: dict[str, Any], model: type[BaseModel]) -> str:
     loc = [str(p) for p in err.get("loc", ())]
     where = ".".join(loc) or "(top level)"
@@ -524,20 +574,7 @@ def parse_astrai(raw: dict[str, Any], *, path: Path, default_name: str) -> Datas
 def load_spec(path: Path, data_dir: Path | None = None) -> DatasetSpec:
     """Load and validate `<data dir>/datasets/<name>.yaml` (or `.json`: our keys, or an AstrAI pipeline config),
     and check the paths it names."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
-    if path.suffix == ".json":
-        try:
-            raw = json.loads(text)
-        except ValueError as exc:
-            raise SpecError(f"{path}: not valid JSON: {exc}") from None
-    else:
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    raw = load_document(path)
     if is_astrai(raw):
         spec = parse_astrai(raw, path=path, default_name=path.stem)
     else:

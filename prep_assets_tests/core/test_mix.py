@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 import shutil
 import struct
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from prep_assets.core.errors import ShardIntegrityError, SpecError
+from prep_assets.core.errors import ReadError, ShardIntegrityError, SpecError
 from prep_assets.core.lake import read_json
 from prep_assets.core.mix import bucket_seed, load_mix, parse_mix, plan_mix, scan_mixes, write_mix
 from prep_assets.core.mix_gates import judge_mix
@@ -26,13 +27,16 @@ from prep_assets.core.spec import load_spec
 from prep_assets_tests.conftest import copy_sample_data
 from prep_assets_tests.core.helpers import gpt_simple_modules, run_core
 
-DATASETS = {"sample_instruct", "sample_text", "sample_chat"}
+DATASETS = {"sample_instruct", "sample_text", "sample_chat", "sample_text_b"}
 
 
 @pytest.fixture(scope="module")
 def lake_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sample's instruct, text and chat datasets built in core (chat: another tokenizer and max_seq_len)."""
+    """The sample's instruct, text and chat datasets built in core (chat: another tokenizer and max_seq_len), and
+    sample_text_b: sample_text's spec and drops again (two buckets never draw on one dataset)."""
     data = copy_sample_data(tmp_path_factory.mktemp("mixdata"))
+    shutil.copyfile(data / "datasets" / "sample_text.yaml", data / "datasets" / "sample_text_b.yaml")
+    shutil.copytree(data / "raw" / "sample_text", data / "raw" / "sample_text_b")
     for name in sorted(DATASETS):
         run_core(data, load_spec(data / "datasets" / f"{name}.yaml", data))
     return data
@@ -200,7 +204,7 @@ def test_the_loader_reads_a_mix_in_its_planned_order(lake_dir: Path) -> None:
 
 
 def text_mix(name: str, **raw: Any):
-    doc = {"sources": {"a": "sample_text", "b": {"dataset": "sample_text", "max_epochs": 2}}, **raw}
+    doc = {"sources": {"a": "sample_text", "b": {"dataset": "sample_text_b", "max_epochs": 2}}, **raw}
     return parse_mix(doc, path=Path(f"{name}.yaml"), default_name=name, datasets=DATASETS)
 
 
@@ -220,13 +224,14 @@ def test_the_megatron_blend_weighs_each_phases_prefixes_by_share_and_tokens(lake
     spec = text_mix("blend", phases=BLEND_PHASES, outputs=["megatron_blend"])
     path = write_mix(spec, lake, plan_mix(spec, lake))
     plan = read_json(path)
-    entries = [e for e in read_json(lake / "sample_text/manifest.json")["splits"]["train"]["exports"]
-               if e["format"] == "megatron"]  # fmt: skip
-    assert len(entries) == 2  # one prefix per drop
-    total = sum(e["tokens"] for e in entries)
+    datasets = {"a": "sample_text", "b": "sample_text_b"}
+    entries = {b: [e for e in read_json(lake / d / "manifest.json")["splits"]["train"]["exports"]
+                   if e["format"] == "megatron"] for b, d in datasets.items()}  # fmt: skip
+    assert len(entries["a"]) == len(entries["b"]) == 2  # one prefix per drop
+    total = {b: sum(e["tokens"] for e in entries[b]) for b in "ab"}
     for phase, shares in (("p1", {"a": 0.5, "b": 0.5}), ("p2", {"a": 0.25, "b": 0.75})):
-        expected = [[round(shares[b] * e["tokens"] / total, 9), f"sample_text/{e['prefix']}"] for b in "ab"
-                    for e in entries]  # fmt: skip
+        expected = [[round(shares[b] * e["tokens"] / total[b], 9), f"{datasets[b]}/{e['prefix']}"] for b in "ab"
+                    for e in entries[b]]  # fmt: skip
         assert plan["outputs"]["megatron_blend"]["phases"][phase] == expected
         for _, prefix in expected:
             assert (lake / f"{prefix}.bin").is_file() and (lake / f"{prefix}.idx").is_file()
@@ -264,8 +269,8 @@ def test_the_gpt_simple_curriculum_layout_links_buckets_and_the_gate_counts_as_g
     }
     assert sorted(p.name for p in (root / "train/a").iterdir()) == [f"sample_text-{n}" for n in sources["train"]]
     assert sorted(p.name for p in (root / "train/b").iterdir()) == sorted(
-        [f"sample_text-{n}" for n in sources["train"]] + [f"sample_text-e1-{n}" for n in sources["train"]]
-    )  # max_epochs 2: the files twice, so GPT-Simple counts what the mix may use
+        [f"sample_text_b-{n}" for n in sources["train"]] + [f"sample_text_b-e1-{n}" for n in sources["train"]]
+    )  # max_epochs 2: the files twice, so GPT-Simple counts what the mix may use (sample_text_b: the same files)
     assert sorted(p.name for p in (root / "val/a").iterdir()) == [f"sample_text-{n}" for n in sources["validation"]]
     config = yaml.safe_load((root / "curriculum.yaml").read_text(encoding="utf-8"))["data"]
     assert config["curriculum"] == [{"duration_tokens": 4096, "mix": {"a": 1, "b": 1}},
@@ -352,3 +357,68 @@ def test_a_nan_or_infinite_weight_is_a_spec_error_not_a_traceback(tmp_path: Path
         )
     broken = scan_mixes(tmp_path, {"a", "b"}).broken
     assert all("give each bucket a finite weight >= 0" in broken[n] for n in ("nan", "inf", "sum")), broken
+
+
+def test_two_buckets_on_one_dataset_are_refused_unless_their_domains_differ():
+    """A row could be drawn by both: the mix took 24 rows of which 18 were distinct, every gate passing."""
+    with pytest.raises(SpecError, match=r"buckets \['a', 'b'\] all draw on dataset 'sample_text'"):
+        parse_mix(
+            {"sources": {"a": "sample_text", "b": "sample_text"}, "weights": {"a": 1, "b": 1}, "duration_tokens": 8},
+            path=Path("twice.yaml"),
+            default_name="twice",
+        )
+    for domains in ([["x"], ["x", "y"]], [["x"], None]):
+        sources = {b: {"dataset": "d", **({"domains": ds} if ds else {})} for b, ds in zip("ab", domains)}
+        with pytest.raises(SpecError, match="all draw on dataset 'd'"):
+            parse_mix(
+                {"sources": sources, "weights": {"a": 1}, "duration_tokens": 8}, path=Path("m.yaml"), default_name="m"
+            )
+    apart = {"a": {"dataset": "d", "domains": ["x"]}, "b": {"dataset": "d", "domains": ["y"]}}
+    assert parse_mix(
+        {"sources": apart, "weights": {"a": 1}, "duration_tokens": 8}, path=Path("m.yaml"), default_name="m"
+    )
+
+
+def test_a_key_given_twice_or_a_boolean_or_quoted_number_is_a_mix_spec_error(tmp_path: Path):
+    """PyYAML kept the last of two values, and pydantic read `yes` as 1.0 and '0.5' as 0.5, without a word."""
+    head, one = "sources: {text: sample_text, instruct: sample_instruct}\n", "duration_tokens: 8\nweights: {text: 1}\n"
+    cases = {
+        "weight_twice": head + "duration_tokens: 2048\nweights: {text: 0.9, instruct: 0.1, text: 0.1}\n",
+        "bucket_twice": "sources: {text: sample_text, text: sample_instruct}\n" + one,
+        "yes_no": head + "duration_tokens: 2048\nweights: {text: yes, instruct: no}\n",
+        "quoted": head + "duration_tokens: '2048'\nweights: {text: 1, instruct: 1}\n",
+        "epochs_true": "sources: {text: {dataset: sample_text, max_epochs: true}}\n" + one,
+    }
+    for name, text in cases.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+    (tmp_path / "exponent.yaml").write_text(head + "duration_tokens: 2e3\nweights: {text: 1e-3, instruct: 1}\n")
+    scan = scan_mixes(tmp_path, DATASETS)
+    assert set(scan.broken) == set(cases), scan.broken
+    assert "key 'text' is given twice" in scan.broken["weight_twice"] and "key 'text'" in scan.broken["bucket_twice"]
+    assert "a number, not True" in scan.broken["yes_no"] and "a number, not '2048'" in scan.broken["quoted"]
+    (exponent,) = scan.mixes  # YAML 1.2 floats: PyYAML read 1e-3 as a string
+    assert exponent.phases[0].duration_tokens == 2000 and exponent.phases[0].weights["text"] == 0.001
+
+
+def test_a_mix_whose_bucket_ran_short_to_no_rows_reads_and_an_edited_order_is_refused(lake_dir: Path):
+    """A published plan (allow_bucket_exhaustion) with a bucket of no train rows could not be opened, and an
+    edited mix.json read a row twice, or the last row for -1, without a word."""
+    lake = lake_dir / "lake"
+    empty = lake / "sample_text_none"
+    empty.mkdir(exist_ok=True)
+    manifest = read_json(lake / "sample_text" / "manifest.json")
+    manifest["splits"]["train"] = {**manifest["splits"]["train"], "files": [], "exports": []}
+    (empty / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    doc = {"sources": {"text": "sample_instruct", "none": "sample_text_none"}, "weights": {"text": 1, "none": 1},
+           "duration_tokens": 2048, "allow_bucket_exhaustion": True}  # fmt: skip
+    spec = parse_mix(doc, path=Path("short.yaml"), default_name="short")
+    path = write_mix(spec, lake, plan_mix(spec, lake))
+    rows = MixRows(path)
+    assert read_json(path)["buckets"]["none"]["rows"] == 0 and {r["bucket"] for r in rows} == {"text"}
+    plan = read_json(path)
+    plan["phases"][0]["order"][1] = [0, -1]
+    path.write_text(json.dumps(plan), encoding="utf-8")
+    with pytest.raises(ReadError, match="its bytes differ from those recorded when it was published"):
+        MixRows(path)
+    with pytest.raises(ReadError, match=r"order entry 1 names \[bucket, row\] \[0, -1\]"):
+        MixRows(path, verify=False)

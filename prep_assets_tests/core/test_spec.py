@@ -265,3 +265,22 @@ def test_a_training_glob_may_not_reach_outside_the_data_dir_through_a_link(tmp_p
         )
     scan = scan_specs(data / "datasets")
     assert not scan.specs and all("outside the data dir" in scan.broken[n] for n in ("star", "globstar"))
+
+
+def test_a_key_given_twice_in_a_yaml_or_json_spec_is_an_error_not_the_last_value(tmp_path: Path):
+    """PyYAML and json.loads kept the second value: the spec run was not the one the file shows."""
+    (tmp_path / "d.yaml").write_text(
+        "input: {type: text}\ntokenizer: {path: gpt2}\nclean: {min_chars: 20, min_chars: 900}\n"
+    )
+    with pytest.raises(SpecError, match=r"(?s)d\.yaml: not valid YAML: .*key 'min_chars' is given twice"):
+        load_spec(tmp_path / "d.yaml")
+    (tmp_path / "j.json").write_text(
+        '{"input": {"type": "text"}, "input": {"type": "chat"}, "tokenizer": {"path": "x"}}'
+    )
+    with pytest.raises(SpecError, match=r"j\.json: not valid JSON: key 'input' is given twice"):
+        load_spec(tmp_path / "j.json")
+    (tmp_path / "merge.yaml").write_text(
+        "base: &b {type: text}\ninput: {<<: *b, text_key: body}\ntokenizer: {path: gpt2}\n"
+    )
+    with pytest.raises(SpecError, match="base"):  # a merge key is no key given twice: the spec reads on to its keys
+        load_spec(tmp_path / "merge.yaml")
