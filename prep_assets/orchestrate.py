@@ -417,9 +417,9 @@ def _run_dataset(
         if drop is not None and key in gone:
             raw = f"raw/{spec.name}/{drop.file}"
             report.setdefault("gone", []).append(
-                f"{spec.name} {key}: its raw file {raw} is gone and its layers are out of date (another spec or "
-                f"code version), which cannot be rebuilt without it: no new manifest includes the drop; put the "
-                f"file back, or `prep-assets retire {spec.name} {key}` takes the drop out"
+                f"{spec.name} {key}: its raw file {raw} is gone and its layers are not up to date (never built, "
+                f"or built with another spec or code version), which cannot be rebuilt without it: no new manifest "
+                f"includes the drop; put the file back, or `prep-assets retire {spec.name} {key}` takes it out"
                 if key in unbuilt
                 else f"{spec.name} {key}: its raw file {raw} is gone; its outputs stay in the manifest "
                 f"(`prep-assets retire {spec.name} {key}` takes the drop out)"

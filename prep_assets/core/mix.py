@@ -45,8 +45,17 @@ class MixError(PrepAssetsError):
 def _a_number(value: Any) -> Any:
     """A count or weight as written: a number, never a boolean (YAML reads `yes` as true, which a number field
     would take as 1) nor a string (a quoted '0.5')."""
-    if isinstance(value, (bool, str)):
+    if isinstance(value, bool):
         raise ValueError(f"a number, not {value!r}")
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            raise ValueError(f"a number, not {value!r}") from None
+        raise ValueError(
+            f"a number, not the text {value!r} (quoted, or an exponent YAML reads as text: it needs a dot and a "
+            "sign, as in 1.0e-3 or 2.0e+9)"
+        )
     return value
 
 

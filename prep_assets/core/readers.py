@@ -186,6 +186,17 @@ def _decode_keepable(text: str) -> Any:
     return value
 
 
+_LENIENT = json.JSONDecoder(strict=False)  # NaN and infinities read, control characters in strings allowed
+
+
+def _lenient_end(text: str, pos: int) -> int | None:
+    """Where the value at `pos` ends as a lenient reading (`_LENIENT`) parses it; None if even that fails."""
+    try:
+        return _LENIENT.raw_decode(text, pos)[1]
+    except (ValueError, RecursionError):
+        return None
+
+
 def _value_end(text: str, pos: int) -> int | None:
     """Where the array or object that starts at `pos` closes (brackets counted outside strings); None if never."""
     depth = 0
@@ -419,12 +430,17 @@ def read_json_array(path: Path, *, max_bytes: int, acct: Accounting) -> Iterator
         try:
             value, end = decoder.raw_decode(text, pos)
         except ValueError as exc:
-            # the element that cannot be read ends where its brackets close (outside strings), or a number where
-            # the number does: that element is the reject, and reading goes on after it
+            # An element holding a number too long to read ends where its brackets close, or the number does. One
+            # that a lenient reading parses (a NaN or an infinity, a control character in a string) ends where that
+            # reading ends. Either is the element's own reject, and reading goes on after it; an element that is
+            # not well formed (a stray quote, a bracket missing) leaves no sure end: the rest is one reject.
             reason = "invalid_json_constant" if "constant" in str(exc) else "malformed_json"
             detail = _too_many_digits() if _TOO_MANY_DIGITS in str(exc) else str(exc)
-            number = _NUMBER.match(text, pos) if _TOO_MANY_DIGITS in str(exc) else None
-            found = _value_end(text, pos) if text[pos] in "[{" else number.end() if number else None
+            if _TOO_MANY_DIGITS in str(exc):
+                number = _NUMBER.match(text, pos)
+                found = _value_end(text, pos) if text[pos] in "[{" else number.end() if number else None
+            else:
+                found = _lenient_end(text, pos)
             if found is None:
                 yield reject(
                     line, byte_pos, reason, f"{detail}; the rest of the array is unreadable", shown_bytes(text[pos:])

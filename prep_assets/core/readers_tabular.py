@@ -131,12 +131,17 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
         reader = csv.reader(physical, strict=True)
         header: list[str] | None = None
         header_problem: tuple[str, str] | None = None
+        unread_header: RawReject | None = None  # a header that does not parse, until a row after it says why
         consumed = base = 0  # physical lines read; lines read before the current csv reader started
         while True:
             first = row_start[0] = consumed  # index in `starts` of the row's first physical line
             try:
                 row = next(reader)
             except StopIteration:
+                if unread_header is not None:  # no row followed it: the header itself is the file's one reject
+                    acct.lines_in += 1
+                    acct.rejected += 1
+                    yield unread_header
                 return
             except csv.Error as exc:
                 # the row that does not parse is a reject; reading resumes at the next physical line
@@ -149,7 +154,9 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
                     )
                 if header is None:  # the header is no row: each data row after it is a reject saying why
                     header, header_problem = [], ("malformed_csv", f"the header (line {line}) cannot be read: {cause}")
+                    unread_header = RawReject(line, offset, "malformed_csv", f"the header cannot be read: {cause}", "")
                 else:
+                    unread_header = None
                     acct.lines_in += 1
                     acct.rejected += 1
                     yield RawReject(
@@ -176,6 +183,7 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
             acct.lines_in += 1
             long_lines = [n for n in lines if n in too_long]
             if long_lines:
+                unread_header = None
                 acct.rejected += 1
                 yield RawReject(
                     line,
@@ -186,9 +194,10 @@ def read_csv(path: Path, *, max_line_bytes: int, acct: Accounting) -> Iterator[R
                     "",
                 )
                 continue
-            if not row or (len(row) == 1 and not row[0].strip() and len(header) > 1):
+            if not row or (len(row) == 1 and not row[0].strip() and (len(header) > 1 or header_problem is not None)):
                 acct.blank_lines += 1
                 continue
+            unread_header = None  # this row's reject says why
             text = _csv_text(row)
             if header_problem is not None:
                 acct.rejected += 1

@@ -310,10 +310,14 @@ def _verify_mix_file(path: Path) -> None:
     """mix.json's bytes as recorded when its folder was published (`.checksums.json`), else `ReadError`: an edited
     order would read rows the plan never chose (a row twice, a negative index read from the end)."""
     record = path.parent / CHECKSUMS
-    want = json.loads(record.read_text(encoding="utf-8")).get(path.name) if record.is_file() else None
-    if want is None:
+    try:
+        want = json.loads(record.read_text(encoding="utf-8")).get(path.name) if record.is_file() else None
+        size, digest = (int(want["bytes"]), str(want["sha256"])) if want is not None else (None, None)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ReadError(f"{record}: unreadable ({exc}): not a mix as published") from None
+    if size is None:
         raise ReadError(f"{path}: no checksum recorded for it in {record}: not a mix as published")
-    if path.stat().st_size != int(want["bytes"]) or sha256_file(path) != want["sha256"]:
+    if path.stat().st_size != size or sha256_file(path) != digest:
         raise ReadError(
             f"{path}: its bytes differ from those recorded when it was published; materialize the mix again"
         )

@@ -385,24 +385,18 @@ def _mapping_keys_once(loader: _KeysOnceLoader, node: yaml.MappingNode) -> dict[
             continue
         key = loader.construct_object(key_node, deep=True)
         try:
-            twice = key in seen
+            twice = (type(key), key) in seen  # 1 and true are two keys
         except TypeError:  # not hashable: the mapping's own construction says so
             break
         if twice:
             raise yaml.constructor.ConstructorError(
                 "while reading a mapping", node.start_mark, f"key {key!r} is given twice", key_node.start_mark
             )
-        seen.add(key)
+        seen.add((type(key), key))
     return loader.construct_mapping(node, deep=True)
 
 
 _KeysOnceLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_keys_once)
-# YAML 1.2's floats: PyYAML (YAML 1.1) reads `1e-3` or `1e9`, with no dot, as a string
-_KeysOnceLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
 
 
 def load_document(path: Path) -> Any:

@@ -1084,7 +1084,7 @@ def csv_header_names_twice_or_unnamed() -> list[DropCase]:
 
 
 def skip_reader_surrogate_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(readers, "_unkeepable", lambda *_args: None)
+    monkeypatch.setattr(readers, "unkeepable", lambda *_args: None)
 
 
 def writer_refusal_past_the_readers() -> list[DropCase]:

@@ -350,7 +350,7 @@ def test_a_typo_inside_a_phase_or_a_source_names_the_keys_allowed_there(tmp_path
 def test_a_nan_or_infinite_weight_is_a_spec_error_not_a_traceback(tmp_path: Path):
     from prep_assets.core.mix import scan_mixes
 
-    for name, weight in (("nan", ".nan"), ("inf", ".inf"), ("sum", "1e308, c: 1e308")):
+    for name, weight in (("nan", ".nan"), ("inf", ".inf"), ("sum", "1.0e+308, c: 1.0e+308")):
         (tmp_path / f"{name}.yaml").write_text(
             "sources: {a: a, b: b, c: b}\n"
             f"phases: [{{name: p, duration_tokens: 128, weights: {{a: {weight}, b: 1}}}}]\n"
@@ -388,16 +388,18 @@ def test_a_key_given_twice_or_a_boolean_or_quoted_number_is_a_mix_spec_error(tmp
         "yes_no": head + "duration_tokens: 2048\nweights: {text: yes, instruct: no}\n",
         "quoted": head + "duration_tokens: '2048'\nweights: {text: 1, instruct: 1}\n",
         "epochs_true": "sources: {text: {dataset: sample_text, max_epochs: true}}\n" + one,
+        "exponent": head + "duration_tokens: 2048\nweights: {text: 1e-3, instruct: 1}\n",  # YAML 1.1 reads text
     }
     for name, text in cases.items():
         (tmp_path / f"{name}.yaml").write_text(text)
-    (tmp_path / "exponent.yaml").write_text(head + "duration_tokens: 2e3\nweights: {text: 1e-3, instruct: 1}\n")
+    (tmp_path / "dotted.yaml").write_text(head + "duration_tokens: 2048\nweights: {text: 1.0e-3, instruct: 1}\n")
     scan = scan_mixes(tmp_path, DATASETS)
     assert set(scan.broken) == set(cases), scan.broken
     assert "key 'text' is given twice" in scan.broken["weight_twice"] and "key 'text'" in scan.broken["bucket_twice"]
-    assert "a number, not True" in scan.broken["yes_no"] and "a number, not '2048'" in scan.broken["quoted"]
-    (exponent,) = scan.mixes  # YAML 1.2 floats: PyYAML read 1e-3 as a string
-    assert exponent.phases[0].duration_tokens == 2000 and exponent.phases[0].weights["text"] == 0.001
+    assert "a number, not True" in scan.broken["yes_no"] and "a number, not the text '2048'" in scan.broken["quoted"]
+    assert "a dot and a sign, as in 1.0e-3 or 2.0e+9" in scan.broken["exponent"]
+    (dotted,) = scan.mixes
+    assert dotted.phases[0].weights["text"] == 0.001
 
 
 def test_a_mix_whose_bucket_ran_short_to_no_rows_reads_and_an_edited_order_is_refused(lake_dir: Path):

@@ -499,3 +499,25 @@ def test_parquet_column_name_not_utf8_is_a_reject_not_a_traceback(tmp_path: Path
     (tmp_path / "n.parquet").write_bytes(out.getvalue().replace(b"tezt", b"te\xffz"))
     items, rejects, _ = _read(tmp_path / "n.parquet", "parquet")
     assert items == [] and [(r.reason, r.line) for r in rejects] == [("unreadable_parquet", 1)]
+
+
+def test_a_json_array_element_not_well_formed_rejects_the_rest_rather_than_guessing_its_end(tmp_path: Path):
+    """Ends guessed by counting brackets outside strings swallowed the next elements (a stray quote) or kept a
+    fragment of one (a bracket closing early) as a record."""
+    for raw in (b'[{"t": "5" tall"},\n{"t": "b"},\n{"t": "c"}]', b'[{"l": [1}], "x": 2},\n{"text": "ok"}]'):
+        (tmp_path / "d.json").write_bytes(raw)
+        items, rejects, acct = _read(tmp_path / "d.json", "json")
+        assert items == [] and len(rejects) == 1 and acct.lines_in == 1, raw
+        assert rejects[0].detail.endswith("the rest of the array is unreadable")
+
+
+def test_a_csv_header_that_does_not_parse_with_no_row_after_it_is_the_reject_and_blank_rows_stay_blank(
+    tmp_path: Path,
+):
+    (tmp_path / "h.csv").write_bytes(b'"text"x,b\n\n')
+    items, rejects, acct = _read(tmp_path / "h.csv", "csv")
+    assert items == [] and [(r.line, r.reason) for r in rejects] == [(1, "malformed_csv")]
+    assert rejects[0].detail.startswith("the header cannot be read") and acct.blank_lines == 1
+    (tmp_path / "b.csv").write_bytes(b'"text"x,b\n""\n  \nworld,2\n')  # as Arrow's recount reads them: blank
+    items, rejects, acct = _read(tmp_path / "b.csv", "csv")
+    assert [r.line for r in rejects] == [4] and acct.blank_lines == 2 and acct.lines_in == 3
