@@ -502,6 +502,16 @@ GATES: tuple[Gate, ...] = (
     ),
     Gate(
         "manifest",
+        "dataset_manifest_groups_in_one_split",
+        "tabular with `group_by`: every group is in one split across the manifest's drops (a holdout of a count of "
+        "groups draws each drop apart: a group held out in one drop and trained in another would leak)",
+        lambda on: inv.groups_in_one_split(
+            [on.paths.partition_dir("gold", k) for k in sorted(on.manifest["partitions"])]
+        ),
+        applies=lambda s: _table_rows(s) and s.tabular.group_by is not None,
+    ),
+    Gate(
+        "manifest",
         "dataset_manifest_duplicates_kept",
         "with `dedup_scope: dataset`: every duplicate removed from the manifest's drops names a record kept in "
         "them (a copy kept only in a replaced or failed drop would otherwise be lost; rebuild the named drops' "

@@ -105,3 +105,21 @@ def test_holdout_keys_that_conflict_are_spec_errors():
     with pytest.raises(SpecError, match="ungrouped time series"):
         make_spec("t", input={"type": "tabular"}, tabular={"holdout": 0.1, "time_series": True, "order_by": "t"})
     assert _spec().tabular.holdout == 0  # off unless the spec sets it (SS's default is 0.05)
+
+
+def test_a_group_held_out_in_one_drop_and_trained_in_another_fails_the_manifest_gate(tmp_path: Path):
+    """The holdout draws each drop's test groups apart: a device in both drops was in test in one and in train in
+    the other, and every gate passed (drop by drop, no group is divided)."""
+    from prep_assets.core import invariants as inv
+    from prep_assets_tests.core.lakes import GOOD, write_gold
+
+    day1 = write_gold(
+        tmp_path / "day1", [{**GOOD, "group_keys": ["d1"], "split": "test"}, {**GOOD, "group_keys": ["d2"]}]
+    )
+    day2 = write_gold(tmp_path / "day2", [{**GOOD, "group_keys": ["d1", "d1"]}, {**GOOD, "group_keys": ["d2"]}])
+    out = inv.groups_in_one_split([day1, day2])
+    assert out.violations == 1 and [r["group_key"] for r in out.offending] == ["d1"]
+    assert out.offending[0]["splits"] == "test, train" and "give each group one drop" in out.description
+    assert inv.groups_in_one_split([day2]).passed and inv.groups_in_one_split([]).passed
+    (day1 / "examples.parquet").unlink()
+    assert inv.groups_in_one_split([day1, day2]).description.startswith("not judged")

@@ -56,7 +56,8 @@ def test_every_partitioned_layer_has_blocking_gates():
     # nor sample_sensors); sample_sensors (tabular, no dedup) has the tabular budget gate instead of the
     # uniqueness one; and the five gates of the sample mix; the split gate in the four datasets holding records
     # out by content (not sample_sensors, split by group); sample_sensors' manifest has the one-table-schema gate
-    assert len(specs) == 5 * 20 + 4 + 3 + 4 + 5 + 1 and all(s.blocking for s in specs)
+    # and the groups-in-one-split gate
+    assert len(specs) == 5 * 20 + 4 + 3 + 4 + 5 + 2 and all(s.blocking for s in specs)
     sensors = {k.name for k in graph.asset_check_keys if k.asset_key.path[0] == "sample_sensors"}
     assert "tokenized_examples_tabular_budget" in sensors and "clean_records_unique" not in sensors
     assert "dataset_manifest_one_table_schema" in sensors

@@ -33,7 +33,12 @@ from prep_assets.core.invariants.gold import (
     mask_aligned_rule,
     within_max_len_rule,
 )
-from prep_assets.core.invariants.manifest import duplicates_resolve_to_kept, shards_one_tokenizer, tabular_one_schema
+from prep_assets.core.invariants.manifest import (
+    duplicates_resolve_to_kept,
+    groups_in_one_split,
+    shards_one_tokenizer,
+    tabular_one_schema,
+)
 from prep_assets.core.invariants.shards import (
     ROW_PART_COLUMNS,
     ROW_PARTS,
@@ -83,6 +88,7 @@ __all__ = [
     "count_lines",
     "count_parquet_rows",
     "duplicates_resolve_to_kept",
+    "groups_in_one_split",
     "gold_accounted",
     "gold_ids_in_vocab",
     "gold_loss_tokens",

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from prep_assets.core.invariants.common import SAMPLE, Outcome, _violating_rows, file_problems
-from prep_assets.core.records import SILVER_REJECT_SCHEMA, SILVER_SCHEMA
+from prep_assets.core.records import GOLD_SCHEMA, SILVER_REJECT_SCHEMA, SILVER_SCHEMA
 
 
 def duplicates_resolve_to_kept(silver_dirs: list[Path]) -> Outcome:
@@ -75,3 +75,30 @@ def tabular_one_schema(schemas: dict[str, list[str]]) -> Outcome:
         if cols != first
     ]
     return Outcome(len(offending), offending[:SAMPLE], {"drops": len(items), "columns": first})
+
+
+def groups_in_one_split(gold_dirs: list[Path]) -> Outcome:
+    """Every group (`tabular.group_by`) of the given drops' gold examples is in one split: a group held out in one
+    drop and trained in another would reach the test split and the train shards both. Per drop a group is never
+    split; across drops a holdout of a count of groups (`tabular.holdout`) draws each drop apart."""
+    facts: dict[str, Any] = {"drops": len(gold_dirs)}
+    problems = [p for d in gold_dirs for p in file_problems(d / "examples.parquet", GOLD_SCHEMA)]
+    if problems:
+        return Outcome(len(problems), problems[:SAMPLE], facts, "not judged: a gold file of the manifest's drops is "
+                       "missing or not as gold writes it (listed); rematerialize that drop's gold")  # fmt: skip
+    if not gold_dirs:
+        return Outcome(0, [], facts)
+    source = """(SELECT g AS group_key, count(DISTINCT split) AS n,
+                        string_agg(DISTINCT split, ', ' ORDER BY split) AS splits,
+                        string_agg(DISTINCT "drop", ', ' ORDER BY "drop") AS drops
+                 FROM (SELECT unnest(group_keys) AS g, split, "drop" FROM read_parquet($files)) WHERE g IS NOT NULL
+                 GROUP BY g)"""
+    files = [str(d / "examples.parquet") for d in gold_dirs]
+    n, bad = _violating_rows(source, "n > 1", "group_key, splits, drops", {"files": files}, order="group_key")
+    said = (
+        f"{n} group(s) are in more than one split across the manifest's drops: tabular.holdout draws each drop's "
+        "test groups apart; give each group one drop, or hold out by split ratios (drawn by the group's value)"
+        if n
+        else ""
+    )
+    return Outcome(n, bad, facts, said)
