@@ -255,6 +255,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
 _LAUNCHED = re.compile(r"Launched backfill job `([^`]+)`")
 
 
+def drop_keys(text: str) -> list[str]:
+    """`--drops`' keys as Dagster reads them: stripped, each once, none empty. The runs followed are counted from
+    these (`KEY,` counted an empty key that Dagster drops: the wait for a second run never ended)."""
+    return list(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
+
+
 def cmd_backfill(args: argparse.Namespace) -> int:
     """Dagster's `job backfill` of the dataset's drop job (it queues one run per drop and returns at once), then,
     unless --no-wait, the runs followed in the instance until each has finished."""
@@ -270,8 +276,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     job = drop_job_name(spec)
     paths = dataset_paths(data_dir, spec.name)
     drops = (
-        args.drops.split(",") if args.drops else sorted(set(registered_drops(paths)) - set(superseded_drops(paths)))
+        drop_keys(args.drops)
+        if args.drops is not None
+        else sorted(set(registered_drops(paths)) - set(superseded_drops(paths)))
     )
+    if not drops and args.drops is not None:
+        raise PrepAssetsError(f"--drops {args.drops!r} names no drop (give keys separated by commas)")
     if not drops:
         raise PrepAssetsError(f"{args.dataset}: no registered drops in {paths.root} (run `prep-assets run` first)")
     home, env = _ui_home(data_dir)

@@ -503,3 +503,11 @@ def test_a_header_only_table_drop_builds_empty_and_its_dataset_manifest_publishe
     assert "Traceback" not in out.err and "0 failed" in out.out
     manifest = json.loads((data / "lake" / "sample_sensors" / "manifest.json").read_text())
     assert len(manifest["partitions"]) == 2
+
+
+def test_backfill_drop_keys_are_read_as_dagster_reads_them():
+    """`--drops KEY,` was counted as two runs, Dagster queued one, and the CLI waited for the second forever;
+    `KEY,KEY` was refused as "Unknown partitions:" naming none."""
+    from prep_assets.cli import drop_keys
+
+    assert drop_keys("a,") == ["a"] and drop_keys(" a , a,b ") == ["a", "b"] and drop_keys(",") == []
